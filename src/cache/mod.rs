@@ -1,0 +1,703 @@
+//! The prefix cache: match, pin, insert and evict token prefixes, per device.
+//!
+//! See [`RadixCache`] for the operations and their concurrency guarantees.
+
+mod policy;
+
+pub use policy::{EvictionPolicy, UnknownPolicy};
+
+use crate::device::DeviceId;
+use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::tree::node::Node;
+use crate::tree::residency::PinRefused;
+use crate::tree::{clock::Clock, is_candidate, End, Tree};
+use crossbeam_utils::CachePadded;
+use policy::LeafStats;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::ops::Range;
+
+/// A key: token ids plus an optional namespace (SGLang's `extra_key`: a
+/// LoRA id, cache salt or tenant). Keys in different namespaces never share
+/// cached prefixes; namespace `None` and `Some("")` are different.
+///
+/// ```
+/// use radixkv::TokenKey;
+/// let k = TokenKey::new(&[1, 2, 3]).with_namespace("tenant-a");
+/// assert_eq!(k.tokens(), &[1, 2, 3]);
+/// assert_eq!(k.namespace(), Some("tenant-a"));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TokenKey<'a> {
+    tokens: &'a [u32],
+    namespace: Option<&'a str>,
+}
+
+impl<'a> TokenKey<'a> {
+    /// A key in the default namespace (`None`).
+    pub fn new(tokens: &'a [u32]) -> Self {
+        TokenKey {
+            tokens,
+            namespace: None,
+        }
+    }
+
+    /// The same tokens in namespace `ns`.
+    pub fn with_namespace(self, ns: &'a str) -> Self {
+        TokenKey {
+            namespace: Some(ns),
+            ..self
+        }
+    }
+
+    /// The same tokens in namespace `ns` (which may be `None`).
+    pub fn in_namespace(self, ns: Option<&'a str>) -> Self {
+        TokenKey {
+            namespace: ns,
+            ..self
+        }
+    }
+
+    /// The token ids.
+    pub fn tokens(&self) -> &'a [u32] {
+        self.tokens
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> Option<&'a str> {
+        self.namespace
+    }
+}
+
+impl<'a> From<&'a [u32]> for TokenKey<'a> {
+    fn from(tokens: &'a [u32]) -> Self {
+        TokenKey::new(tokens)
+    }
+}
+
+/// Where access and creation stamps come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ClockKind {
+    /// A shared counter: stamps never tie (what SGLang's conformance vectors
+    /// assume). One relaxed `fetch_add` per operation.
+    #[default]
+    Logical,
+    /// Monotonic nanoseconds; ties are broken by creation stamp, then node id.
+    #[cfg(not(loom))]
+    Monotonic,
+}
+
+/// Errors of cache operations. Every error leaves the cache unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CacheError {
+    /// An insert key whose length is not a multiple of the page size.
+    #[error("key of {len} tokens is not a multiple of the page size {page_size}")]
+    Unaligned {
+        /// Key length in tokens.
+        len: usize,
+        /// The cache's page size.
+        page_size: usize,
+    },
+    /// An insert whose values do not match its tokens one to one.
+    #[error("{values} values for {tokens} tokens")]
+    LengthMismatch {
+        /// Key length in tokens.
+        tokens: usize,
+        /// Number of values given.
+        values: usize,
+    },
+    /// A device outside `0..devices`.
+    #[error("{device} does not exist (the cache has {devices} devices)")]
+    UnknownDevice {
+        /// The device asked for.
+        device: DeviceId,
+        /// How many devices the cache has.
+        devices: usize,
+    },
+    /// A handle whose node left the tree on its device (evicted, possibly
+    /// re-inserted since).
+    #[error("stale handle: the matched node left the tree on {0}")]
+    StaleHandle(DeviceId),
+    /// A handle made by another cache.
+    #[error("the handle belongs to another cache")]
+    ForeignHandle,
+    /// 2^32 - 1 leases on one node and device.
+    #[error("too many leases on one node")]
+    PinOverflow,
+    /// A builder setting out of range.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// An unknown eviction policy name.
+    #[error(transparent)]
+    UnknownPolicy(#[from] UnknownPolicy),
+}
+
+/// Builds a [`RadixCache`]; every option has a default.
+///
+/// ```
+/// use radixkv::{RadixCache, EvictionPolicy};
+/// let cache = RadixCache::builder()
+///     .page_size(16)                       // default 1
+///     .devices(4)                          // default 1
+///     .eviction_policy(EvictionPolicy::Lru) // default lru
+///     .build()
+///     .unwrap();
+/// assert_eq!(cache.page_size(), 16);
+/// assert!(RadixCache::builder().page_size(0).build().is_err());
+/// ```
+#[derive(Clone, Debug)]
+pub struct RadixCacheBuilder {
+    page_size: usize,
+    devices: usize,
+    policy: EvictionPolicy,
+    clock: ClockKind,
+}
+
+/// The largest supported page size in tokens.
+pub const MAX_PAGE_SIZE: usize = 1 << 16;
+/// The largest supported number of devices.
+pub const MAX_DEVICES: usize = 1024;
+
+impl Default for RadixCacheBuilder {
+    fn default() -> Self {
+        RadixCacheBuilder {
+            page_size: 1,
+            devices: 1,
+            policy: EvictionPolicy::Lru,
+            clock: ClockKind::Logical,
+        }
+    }
+}
+
+impl RadixCacheBuilder {
+    /// Tokens per page (default 1; `1..=MAX_PAGE_SIZE`). Keys are matched
+    /// and stored in whole pages.
+    pub fn page_size(mut self, n: usize) -> Self {
+        self.page_size = n;
+        self
+    }
+
+    /// Number of devices (default 1; `1..=MAX_DEVICES`).
+    pub fn devices(mut self, n: usize) -> Self {
+        self.devices = n;
+        self
+    }
+
+    /// Eviction order (default [`EvictionPolicy::Lru`]).
+    pub fn eviction_policy(mut self, p: EvictionPolicy) -> Self {
+        self.policy = p;
+        self
+    }
+
+    /// Stamp source (default [`ClockKind::Logical`]).
+    pub fn clock(mut self, c: ClockKind) -> Self {
+        self.clock = c;
+        self
+    }
+
+    /// Validates the settings and builds the cache.
+    pub fn build(self) -> Result<RadixCache, CacheError> {
+        if self.page_size == 0 || self.page_size > MAX_PAGE_SIZE {
+            return Err(CacheError::InvalidConfig(format!(
+                "page size {} is outside 1..={MAX_PAGE_SIZE}",
+                self.page_size
+            )));
+        }
+        if self.devices == 0 || self.devices > MAX_DEVICES {
+            return Err(CacheError::InvalidConfig(format!(
+                "{} devices is outside 1..={MAX_DEVICES}",
+                self.devices
+            )));
+        }
+        let clock = match self.clock {
+            ClockKind::Logical => Clock::logical(),
+            #[cfg(not(loom))]
+            ClockKind::Monotonic => Clock::monotonic(),
+        };
+        // Relaxed suffices: cache ids only need to be unique. A plain std
+        // atomic (not the shim's) because it is a process-wide static, not
+        // part of any protocol.
+        static NEXT_CACHE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Ok(RadixCache {
+            id: NEXT_CACHE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            tree: Tree::new(self.page_size, self.devices, clock),
+            policy: self.policy,
+            leases: (0..self.devices)
+                .map(|_| CachePadded::new(AtomicU64::new(0)))
+                .collect(),
+        })
+    }
+}
+
+/// A pin on a matched prefix on one device: while it lives, the prefix's
+/// values stay resident on that device, unchanged (I3). Dropping it
+/// releases the pin. A lease on an empty match protects nothing.
+#[derive(Debug)]
+pub struct Lease {
+    node: Option<Arc<Node>>,
+    device: usize,
+    counters: Arc<[CachePadded<AtomicU64>]>,
+}
+
+impl Lease {
+    fn new(
+        node: Option<Arc<Node>>,
+        device: usize,
+        counters: &Arc<[CachePadded<AtomicU64>]>,
+    ) -> Self {
+        if node.is_some() {
+            counters[device].fetch_add(1, Ordering::SeqCst);
+        }
+        Lease {
+            node,
+            device,
+            counters: Arc::clone(counters),
+        }
+    }
+
+    /// The device the lease holds pages on.
+    pub fn device(&self) -> DeviceId {
+        DeviceId(self.device as u32)
+    }
+
+    /// Whether the lease protects nothing (the match was empty).
+    pub fn is_empty(&self) -> bool {
+        self.node.is_none()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(n) = self.node.take() {
+            // The node cannot have been freed: this lease holds an `Arc` to
+            // it, and while pinned it cannot be unlinked. After the
+            // decrement it may be evicted at once; nothing here touches it.
+            n.dev[self.device].residency.unpin();
+            self.counters[self.device].fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A reference to the end node of a match that outlives the match: it can be
+/// pinned later with [`RadixCache::pin`], which fails with
+/// [`CacheError::StaleHandle`] if the node left the tree on that device in
+/// between (generation-checked).
+#[derive(Clone, Debug)]
+pub struct NodeHandle {
+    cache: u64,
+    node: Option<Arc<Node>>,
+    device: usize,
+    generation: u64,
+}
+
+impl NodeHandle {
+    /// Whether the match ended at the root (matched nothing).
+    pub fn is_root(&self) -> bool {
+        self.node.is_none()
+    }
+
+    /// The device of the match.
+    pub fn device(&self) -> DeviceId {
+        DeviceId(self.device as u32)
+    }
+}
+
+/// The result of a match on one device.
+#[derive(Debug)]
+pub struct MatchResult {
+    /// Tokens of the key resident on the asked device (a multiple of the
+    /// page size).
+    pub len: usize,
+    /// The values of those tokens; filled only by [`RadixCache::match_and_pin`].
+    pub values: Vec<u32>,
+    /// The pin, for [`RadixCache::match_and_pin`].
+    pub lease: Option<Lease>,
+    /// The end node, to pin later.
+    pub handle: NodeHandle,
+    /// The longest prefix resident on any device…
+    pub any_len: usize,
+    /// …and the device holding it (the asked device when it ties).
+    pub any_device: Option<DeviceId>,
+}
+
+/// What an insert did with the caller's values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InsertResult {
+    /// Leading tokens that were already cached on the device (SGLang's
+    /// return value). The caller's values for `0..prefix_len` are duplicates.
+    pub prefix_len: usize,
+    /// Ranges of the caller's values the cache now owns. Without concurrent
+    /// writers on the same prefix this is `prefix_len..len` (or nothing).
+    pub adopted: Vec<Range<usize>>,
+    len: usize,
+}
+
+impl InsertResult {
+    /// Ranges of the caller's values that the cache did **not** take (the
+    /// caller frees them): `0..prefix_len`, plus, when another scheduler
+    /// inserted the same new prefix at the same moment, the ranges it won.
+    pub fn duplicates(&self) -> Vec<Range<usize>> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        let mut adopted = self.adopted.clone();
+        adopted.sort_by_key(|r| r.start);
+        for r in adopted {
+            if r.start > at {
+                out.push(at..r.start);
+            }
+            at = r.end;
+        }
+        if at < self.len {
+            out.push(at..self.len);
+        }
+        out
+    }
+}
+
+/// What an eviction freed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Evicted {
+    /// Tokens evicted (whole leaves, so possibly more than asked).
+    pub tokens: usize,
+    /// Their values, in eviction order.
+    pub values: Vec<u32>,
+}
+
+/// Cached token counts on one device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sizes {
+    /// Tokens that eviction may take now.
+    pub evictable: usize,
+    /// Tokens on a pinned node's path.
+    pub protected: usize,
+    /// All tokens resident on the device.
+    pub total: usize,
+    /// Nodes resident on the device.
+    pub nodes: usize,
+}
+
+/// A concurrent radix-tree prefix cache over token ids, with per-device
+/// residency. `Send + Sync`: share it with `Arc` between one scheduler
+/// thread per device and an evictor.
+///
+/// | operation | locks | writes |
+/// | --- | --- | --- |
+/// | [`peek`](Self::peek) | none | nothing |
+/// | [`match_prefix`](Self::match_prefix) | none, unless it splits the node it ends in (then that node and its parent) | stamps, hit counts |
+/// | [`match_and_pin`](Self::match_and_pin) | as `match_prefix`; the pin is one CAS | + a pin |
+/// | [`insert`](Self::insert) | the node it changes and its parent, one change at a time | nodes, residency |
+/// | [`evict`](Self::evict) | each evicted node and its parent | residency, unlinks |
+///
+/// Single-device behaviour is SGLang 0.5.9's `RadixCache`.
+///
+/// ```
+/// use radixkv::{RadixCache, TokenKey, DeviceId};
+/// let cache = RadixCache::builder().devices(2).build().unwrap();
+/// let gpu0 = DeviceId(0);
+/// let r = cache.insert(TokenKey::new(&[1, 2, 3, 4]), gpu0, &[10, 11, 12, 13], 0).unwrap();
+/// assert_eq!(r.prefix_len, 0);
+///
+/// // Another request sharing the first three tokens:
+/// let m = cache.match_and_pin(TokenKey::new(&[1, 2, 3, 9]), gpu0).unwrap();
+/// assert_eq!((m.len, m.values.as_slice()), (3, &[10, 11, 12][..]));
+/// // Routing: what every device holds, without side effects.
+/// assert_eq!(cache.peek(TokenKey::new(&[1, 2, 3, 4])), vec![4, 0]);
+///
+/// // A pinned prefix cannot be evicted:
+/// let ev = cache.evict(gpu0, 100).unwrap();
+/// assert_eq!(ev.values, vec![13]);
+/// drop(m.lease);
+/// assert_eq!(cache.evict(gpu0, 100).unwrap().tokens, 3);
+/// cache.audit();
+/// ```
+#[derive(Debug)]
+pub struct RadixCache {
+    id: u64,
+    tree: Tree,
+    policy: EvictionPolicy,
+    leases: Arc<[CachePadded<AtomicU64>]>,
+}
+
+impl RadixCache {
+    /// A builder with every option at its default.
+    pub fn builder() -> RadixCacheBuilder {
+        RadixCacheBuilder::default()
+    }
+
+    /// Tokens per page.
+    pub fn page_size(&self) -> usize {
+        self.tree.page_size()
+    }
+
+    /// Number of devices.
+    pub fn devices(&self) -> usize {
+        self.tree.devices()
+    }
+
+    /// The eviction policy.
+    pub fn eviction_policy(&self) -> EvictionPolicy {
+        self.policy
+    }
+
+    fn device(&self, d: DeviceId) -> Result<usize, CacheError> {
+        if d.index() < self.devices() {
+            Ok(d.index())
+        } else {
+            Err(CacheError::UnknownDevice {
+                device: d,
+                devices: self.devices(),
+            })
+        }
+    }
+
+    /// Resident prefix length of `key` on every device (index = device).
+    /// Takes no lock and writes nothing: for routing.
+    pub fn peek(&self, key: TokenKey<'_>) -> Vec<usize> {
+        let guard = crossbeam_epoch::pin();
+        self.tree.peek(key.namespace, key.tokens, &guard)
+    }
+
+    /// The longest prefix of `key` resident on `device` (whole pages),
+    /// without a pin: `values` stays empty and the `handle` can be pinned
+    /// later. Splits the node the match ends inside, as SGLang does.
+    pub fn match_prefix(
+        &self,
+        key: TokenKey<'_>,
+        device: DeviceId,
+    ) -> Result<MatchResult, CacheError> {
+        let d = self.device(device)?;
+        let guard = crossbeam_epoch::pin();
+        let stamp = self.tree.tick();
+        let w = self
+            .tree
+            .match_on(key.namespace, key.tokens, d, stamp, &guard);
+        Ok(self.result(&w, d, Vec::new(), None))
+    }
+
+    fn result(
+        &self,
+        w: &crate::tree::MatchWalk<'_>,
+        d: usize,
+        values: Vec<u32>,
+        lease: Option<Lease>,
+    ) -> MatchResult {
+        let node = match w.end {
+            End::Root => None,
+            End::Node(n) => Some(Arc::clone(n)),
+        };
+        MatchResult {
+            len: w.len,
+            values,
+            lease,
+            handle: NodeHandle {
+                cache: self.id,
+                node,
+                device: d,
+                generation: w.generation,
+            },
+            any_len: w.any_len,
+            any_device: w.any_device.map(|e| DeviceId(e as u32)),
+        }
+    }
+
+    /// Like [`match_prefix`](Self::match_prefix), and pins the match: the
+    /// returned `values` are read after the pin succeeded, so they stay
+    /// valid while `lease` lives.
+    pub fn match_and_pin(
+        &self,
+        key: TokenKey<'_>,
+        device: DeviceId,
+    ) -> Result<MatchResult, CacheError> {
+        let d = self.device(device)?;
+        let stamp = self.tree.tick();
+        loop {
+            let guard = crossbeam_epoch::pin();
+            let w = self
+                .tree
+                .match_on(key.namespace, key.tokens, d, stamp, &guard);
+            let End::Node(n) = w.end else {
+                let lease = Lease::new(None, d, &self.leases);
+                return Ok(self.result(&w, d, Vec::new(), Some(lease)));
+            };
+            // The protecting step of race 8: values are read only after a
+            // generation-checked pin succeeded. The negative control reads
+            // them first and pins whatever residency is there then.
+            #[cfg(radixkv_negative = "pin_then_read")]
+            let (early, gen) = (self.tree.path_values(n, d, w.len, &guard), None);
+            #[cfg(not(radixkv_negative = "pin_then_read"))]
+            let gen = Some(w.generation);
+            match n.dev[d].residency.try_pin(gen) {
+                Ok(_) => {
+                    let lease = Lease::new(Some(Arc::clone(n)), d, &self.leases);
+                    #[cfg(radixkv_negative = "pin_then_read")]
+                    let values = early;
+                    #[cfg(not(radixkv_negative = "pin_then_read"))]
+                    let values = self.tree.path_values(n, d, w.len, &guard);
+                    match values {
+                        Some(v) => return Ok(self.result(&w, d, v, Some(lease))),
+                        None => continue,
+                    }
+                }
+                Err(PinRefused::Overflow) => return Err(CacheError::PinOverflow),
+                Err(_) => continue,
+            }
+        }
+    }
+
+    /// Pins the end node of an earlier match. Fails with
+    /// [`CacheError::StaleHandle`] if that node left the tree on the
+    /// handle's device since the match. A handle of an empty match gives an
+    /// empty lease.
+    pub fn pin(&self, handle: &NodeHandle) -> Result<Lease, CacheError> {
+        if handle.cache != self.id {
+            return Err(CacheError::ForeignHandle);
+        }
+        let d = handle.device;
+        let Some(n) = &handle.node else {
+            return Ok(Lease::new(None, d, &self.leases));
+        };
+        match n.dev[d].residency.try_pin(Some(handle.generation)) {
+            Ok(_) => Ok(Lease::new(Some(Arc::clone(n)), d, &self.leases)),
+            Err(PinRefused::Overflow) => Err(CacheError::PinOverflow),
+            Err(_) => Err(CacheError::StaleHandle(handle.device())),
+        }
+    }
+
+    /// Caches `key` on `device` with one value per token (KV slot indices
+    /// chosen by the caller). Returns how many leading tokens were already
+    /// cached there; the caller's values for those are duplicates (see
+    /// [`InsertResult::duplicates`]). Existing values are never replaced.
+    ///
+    /// Errors (cache unchanged): a key that is not page-aligned, a values
+    /// length that differs from the key's, an unknown device. An empty key
+    /// returns `prefix_len` 0.
+    pub fn insert(
+        &self,
+        key: TokenKey<'_>,
+        device: DeviceId,
+        values: &[u32],
+        priority: i64,
+    ) -> Result<InsertResult, CacheError> {
+        let d = self.device(device)?;
+        let len = key.tokens.len();
+        if len % self.page_size() != 0 {
+            return Err(CacheError::Unaligned {
+                len,
+                page_size: self.page_size(),
+            });
+        }
+        if values.len() != len {
+            return Err(CacheError::LengthMismatch {
+                tokens: len,
+                values: values.len(),
+            });
+        }
+        if len == 0 {
+            return Ok(InsertResult {
+                prefix_len: 0,
+                adopted: Vec::new(),
+                len,
+            });
+        }
+        let guard = crossbeam_epoch::pin();
+        let w = self
+            .tree
+            .insert(key.namespace, key.tokens, values, d, priority, &guard);
+        let prefix_len = w.adopted.first().map_or(len, |r| r.start);
+        Ok(InsertResult {
+            prefix_len,
+            adopted: w.adopted,
+            len,
+        })
+    }
+
+    /// Evicts whole unpinned leaves of `device` in policy order until at
+    /// least `tokens` tokens are freed or nothing evictable is left, and
+    /// returns their values. A parent whose last resident child goes
+    /// becomes a candidate in turn. A node left with no residency on any
+    /// device and no children leaves the tree.
+    pub fn evict(&self, device: DeviceId, tokens: usize) -> Result<Evicted, CacheError> {
+        let d = self.device(device)?;
+        let mut out = Evicted::default();
+        if tokens == 0 {
+            return Ok(out);
+        }
+        let guard = crossbeam_epoch::pin();
+        let mut nodes: Vec<&Node> = Vec::new();
+        let mut heap = BinaryHeap::new();
+        for n in self.tree.leaves(d, &guard) {
+            heap.push(Reverse((self.key_of(n, d), nodes.len())));
+            nodes.push(n);
+        }
+        while out.tokens < tokens {
+            let Some(Reverse((_, i))) = heap.pop() else {
+                break;
+            };
+            let Some(ev) = self.tree.evict_leaf(nodes[i], d, &guard) else {
+                continue;
+            };
+            out.tokens += ev.values.len();
+            out.values.extend_from_slice(&ev.values);
+            if is_candidate(ev.parent, d) {
+                heap.push(Reverse((self.key_of(ev.parent, d), nodes.len())));
+                nodes.push(ev.parent);
+            }
+        }
+        Ok(out)
+    }
+
+    fn key_of(&self, n: &Node, d: usize) -> policy::EvictionKey {
+        let s = &n.dev[d];
+        self.policy.key(&LeafStats {
+            last_access: s.last_access.load(Ordering::Relaxed),
+            created: s.created.load(Ordering::Relaxed),
+            hits: s.hits.load(Ordering::Relaxed),
+            priority: n.priority.load(Ordering::Relaxed),
+            id: n.id,
+        })
+    }
+
+    /// Token counts on `device` by a scan of the tree: exact whenever no
+    /// operation is in flight.
+    pub fn sizes(&self, device: DeviceId) -> Result<Sizes, CacheError> {
+        let d = self.device(device)?;
+        let guard = crossbeam_epoch::pin();
+        let s = self.tree.scan(d, &guard);
+        Ok(Sizes {
+            evictable: s.total - s.protected,
+            protected: s.protected,
+            total: s.total,
+            nodes: s.nodes,
+        })
+    }
+
+    /// Non-root nodes in the tree, over all devices.
+    pub fn node_count(&self) -> u64 {
+        self.tree.node_count()
+    }
+
+    /// Checks the invariants I1 (prefix-closed residency), I4 (shape), I5
+    /// (namespace isolation), I6 (live leases = pin counts) and the cache's
+    /// own counters. Meaningful only when no operation is in flight.
+    pub fn check(&self) -> Result<(), String> {
+        let guard = crossbeam_epoch::pin();
+        self.tree.check(&guard)?;
+        for d in 0..self.devices() {
+            let pins = self.tree.scan(d, &guard).pins;
+            let leases = self.leases[d].load(Ordering::SeqCst);
+            if pins != leases {
+                return Err(format!(
+                    "I6: device {d} has {leases} live leases but {pins} pins"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Like [`check`](Self::check), panicking with the violation.
+    pub fn audit(&self) {
+        if let Err(e) = self.check() {
+            panic!("radixkv audit failed: {e}");
+        }
+    }
+}

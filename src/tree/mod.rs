@@ -1,0 +1,978 @@
+//! The concurrent radix tree: nodes, per-device residency, splits, and
+//! epoch-based reclamation. The public face is [`crate::cache::RadixCache`];
+//! this module holds the protocol.
+//!
+//! # Shape
+//!
+//! ```text
+//!  namespace table ──► root(ns=None) ──► [1 2 3] ──► [4 5]   (resident d0,d1)
+//!                  └─► root(ns="s")  └─► [9]     └─► [6 7]   (resident d0)
+//! ```
+//!
+//! One root per namespace (different namespaces share no node). A node's key
+//! is a page-aligned run of tokens; children are keyed by their first page.
+//! Per device, a node either holds the values of all its tokens or none
+//! (residency), and residency is prefix-closed per device (I1).
+//!
+//! # Readers (`peek`, `match` without a split)
+//!
+//! Readers hold an epoch guard and take no lock. From a node `cur` they load
+//! `cur.children`, find the child by page, and load the child's [`node::Image`]
+//! (parent, key and values in one immutable object). If the image's parent is
+//! not `cur`, a split has just put a new node between them: the reader
+//! re-reads `cur.children` (race 4). Values are only read *after* a pin on
+//! the end node succeeded, walking the images up to the root (race 8).
+//!
+//! # Writers
+//!
+//! Each structural change is a short transaction under the write locks of
+//! the node it changes and its parent (parent first, so no deadlock: a
+//! split only ever inserts nodes *between* a parent and a child, so the
+//! ancestor order of any two nodes never flips). The transaction re-checks
+//! what it relied on (image unchanged, parent still the parent, nodes not
+//! unlinked, parent resident) and reports a conflict otherwise; the caller
+//! re-walks. Residency is added with the parent's lock held and only when
+//! the parent is resident on that device; it is removed only when no child
+//! is resident on that device, a count changed only under the node's lock
+//! (race 2, race 6); splits and evictions of a node take the same two
+//! locks (race 9). Pins are lock-free CASes on the state word that eviction
+//! CASes too (race 1; see [`residency`]).
+//!
+//! # Reclamation
+//!
+//! Children arrays hold the only long-lived strong references (`Arc`) to
+//! nodes; parent links are raw pointers. Replaced images and arrays are
+//! retired with `defer_destroy`, so a reader that reached a node through an
+//! array under its guard keeps that node (and, transitively, its parent at
+//! that moment) alive until the guard drops (race 7). Handles and leases
+//! hold an `Arc` to their node but never follow its parent pointer unless a
+//! pin proves the node is still linked.
+
+pub(crate) mod clock;
+pub(crate) mod node;
+pub(crate) mod residency;
+
+use crate::sync::{spin_wait, Arc, AtomicU64, Ordering};
+use clock::Clock;
+use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
+use crossbeam_utils::CachePadded;
+use node::{ChildEntry, Children, Image, Node, ParentPtr};
+use std::ops::Range;
+
+/// A transaction found the tree changed under it; the caller re-walks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Conflict;
+
+/// The namespace table: one root per namespace, copy-on-write.
+#[derive(Debug, Default)]
+struct NsTable {
+    entries: Vec<(Option<Box<str>>, Arc<Node>)>,
+}
+
+impl NsTable {
+    fn find(&self, ns: Option<&str>) -> Option<&Arc<Node>> {
+        self.entries
+            .iter()
+            .find(|(n, _)| n.as_deref() == ns)
+            .map(|(_, r)| r)
+    }
+}
+
+/// The end node of a walk.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum End<'g> {
+    /// The namespace root (nothing matched).
+    Root,
+    /// A node.
+    Node(&'g Arc<Node>),
+}
+
+/// What a match walk found.
+#[derive(Debug)]
+pub(crate) struct MatchWalk<'g> {
+    pub(crate) end: End<'g>,
+    /// Tokens resident on the asked device.
+    pub(crate) len: usize,
+    /// Residency generation of `end` on the asked device, as seen.
+    pub(crate) generation: u64,
+    /// Longest prefix resident on any device, and that device.
+    pub(crate) any_len: usize,
+    pub(crate) any_device: Option<usize>,
+}
+
+/// What an insert did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct InsertWalk {
+    /// Ranges of the caller's values that the tree now owns.
+    pub(crate) adopted: Vec<Range<usize>>,
+}
+
+/// A leaf evicted from one device.
+#[derive(Debug)]
+pub(crate) struct EvictedLeaf<'g> {
+    pub(crate) values: Arc<[u32]>,
+    pub(crate) parent: &'g Node,
+}
+
+/// Per-device figures from a scan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Scan {
+    pub(crate) total: usize,
+    pub(crate) protected: usize,
+    pub(crate) nodes: usize,
+    pub(crate) pins: u64,
+}
+
+enum Step<'g> {
+    None,
+    Retry,
+    Found(&'g Arc<Node>, Shared<'g, Image>, usize),
+}
+
+/// The tree.
+#[derive(Debug)]
+pub(crate) struct Tree {
+    page_size: usize,
+    devices: usize,
+    roots: Atomic<NsTable>,
+    clock: Clock,
+    next_id: AtomicU64,
+    resident_tokens: Box<[CachePadded<AtomicU64>]>,
+    live_nodes: AtomicU64,
+}
+
+/// Length of the common prefix of `a` and `b` in whole pages.
+pub(crate) fn common_prefix(a: &[u32], b: &[u32], page_size: usize) -> usize {
+    let n = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    n - n % page_size
+}
+
+impl Tree {
+    pub(crate) fn new(page_size: usize, devices: usize, clock: Clock) -> Self {
+        Tree {
+            page_size,
+            devices,
+            roots: Atomic::new(NsTable::default()),
+            clock,
+            next_id: AtomicU64::new(1),
+            resident_tokens: (0..devices)
+                .map(|_| CachePadded::new(AtomicU64::new(0)))
+                .collect(),
+            live_nodes: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    pub(crate) fn devices(&self) -> usize {
+        self.devices
+    }
+
+    pub(crate) fn tick(&self) -> u64 {
+        self.clock.tick()
+    }
+
+    fn new_id(&self) -> u64 {
+        // Relaxed suffices: ids only need uniqueness, which any RMW gives.
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Non-root nodes in the tree (exact in quiescent state).
+    pub(crate) fn node_count(&self) -> u64 {
+        self.live_nodes.load(Ordering::SeqCst)
+    }
+
+    /// Tokens resident on `d` (exact in quiescent state).
+    pub(crate) fn resident_tokens(&self, d: usize) -> u64 {
+        self.resident_tokens[d].load(Ordering::SeqCst)
+    }
+
+    fn table<'g>(&self, guard: &'g Guard) -> &'g NsTable {
+        // SAFETY: never null (set in `new`, only replaced by CAS with a new
+        // table); old tables are retired with `defer_destroy`.
+        unsafe { self.roots.load(Ordering::SeqCst, guard).deref() }
+    }
+
+    fn find_root<'g>(&self, ns: Option<&str>, guard: &'g Guard) -> Option<&'g Arc<Node>> {
+        self.table(guard).find(ns)
+    }
+
+    fn root_or_create<'g>(&self, ns: Option<&str>, guard: &'g Guard) -> &'g Arc<Node> {
+        loop {
+            let cur = self.roots.load(Ordering::SeqCst, guard);
+            // SAFETY: as in `table`.
+            let t = unsafe { cur.deref() };
+            if let Some(r) = t.find(ns) {
+                return r;
+            }
+            let root = Node::new(
+                self.new_id(),
+                true,
+                Image {
+                    parent: ParentPtr(std::ptr::null()),
+                    key: Arc::from(&[][..]),
+                    values: vec![None; self.devices].into_boxed_slice(),
+                },
+                Children::default(),
+                0,
+            );
+            let mut entries = t.entries.clone();
+            entries.push((ns.map(Box::from), Arc::new(root)));
+            if let Ok(new) = self.roots.compare_exchange(
+                cur,
+                Owned::new(NsTable { entries }),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+                guard,
+            ) {
+                // SAFETY: `cur` is no longer reachable from `roots`; readers
+                // that loaded it hold guards and destruction is deferred.
+                unsafe { guard.defer_destroy(cur) };
+                // SAFETY: just published, non-null, retired only by a later
+                // CAS with `defer_destroy`.
+                let t = unsafe { new.deref() };
+                if let Some(r) = t.find(ns) {
+                    return r;
+                }
+            }
+        }
+    }
+
+    fn step<'g>(&self, cur: &Node, rest: &[u32], guard: &'g Guard) -> Step<'g> {
+        let page = &rest[..self.page_size];
+        let Some(child) = cur.children_ref(guard).find(page) else {
+            return Step::None;
+        };
+        let img = child.image(guard);
+        // SAFETY: images are never null and are retired with defer_destroy.
+        let r = unsafe { img.deref() };
+        if !std::ptr::eq(r.parent.0, cur) {
+            // A split put a node between `cur` and `child`; the writer holds
+            // `cur`'s lock and is about to publish `cur`'s new children.
+            return Step::Retry;
+        }
+        Step::Found(child, img, common_prefix(&r.key, rest, self.page_size))
+    }
+
+    /// The device to report for the any-device answer at `node`.
+    fn best_device(&self, node: &Node, preferred: usize) -> Option<usize> {
+        if node.resident(preferred) {
+            return Some(preferred);
+        }
+        (0..self.devices).find(|&e| node.resident(e))
+    }
+
+    /// Lengths resident on every device for `tokens`; writes nothing.
+    pub(crate) fn peek(&self, ns: Option<&str>, tokens: &[u32], guard: &Guard) -> Vec<usize> {
+        let mut out = vec![0; self.devices];
+        let tokens = &tokens[..tokens.len() - tokens.len() % self.page_size];
+        let Some(mut cur) = self.find_root(ns, guard) else {
+            return out;
+        };
+        let mut pos = 0;
+        while pos < tokens.len() {
+            let (child, img, k) = match self.step(cur, &tokens[pos..], guard) {
+                Step::None => break,
+                Step::Retry => {
+                    spin_wait();
+                    continue;
+                }
+                Step::Found(c, i, k) => (c, i, k),
+            };
+            let mut any = false;
+            for (e, o) in out.iter_mut().enumerate() {
+                // Prefix-closed residency: a device counts here only if it
+                // covered everything before.
+                if *o == pos && child.resident(e) {
+                    *o = pos + k;
+                    any = true;
+                }
+            }
+            // SAFETY: loaded under `guard`, retired with defer_destroy.
+            if !any || k < unsafe { img.deref() }.key.len() {
+                break;
+            }
+            pos += k;
+            cur = child;
+        }
+        out
+    }
+
+    /// The longest prefix of `tokens` resident on `d`, splitting the node
+    /// it ends inside (SGLang), stamping `d`'s slots with `stamp` and
+    /// counting hits; also the longest prefix resident on any device.
+    pub(crate) fn match_on<'g>(
+        &self,
+        ns: Option<&str>,
+        tokens: &[u32],
+        d: usize,
+        stamp: u64,
+        guard: &'g Guard,
+    ) -> MatchWalk<'g> {
+        let tokens = &tokens[..tokens.len() - tokens.len() % self.page_size];
+        let mut w = MatchWalk {
+            end: End::Root,
+            len: 0,
+            generation: 0,
+            any_len: 0,
+            any_device: None,
+        };
+        let Some(mut cur) = self.find_root(ns, guard) else {
+            return w;
+        };
+        let mut pos = 0;
+        let mut on_d = true;
+        while pos < tokens.len() {
+            let (mut child, img, k) = match self.step(cur, &tokens[pos..], guard) {
+                Step::None => break,
+                Step::Retry => {
+                    spin_wait();
+                    continue;
+                }
+                Step::Found(c, i, k) => (c, i, k),
+            };
+            // SAFETY: loaded under `guard`, retired with defer_destroy.
+            let full = k == unsafe { img.deref() }.key.len();
+            if on_d && child.resident(d) {
+                child.stamp(d, stamp);
+                if !full {
+                    match self.split(cur, child, img, k, Some(d), None, guard) {
+                        Ok(p) => child = p,
+                        Err(Conflict) => {
+                            spin_wait();
+                            continue;
+                        }
+                    }
+                }
+                // Relaxed suffices: hit counts are statistics for eviction
+                // keys, read in quiescent state or tolerated stale.
+                child.dev[d].hits.fetch_add(1, Ordering::Relaxed);
+                let st = child.dev[d].residency.load();
+                if st.resident() {
+                    w.end = End::Node(child);
+                    w.len = pos + k;
+                    w.generation = st.generation();
+                } else {
+                    on_d = false;
+                }
+            } else {
+                on_d = false;
+            }
+            match self.best_device(child, d) {
+                Some(e) => {
+                    w.any_len = pos + k;
+                    w.any_device = Some(e);
+                }
+                None => break,
+            }
+            if !full {
+                break;
+            }
+            pos += k;
+            cur = child;
+        }
+        if w.any_device.is_none() && w.len > 0 {
+            w.any_device = Some(d);
+            w.any_len = w.len;
+        }
+        w
+    }
+
+    /// Reads the values of root → `end` on `d`. Only sound to rely on while
+    /// `end` is pinned on `d`. Returns `None` if the path does not add up to
+    /// `len` tokens (the caller then re-walks).
+    pub(crate) fn path_values(
+        &self,
+        end: &Node,
+        d: usize,
+        len: usize,
+        guard: &Guard,
+    ) -> Option<Vec<u32>> {
+        let mut segs = Vec::new();
+        let mut total = 0;
+        let mut node = end;
+        while !node.is_root {
+            let img = node.image_ref(guard);
+            let v = img.values[d].clone()?;
+            total += v.len();
+            segs.push(v);
+            if img.parent.0.is_null() {
+                return None;
+            }
+            // SAFETY: `end` is pinned on `d` (caller's contract), so it and
+            // its ancestors are resident on `d` and linked during `guard`;
+            // see `ParentPtr`.
+            node = unsafe { &*img.parent.0 };
+        }
+        if total != len {
+            return None;
+        }
+        let mut out = Vec::with_capacity(total);
+        for s in segs.iter().rev() {
+            out.extend_from_slice(s);
+        }
+        Some(out)
+    }
+
+    /// Inserts `tokens` with `values` on `d`. Returns the ranges of `values`
+    /// the tree adopted; the rest are duplicates the caller keeps.
+    pub(crate) fn insert(
+        &self,
+        ns: Option<&str>,
+        tokens: &[u32],
+        values: &[u32],
+        d: usize,
+        priority: i64,
+        guard: &Guard,
+    ) -> InsertWalk {
+        let mut adopted: Vec<Range<usize>> = Vec::new();
+        let len = tokens.len();
+        let stamp = self.tick();
+        let overlaps = |adopted: &[Range<usize>], r: Range<usize>| {
+            adopted.iter().any(|a| a.start < r.end && r.start < a.end)
+        };
+        'restart: loop {
+            let root = self.root_or_create(ns, guard);
+            root.priority.fetch_max(priority, Ordering::SeqCst);
+            let mut cur = root;
+            let mut pos = 0;
+            while pos < len {
+                let rest = &tokens[pos..];
+                match self.step(cur, rest, guard) {
+                    Step::Retry => spin_wait(),
+                    Step::None => {
+                        if overlaps(&adopted, pos..len) {
+                            // Part of what we adopted was evicted meanwhile;
+                            // its values are no longer ours to hand out.
+                            break 'restart;
+                        }
+                        match self.attach_leaf(cur, d, rest, &values[pos..], priority, guard) {
+                            Ok(()) => {
+                                adopted.push(pos..len);
+                                break 'restart;
+                            }
+                            Err(Conflict) => {
+                                spin_wait();
+                                continue 'restart;
+                            }
+                        }
+                    }
+                    Step::Found(child, img, k) => {
+                        child.stamp(d, stamp);
+                        // SAFETY: loaded under `guard`, retired with defer_destroy.
+                        let node = if k < unsafe { img.deref() }.key.len() {
+                            match self.split(cur, child, img, k, Some(d), Some(priority), guard) {
+                                Ok(p) => p,
+                                Err(Conflict) => {
+                                    spin_wait();
+                                    continue;
+                                }
+                            }
+                        } else {
+                            child.priority.fetch_max(priority, Ordering::SeqCst);
+                            child
+                        };
+                        if !node.resident(d) {
+                            if overlaps(&adopted, pos..pos + k) {
+                                break 'restart;
+                            }
+                            if self
+                                .adopt(cur, node, d, &values[pos..pos + k], priority, guard)
+                                .is_err()
+                            {
+                                spin_wait();
+                                continue 'restart;
+                            }
+                            adopted.push(pos..pos + k);
+                        }
+                        pos += k;
+                        cur = node;
+                    }
+                }
+            }
+            break;
+        }
+        InsertWalk { adopted }
+    }
+
+    /// Splits `child` (whose image was `seen`) after `k` tokens: a new node
+    /// takes the first `k` tokens and the old node object keeps the rest, so
+    /// handles to it keep meaning the end of the same path.
+    #[allow(clippy::too_many_arguments)]
+    fn split<'g>(
+        &self,
+        parent: &'g Arc<Node>,
+        child: &'g Arc<Node>,
+        seen: Shared<'g, Image>,
+        k: usize,
+        fresh: Option<usize>,
+        priority: Option<i64>,
+        guard: &'g Guard,
+    ) -> Result<&'g Arc<Node>, Conflict> {
+        let ps = self.page_size;
+        let _pl = crate::sync::lock(&parent.lock);
+        if parent.obsolete.load(Ordering::SeqCst) {
+            return Err(Conflict);
+        }
+        let _cl = crate::sync::lock(&child.lock);
+        if child.obsolete.load(Ordering::SeqCst) || child.image(guard) != seen {
+            return Err(Conflict);
+        }
+        // SAFETY: loaded under `guard`, retired with defer_destroy.
+        let img = unsafe { seen.deref() };
+        if !std::ptr::eq(img.parent.0, &**parent) || k == 0 || k >= img.key.len() {
+            return Err(Conflict);
+        }
+        let pvals: Box<[Option<Arc<[u32]>>]> = img
+            .values
+            .iter()
+            .map(|v| v.as_ref().map(|v| Arc::from(&v[..k])))
+            .collect();
+        let svals: Box<[Option<Arc<[u32]>>]> = img
+            .values
+            .iter()
+            .map(|v| v.as_ref().map(|v| Arc::from(&v[k..])))
+            .collect();
+        let skey: Arc<[u32]> = Arc::from(&img.key[k..]);
+        let prefix = Node::new(
+            self.new_id(),
+            false,
+            Image {
+                parent: ParentPtr(&**parent),
+                key: Arc::from(&img.key[..k]),
+                values: pvals,
+            },
+            Children {
+                entries: vec![(Arc::from(&skey[..ps]), Arc::clone(child))],
+            },
+            child.priority.load(Ordering::SeqCst),
+        );
+        for (e, slot) in prefix.dev.iter().enumerate() {
+            let c = &child.dev[e];
+            // Relaxed: the new node is not yet published; the publication
+            // below (SeqCst swap) orders these stores before any reader.
+            slot.last_access
+                .store(c.last_access.load(Ordering::Relaxed), Ordering::Relaxed);
+            slot.created
+                .store(c.created.load(Ordering::Relaxed), Ordering::Relaxed);
+            slot.hits
+                .store(c.hits.load(Ordering::Relaxed), Ordering::Relaxed);
+            if img.values[e].is_some() {
+                slot.resident_children.store(1, Ordering::Relaxed);
+            }
+        }
+        if let Some(d) = fresh {
+            prefix.dev[d]
+                .last_access
+                .store(self.tick(), Ordering::Relaxed);
+            prefix.dev[d].created.store(self.tick(), Ordering::Relaxed);
+        }
+        if let Some(p) = priority {
+            prefix.priority.fetch_max(p, Ordering::SeqCst);
+        }
+        let prefix = Arc::new(prefix);
+        child.publish_image(
+            Image {
+                parent: ParentPtr(&*prefix),
+                key: skey,
+                values: svals,
+            },
+            guard,
+        );
+        let page = &img.key[..ps];
+        let new_children = parent.children_ref(guard).with(Arc::from(page), prefix);
+        parent.publish_children(new_children, guard);
+        self.live_nodes.fetch_add(1, Ordering::SeqCst);
+        // Under `parent`'s lock nobody else can have replaced the entry.
+        parent.children_ref(guard).find(page).ok_or(Conflict)
+    }
+
+    fn attach_leaf(
+        &self,
+        parent: &Arc<Node>,
+        d: usize,
+        tokens: &[u32],
+        values: &[u32],
+        priority: i64,
+        guard: &Guard,
+    ) -> Result<(), Conflict> {
+        let ps = self.page_size;
+        let _pl = crate::sync::lock(&parent.lock);
+        // The protecting step of race 2 (inserter side): attach only below a
+        // parent that is still resident on `d`, under the parent's lock.
+        if parent.obsolete.load(Ordering::SeqCst) || !parent.resident(d) {
+            return Err(Conflict);
+        }
+        let children = parent.children_ref(guard);
+        if children.find(&tokens[..ps]).is_some() {
+            return Err(Conflict);
+        }
+        let mut vals = vec![None; self.devices].into_boxed_slice();
+        vals[d] = Some(Arc::from(values));
+        let leaf = Node::new(
+            self.new_id(),
+            false,
+            Image {
+                parent: ParentPtr(&**parent),
+                key: Arc::from(tokens),
+                values: vals,
+            },
+            Children::default(),
+            priority,
+        );
+        leaf.dev[d]
+            .last_access
+            .store(self.tick(), Ordering::Relaxed);
+        leaf.dev[d].created.store(self.tick(), Ordering::Relaxed);
+        parent.publish_children(
+            children.with(Arc::from(&tokens[..ps]), Arc::new(leaf)),
+            guard,
+        );
+        parent.dev[d]
+            .resident_children
+            .fetch_add(1, Ordering::SeqCst);
+        self.resident_tokens[d].fetch_add(tokens.len() as u64, Ordering::SeqCst);
+        self.live_nodes.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn adopt(
+        &self,
+        parent: &Arc<Node>,
+        node: &Arc<Node>,
+        d: usize,
+        values: &[u32],
+        priority: i64,
+        guard: &Guard,
+    ) -> Result<(), Conflict> {
+        let _pl = crate::sync::lock(&parent.lock);
+        if parent.obsolete.load(Ordering::SeqCst) || !parent.resident(d) {
+            return Err(Conflict);
+        }
+        let _nl = crate::sync::lock(&node.lock);
+        let img = node.image_ref(guard);
+        if node.obsolete.load(Ordering::SeqCst)
+            || !std::ptr::eq(img.parent.0, &**parent)
+            || img.key.len() != values.len()
+            || img.values[d].is_some()
+        {
+            return Err(Conflict);
+        }
+        let mut vals = img.values.clone();
+        vals[d] = Some(Arc::from(values));
+        node.publish_image(
+            Image {
+                parent: img.parent,
+                key: Arc::clone(&img.key),
+                values: vals,
+            },
+            guard,
+        );
+        // Values are published before RESIDENT is set, so a pinned reader
+        // always finds them.
+        node.dev[d].residency.make_resident();
+        node.dev[d]
+            .last_access
+            .store(self.tick(), Ordering::Relaxed);
+        node.dev[d].created.store(self.tick(), Ordering::Relaxed);
+        node.priority.fetch_max(priority, Ordering::SeqCst);
+        parent.dev[d]
+            .resident_children
+            .fetch_add(1, Ordering::SeqCst);
+        self.resident_tokens[d].fetch_add(values.len() as u64, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Evicts `node`'s residency on `d` if it is an unpinned leaf on `d`;
+    /// unlinks the node if that was its last residency and it has no
+    /// children. `node` must have been reached under `guard`.
+    pub(crate) fn evict_leaf<'g>(
+        &self,
+        node: &'g Node,
+        d: usize,
+        guard: &'g Guard,
+    ) -> Option<EvictedLeaf<'g>> {
+        if node.is_root {
+            return None;
+        }
+        loop {
+            let pp = node.image_ref(guard).parent;
+            if pp.0.is_null() {
+                return None;
+            }
+            // SAFETY: `node` was reached under `guard` (caller's contract);
+            // see `ParentPtr`.
+            let parent: &'g Node = unsafe { &*pp.0 };
+            let _pl = crate::sync::lock(&parent.lock);
+            if node.image_ref(guard).parent != pp {
+                // Split meanwhile: lock the new parent instead.
+                continue;
+            }
+            let _nl = crate::sync::lock(&node.lock);
+            if node.obsolete.load(Ordering::SeqCst) {
+                return None;
+            }
+            // The protecting step of race 2 (evictor side): only a leaf on
+            // `d`, re-checked under the node's lock, may lose residency.
+            #[cfg(not(radixkv_negative = "leaf_check"))]
+            if node.dev[d].resident_children.load(Ordering::SeqCst) != 0 {
+                return None;
+            }
+            node.dev[d].residency.try_evict().ok()?;
+            let img = node.image_ref(guard);
+            let values = img.values[d].clone().unwrap_or_else(|| Arc::from(&[][..]));
+            let mut vals = img.values.clone();
+            vals[d] = None;
+            let key = Arc::clone(&img.key);
+            node.publish_image(
+                Image {
+                    parent: pp,
+                    key: Arc::clone(&key),
+                    values: vals,
+                },
+                guard,
+            );
+            parent.dev[d]
+                .resident_children
+                .fetch_sub(1, Ordering::SeqCst);
+            self.resident_tokens[d].fetch_sub(key.len() as u64, Ordering::SeqCst);
+            if !node.resident_anywhere() && node.children_ref(guard).entries.is_empty() {
+                node.obsolete.store(true, Ordering::SeqCst);
+                let rest = parent.children_ref(guard).without(&key[..self.page_size]);
+                parent.publish_children(rest, guard);
+                self.live_nodes.fetch_sub(1, Ordering::SeqCst);
+            }
+            return Some(EvictedLeaf { values, parent });
+        }
+    }
+
+    /// Every non-root node in pre-order, with the index of its parent in the
+    /// list (`None` for children of a root).
+    pub(crate) fn nodes<'g>(&self, guard: &'g Guard) -> Vec<(&'g Arc<Node>, Option<usize>)> {
+        let mut out = Vec::new();
+        let mut stack: Vec<(&'g Arc<Node>, Option<usize>)> = Vec::new();
+        for (_, root) in &self.table(guard).entries {
+            for (_, c) in root.children_ref(guard).entries.iter().rev() {
+                stack.push((c, None));
+            }
+        }
+        while let Some((n, p)) = stack.pop() {
+            let i = out.len();
+            out.push((n, p));
+            for (_, c) in n.children_ref(guard).entries.iter().rev() {
+                stack.push((c, Some(i)));
+            }
+        }
+        out
+    }
+
+    /// Unpinned leaves on `d` (eviction candidates).
+    pub(crate) fn leaves<'g>(&self, d: usize, guard: &'g Guard) -> Vec<&'g Arc<Node>> {
+        self.nodes(guard)
+            .into_iter()
+            .map(|(n, _)| n)
+            .filter(|n| is_candidate(n, d))
+            .collect()
+    }
+
+    /// Sizes on `d` by a scan (exact in quiescent state).
+    pub(crate) fn scan(&self, d: usize, guard: &Guard) -> Scan {
+        let nodes = self.nodes(guard);
+        let mut pinned_below = vec![false; nodes.len()];
+        let mut s = Scan::default();
+        for i in (0..nodes.len()).rev() {
+            let (n, p) = nodes[i];
+            let st = n.dev[d].residency.load();
+            if !st.resident() {
+                continue;
+            }
+            let len = n.image_ref(guard).key.len();
+            s.total += len;
+            s.nodes += 1;
+            s.pins += st.pins();
+            if st.pins() > 0 || pinned_below[i] {
+                s.protected += len;
+                if let Some(p) = p {
+                    pinned_below[p] = true;
+                }
+            }
+        }
+        s
+    }
+
+    /// Checks I1, I4, I5 and the tree's own counters. `Err` names the first
+    /// violation. Meaningful in quiescent state only.
+    pub(crate) fn check(&self, guard: &Guard) -> Result<(), String> {
+        let ps = self.page_size;
+        let mut seen = std::collections::HashSet::new();
+        let mut tokens = vec![0u64; self.devices];
+        let mut count = 0u64;
+        let mut stack: Vec<&Arc<Node>> = Vec::new();
+        for (ns, root) in &self.table(guard).entries {
+            if !seen.insert(root.id) {
+                return Err(format!("I5: root of namespace {ns:?} appears twice"));
+            }
+            stack.push(root);
+        }
+        while let Some(n) = stack.pop() {
+            let img = n.image_ref(guard);
+            if n.obsolete.load(Ordering::SeqCst) {
+                return Err(format!("node {} is linked but marked obsolete", n.id));
+            }
+            if !n.is_root {
+                count += 1;
+                if img.key.is_empty() || img.key.len() % ps != 0 {
+                    return Err(format!(
+                        "I4: node {} has a key of {} tokens (page size {ps})",
+                        n.id,
+                        img.key.len()
+                    ));
+                }
+                if !n.resident_anywhere() && n.children_ref(guard).entries.is_empty() {
+                    return Err(format!(
+                        "node {} has no residency and no children but is linked",
+                        n.id
+                    ));
+                }
+            }
+            // SAFETY: `n` is linked (reached from a root under `guard`).
+            let parent = (!img.parent.0.is_null()).then(|| unsafe { &*img.parent.0 });
+            for e in 0..self.devices {
+                let st = n.dev[e].residency.load();
+                if n.is_root {
+                    continue;
+                }
+                match (&img.values[e], st.resident()) {
+                    (Some(v), true) => {
+                        if v.len() != img.key.len() {
+                            return Err(format!(
+                                "I4: node {} holds {} values for {} tokens on device {e}",
+                                n.id,
+                                v.len(),
+                                img.key.len()
+                            ));
+                        }
+                        tokens[e] += v.len() as u64;
+                        if let Some(p) = parent {
+                            if !p.resident(e) {
+                                return Err(format!(
+                                    "I1: node {} is resident on device {e} but its parent {} is not",
+                                    n.id, p.id
+                                ));
+                            }
+                        }
+                    }
+                    (None, false) => {}
+                    (v, r) => {
+                        return Err(format!(
+                            "node {} on device {e}: values present = {}, RESIDENT = {r}",
+                            n.id,
+                            v.is_some()
+                        ))
+                    }
+                }
+            }
+            let children = n.children_ref(guard);
+            let mut resident_children = vec![0u32; self.devices];
+            for (i, (page, c)) in children.entries.iter().enumerate() {
+                if i > 0 && children.entries[i - 1].0 >= *page {
+                    return Err(format!(
+                        "I4: children of node {} are not strictly sorted by first page",
+                        n.id
+                    ));
+                }
+                let cimg = c.image_ref(guard);
+                if !std::ptr::eq(cimg.parent.0, &**n) {
+                    return Err(format!("node {}'s parent link is not node {}", c.id, n.id));
+                }
+                if cimg.key.len() < ps || cimg.key[..ps] != **page {
+                    return Err(format!(
+                        "I4: node {} is filed under a page that is not its first",
+                        c.id
+                    ));
+                }
+                if !seen.insert(c.id) {
+                    return Err(format!("I5: node {} is reachable twice", c.id));
+                }
+                for (e, r) in resident_children.iter_mut().enumerate() {
+                    if c.dev[e].residency.load().resident() {
+                        *r += 1;
+                    }
+                }
+                stack.push(c);
+            }
+            if !n.is_root {
+                for (e, r) in resident_children.iter().enumerate() {
+                    let counted = n.dev[e].resident_children.load(Ordering::SeqCst);
+                    if counted != *r {
+                        return Err(format!(
+                            "node {} counts {counted} resident children on device {e}, has {r}",
+                            n.id
+                        ));
+                    }
+                }
+            }
+        }
+        for (e, t) in tokens.iter().enumerate() {
+            let g = self.resident_tokens(e);
+            if g != *t {
+                return Err(format!(
+                    "resident-token gauge of device {e} is {g}, the tree holds {t}"
+                ));
+            }
+        }
+        if count != self.node_count() {
+            return Err(format!(
+                "node gauge is {}, the tree has {count}",
+                self.node_count()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `n` is an unpinned leaf resident on `d`.
+pub(crate) fn is_candidate(n: &Node, d: usize) -> bool {
+    let st = n.dev[d].residency.load();
+    !n.is_root
+        && st.resident()
+        && st.pins() == 0
+        && n.dev[d].resident_children.load(Ordering::SeqCst) == 0
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        // Tear down iteratively: a recursive drop of a deep chain would
+        // overflow the stack.
+        // SAFETY: `&mut self`: no reader can traverse this tree any more.
+        let guard = unsafe { crossbeam_epoch::unprotected() };
+        let t = self
+            .roots
+            .swap(Owned::new(NsTable::default()), Ordering::Relaxed, guard);
+        // SAFETY: exclusive access; the table is non-null and now ours.
+        let table = unsafe { t.into_owned() }.into_box();
+        let mut stack: Vec<Arc<Node>> = table.entries.into_iter().map(|(_, r)| r).collect();
+        while let Some(n) = stack.pop() {
+            stack.extend(detach_children(&n).into_iter().map(|(_, c)| c));
+        }
+        let t = self.roots.swap(Shared::null(), Ordering::Relaxed, guard);
+        // SAFETY: exclusive access; the empty table installed above.
+        drop(unsafe { t.into_owned() });
+    }
+}
+
+/// Takes a node's children out during teardown.
+fn detach_children(n: &Node) -> Vec<ChildEntry> {
+    // SAFETY: only called from `Tree::drop`, which has exclusive access to
+    // the tree: no reader can be traversing it, and leases and handles never
+    // read children arrays, so the old array is ours alone.
+    let guard = unsafe { crossbeam_epoch::unprotected() };
+    let old = n
+        .children
+        .swap(Owned::new(Children::default()), Ordering::Relaxed, guard);
+    // SAFETY: as above; non-null by construction.
+    let owned = unsafe { old.into_owned() }.into_box();
+    owned.entries
+}
