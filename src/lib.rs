@@ -40,12 +40,15 @@
 //! * [`cache`]: the public API ([`RadixCache`], [`Lease`], [`MatchResult`]).
 //! * [`device`]: device ids.
 //! * [`sync`]: the std/loom shim every atomic goes through.
+//! * `reference`: a plain sequential model with the same semantics (tests, baselines).
 //! * `conformance`: the SGLang conformance runner behind `radixkv ops`.
 
 pub mod cache;
 #[cfg(not(loom))]
 pub mod conformance;
 pub mod device;
+#[cfg(not(loom))]
+pub mod reference;
 pub mod sync;
 pub(crate) mod tree;
 

@@ -450,7 +450,7 @@ impl Tree {
                         }
                         match self.attach_leaf(cur, d, rest, &values[pos..], priority, guard) {
                             Ok(()) => {
-                                adopted.push(pos..len);
+                                push_range(&mut adopted, pos..len);
                                 break 'restart;
                             }
                             Err(Conflict) => {
@@ -485,7 +485,7 @@ impl Tree {
                                 spin_wait();
                                 continue 'restart;
                             }
-                            adopted.push(pos..pos + k);
+                            push_range(&mut adopted, pos..pos + k);
                         }
                         pos += k;
                         cur = node;
@@ -930,6 +930,14 @@ impl Tree {
             ));
         }
         Ok(())
+    }
+}
+
+/// Appends `r`, merging it into the last range when they touch.
+fn push_range(v: &mut Vec<Range<usize>>, r: Range<usize>) {
+    match v.last_mut() {
+        Some(last) if last.end == r.start => last.end = r.end,
+        _ => v.push(r),
     }
 }
 
