@@ -57,3 +57,8 @@ pub use cache::{
     RadixCache, RadixCacheBuilder, Sizes, TokenKey,
 };
 pub use device::DeviceId;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

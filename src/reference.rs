@@ -104,7 +104,13 @@ impl SequentialCache {
         t
     }
 
-    fn new_node(&mut self, is_root: bool, parent: Option<usize>, key: Vec<u32>, priority: i64) -> usize {
+    fn new_node(
+        &mut self,
+        is_root: bool,
+        parent: Option<usize>,
+        key: Vec<u32>,
+        priority: i64,
+    ) -> usize {
         let id = self.next_id;
         self.next_id += 1;
         let n = self.devices;
@@ -150,7 +156,11 @@ impl SequentialCache {
         let p = self.new_node(false, Some(parent), c.key[..k].to_vec(), c.priority);
         {
             let pn = &mut self.nodes[p];
-            pn.values = c.values.iter().map(|v| v.as_ref().map(|v| v[..k].to_vec())).collect();
+            pn.values = c
+                .values
+                .iter()
+                .map(|v| v.as_ref().map(|v| v[..k].to_vec()))
+                .collect();
             pn.last_access = c.last_access.clone();
             pn.created = c.created.clone();
             pn.hits = c.hits.clone();
@@ -163,9 +173,15 @@ impl SequentialCache {
         self.nodes[p].created[d] = t2;
         let cn = &mut self.nodes[child];
         cn.key = c.key[k..].to_vec();
-        cn.values = c.values.iter().map(|v| v.as_ref().map(|v| v[k..].to_vec())).collect();
+        cn.values = c
+            .values
+            .iter()
+            .map(|v| v.as_ref().map(|v| v[k..].to_vec()))
+            .collect();
         cn.parent = Some(p);
-        self.nodes[parent].children.insert(c.key[..self.ps].to_vec(), p);
+        self.nodes[parent]
+            .children
+            .insert(c.key[..self.ps].to_vec(), p);
         p
     }
 
@@ -274,7 +290,7 @@ impl SequentialCache {
         d: usize,
         priority: i64,
     ) -> Result<usize, SeqError> {
-        if tokens.len() % self.ps != 0 {
+        if !tokens.len().is_multiple_of(self.ps) {
             return Err(SeqError::Unaligned);
         }
         if tokens.len() != values.len() {
@@ -342,7 +358,9 @@ impl SequentialCache {
             && !n.is_root
             && n.values[d].is_some()
             && n.pins[d] == 0
-            && n.children.values().all(|&c| self.nodes[c].values[d].is_none())
+            && n.children
+                .values()
+                .all(|&c| self.nodes[c].values[d].is_none())
     }
 
     fn key(&self, i: usize, d: usize) -> (i128, i128, i128, u64) {

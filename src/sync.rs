@@ -45,3 +45,41 @@ pub fn spin_wait() {
     #[cfg(not(loom))]
     std::hint::spin_loop();
 }
+
+/// Under loom only: a registry of live key/value images, so the epoch model
+/// (race 7) can tell a reader that dereferences a freed image without
+/// reading freed memory. Addresses are registered when an image is boxed and
+/// removed when it is dropped.
+#[cfg(loom)]
+pub mod probe {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+
+    static LIVE: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+
+    fn with<R>(f: impl FnOnce(&mut HashSet<usize>) -> R) -> R {
+        let mut g = match LIVE.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        f(g.get_or_insert_with(HashSet::new))
+    }
+
+    /// Records that an image now lives at `addr`.
+    pub fn born(addr: usize) {
+        with(|s| s.insert(addr));
+    }
+
+    /// Records that the image at `addr` was freed.
+    pub fn died(addr: usize) {
+        with(|s| s.remove(&addr));
+    }
+
+    /// Panics if the image at `addr` was freed.
+    pub fn assert_live(addr: usize) {
+        assert!(
+            with(|s| s.contains(&addr)),
+            "use after free: a reader still holds an image that was freed"
+        );
+    }
+}

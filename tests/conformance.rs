@@ -32,7 +32,11 @@ fn every_shipped_vector_is_reproduced() {
         })
         .collect();
     traces.sort();
-    assert!(traces.len() >= 20, "expected the 20 shipped vectors, found {}", traces.len());
+    assert!(
+        traces.len() >= 20,
+        "expected the 20 shipped vectors, found {}",
+        traces.len()
+    );
     let mut lines = 0;
     for trace in &traces {
         let expected_path = trace.with_extension("expected.jsonl");
@@ -84,7 +88,11 @@ fn bad_lines_are_reported_and_the_run_continues() {
     .map(|l| r.apply(l))
     .collect();
     let err = |i: usize| out[i].get("error").and_then(Value::as_str).unwrap_or("");
-    assert!(err(0).contains("not a multiple of the page size"), "{}", out[0]);
+    assert!(
+        err(0).contains("not a multiple of the page size"),
+        "{}",
+        out[0]
+    );
     assert!(err(1).contains("1 values for 2 tokens"), "{}", out[1]);
     assert!(err(2).contains("invalid JSON"), "{}", out[2]);
     assert!(out[2].get("op").is_none());
@@ -92,8 +100,16 @@ fn bad_lines_are_reported_and_the_run_continues() {
     assert_eq!(out[3]["op"], "frobnicate");
     assert_eq!(out[4]["prefix_len"], 0);
     assert_eq!(out[5]["value"], serde_json::json!([5, 6]));
-    assert!(err(6).contains("op 0 is not a successful match"), "{}", out[6]);
-    assert!(err(7).contains("no outstanding lock of match 5"), "{}", out[7]);
+    assert!(
+        err(6).contains("op 0 is not a successful match"),
+        "{}",
+        out[6]
+    );
+    assert!(
+        err(7).contains("no outstanding lock of match 5"),
+        "{}",
+        out[7]
+    );
     assert!(out[8].get("error").is_none());
     assert_eq!(out[8]["protected"], 2);
     assert_eq!(out[9]["evicted"], 0, "the locked node must survive");
@@ -102,5 +118,10 @@ fn bad_lines_are_reported_and_the_run_continues() {
     assert!(err(12).contains("left the tree"), "{}", out[12]);
     assert!(err(13).contains("bad op"), "{}", out[13]);
     assert_eq!(out[14]["nodes"], 0);
-    assert_eq!(out.iter().map(|o| o["i"].as_u64().unwrap()).collect::<Vec<_>>(), (0..15).collect::<Vec<_>>());
+    assert_eq!(
+        out.iter()
+            .map(|o| o["i"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        (0..15).collect::<Vec<_>>()
+    );
 }

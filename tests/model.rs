@@ -2,18 +2,40 @@
 //! cache against the sequential model, comparing every result and every
 //! device's sizes after every op.
 
+#![allow(clippy::single_range_in_vec_init)] // ranges of values are the data here
+
 use proptest::prelude::*;
 use radixkv::reference::{SeqHandle, SequentialCache};
 use radixkv::{DeviceId, EvictionPolicy, Lease, NodeHandle, RadixCache, TokenKey};
 
 #[derive(Debug, Clone)]
 enum Op {
-    Insert { ns: u8, key: Vec<u32>, dev: usize, prio: i64 },
-    Match { ns: u8, key: Vec<u32>, dev: usize, pin: bool },
-    Peek { ns: u8, key: Vec<u32> },
-    PinHandle { idx: usize },
-    Release { idx: usize },
-    Evict { dev: usize, n: usize },
+    Insert {
+        ns: u8,
+        key: Vec<u32>,
+        dev: usize,
+        prio: i64,
+    },
+    Match {
+        ns: u8,
+        key: Vec<u32>,
+        dev: usize,
+        pin: bool,
+    },
+    Peek {
+        ns: u8,
+        key: Vec<u32>,
+    },
+    PinHandle {
+        idx: usize,
+    },
+    Release {
+        idx: usize,
+    },
+    Evict {
+        dev: usize,
+        n: usize,
+    },
 }
 
 fn ns_of(ns: u8) -> Option<&'static str> {
@@ -40,19 +62,27 @@ fn op_strategy(devices: usize) -> impl Strategy<Value = Op> {
 }
 
 fn case_strategy() -> impl Strategy<Value = (usize, usize, EvictionPolicy, Vec<Op>)> {
-    (1usize..=4, prop_oneof![Just(1usize), Just(2), Just(4)], 0usize..6).prop_flat_map(
-        |(devices, ps, pol)| {
+    (
+        1usize..=4,
+        prop_oneof![Just(1usize), Just(2), Just(4)],
+        0usize..6,
+    )
+        .prop_flat_map(|(devices, ps, pol)| {
             (
                 Just(devices),
                 Just(ps),
                 Just(EvictionPolicy::ALL[pol]),
                 prop::collection::vec(op_strategy(devices), 1..80),
             )
-        },
-    )
+        })
 }
 
-fn run_case(devices: usize, ps: usize, policy: EvictionPolicy, ops: &[Op]) -> Result<(), TestCaseError> {
+fn run_case(
+    devices: usize,
+    ps: usize,
+    policy: EvictionPolicy,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
     let cache = RadixCache::builder()
         .page_size(ps)
         .devices(devices)
@@ -67,7 +97,11 @@ fn run_case(devices: usize, ps: usize, policy: EvictionPolicy, ops: &[Op]) -> Re
         match op {
             Op::Insert { ns, key, dev, prio } => {
                 // Mostly aligned keys; a few unaligned ones test the error.
-                let key = if key.len() % 5 == 4 { key.clone() } else { key[..key.len() / ps * ps].to_vec() };
+                let key = if key.len() % 5 == 4 {
+                    key.clone()
+                } else {
+                    key[..key.len() / ps * ps].to_vec()
+                };
                 let values: Vec<u32> = (0..key.len() as u32).map(|j| next_value + j).collect();
                 next_value += key.len() as u32;
                 let k = TokenKey::new(&key).in_namespace(ns_of(*ns));
@@ -76,12 +110,18 @@ fn run_case(devices: usize, ps: usize, policy: EvictionPolicy, ops: &[Op]) -> Re
                 match (&real, want) {
                     (Ok(r), Ok(p)) => {
                         prop_assert_eq!(r.prefix_len, p, "step {}: insert prefix_len", step);
-                        let adopted: Vec<_> = if p < key.len() { vec![p..key.len()] } else { vec![] };
+                        let adopted: Vec<_> = if p < key.len() {
+                            vec![p..key.len()]
+                        } else {
+                            vec![]
+                        };
                         prop_assert_eq!(&r.adopted, &adopted, "step {}: adopted ranges", step);
                         prop_assert_eq!(r.duplicates(), if p > 0 { vec![0..p] } else { vec![] });
                     }
                     (Err(_), Err(_)) => {}
-                    (r, w) => prop_assert!(false, "step {}: insert real {:?} model {:?}", step, r, w),
+                    (r, w) => {
+                        prop_assert!(false, "step {}: insert real {:?} model {:?}", step, r, w)
+                    }
                 }
             }
             Op::Match { ns, key, dev, pin } => {
@@ -94,7 +134,12 @@ fn run_case(devices: usize, ps: usize, policy: EvictionPolicy, ops: &[Op]) -> Re
                 };
                 prop_assert_eq!(r.len, want.len, "step {}: match len", step);
                 prop_assert_eq!(r.any_len, want.any_len, "step {}: any_len", step);
-                prop_assert_eq!(r.any_device.map(|d| d.index()), want.any_device, "step {}: any_device", step);
+                prop_assert_eq!(
+                    r.any_device.map(|d| d.index()),
+                    want.any_device,
+                    "step {}: any_device",
+                    step
+                );
                 if *pin {
                     prop_assert_eq!(&r.values, &want.values, "step {}: pinned values", step);
                     model.pin(&want.handle).unwrap();
@@ -106,7 +151,12 @@ fn run_case(devices: usize, ps: usize, policy: EvictionPolicy, ops: &[Op]) -> Re
             }
             Op::Peek { ns, key } => {
                 let k = TokenKey::new(key).in_namespace(ns_of(*ns));
-                prop_assert_eq!(cache.peek(k), model.peek(ns_of(*ns), key), "step {}: peek", step);
+                prop_assert_eq!(
+                    cache.peek(k),
+                    model.peek(ns_of(*ns), key),
+                    "step {}: peek",
+                    step
+                );
             }
             Op::PinHandle { idx } => {
                 if handles.is_empty() {
@@ -115,7 +165,14 @@ fn run_case(devices: usize, ps: usize, policy: EvictionPolicy, ops: &[Op]) -> Re
                 let (h, mh) = &handles[idx % handles.len()];
                 let real = cache.pin(h);
                 let want = model.pin(mh);
-                prop_assert_eq!(real.is_ok(), want.is_ok(), "step {}: pin {:?} vs {:?}", step, real, want);
+                prop_assert_eq!(
+                    real.is_ok(),
+                    want.is_ok(),
+                    "step {}: pin {:?} vs {:?}",
+                    step,
+                    real,
+                    want
+                );
                 if let Ok(l) = real {
                     leases.push((l, *mh));
                 }
@@ -132,15 +189,31 @@ fn run_case(devices: usize, ps: usize, policy: EvictionPolicy, ops: &[Op]) -> Re
                 let ev = cache.evict(DeviceId(*dev as u32), *n).unwrap();
                 let (tokens, values) = model.evict(*dev, *n);
                 prop_assert_eq!(ev.tokens, tokens, "step {}: evicted tokens", step);
-                prop_assert_eq!(&ev.values, &values, "step {}: evicted values (in order)", step);
+                prop_assert_eq!(
+                    &ev.values,
+                    &values,
+                    "step {}: evicted values (in order)",
+                    step
+                );
             }
         }
         for d in 0..devices {
             let s = cache.sizes(DeviceId(d as u32)).unwrap();
             let (e, p, t, n) = model.sizes(d);
-            prop_assert_eq!((s.evictable, s.protected, s.total, s.nodes), (e, p, t, n), "step {}: sizes on device {}", step, d);
+            prop_assert_eq!(
+                (s.evictable, s.protected, s.total, s.nodes),
+                (e, p, t, n),
+                "step {}: sizes on device {}",
+                step,
+                d
+            );
         }
-        prop_assert_eq!(cache.node_count() as usize, model.node_count(), "step {}: node count", step);
+        prop_assert_eq!(
+            cache.node_count() as usize,
+            model.node_count(),
+            "step {}: node count",
+            step
+        );
         if let Err(e) = cache.check() {
             prop_assert!(false, "step {}: audit: {}", step, e);
         }
@@ -179,13 +252,21 @@ proptest! {
 fn multi_device_semantics_by_hand() {
     let cache = RadixCache::builder().devices(2).build().unwrap();
     let (d0, d1) = (DeviceId(0), DeviceId(1));
-    cache.insert(TokenKey::new(&[1, 2, 3, 4]), d0, &[10, 11, 12, 13], 0).unwrap();
-    let r = cache.insert(TokenKey::new(&[1, 2]), d1, &[20, 21], 0).unwrap();
+    cache
+        .insert(TokenKey::new(&[1, 2, 3, 4]), d0, &[10, 11, 12, 13], 0)
+        .unwrap();
+    let r = cache
+        .insert(TokenKey::new(&[1, 2]), d1, &[20, 21], 0)
+        .unwrap();
     assert_eq!(r.prefix_len, 0, "nothing of it was on device 1");
     assert_eq!(cache.peek(TokenKey::new(&[1, 2, 3, 4, 5])), vec![4, 2]);
     let m = cache.match_and_pin(TokenKey::new(&[1, 2, 3]), d1).unwrap();
     assert_eq!((m.len, m.values.clone()), (2, vec![20, 21]));
-    assert_eq!((m.any_len, m.any_device), (3, Some(d0)), "device 0 holds a longer prefix");
+    assert_eq!(
+        (m.any_len, m.any_device),
+        (3, Some(d0)),
+        "device 0 holds a longer prefix"
+    );
     // Device 0's leaf can go, device 1's pinned prefix cannot.
     assert_eq!(cache.evict(d1, 10).unwrap().tokens, 0);
     let ev = cache.evict(d0, 10).unwrap();

@@ -79,7 +79,11 @@ impl World {
             let prev = self.devices[d].owner[v as usize].swap(FREE, Ordering::SeqCst);
             assert_ne!(prev, FREE, "value {v} on device {d} freed twice");
         }
-        self.devices[d].free.lock().unwrap().extend_from_slice(values);
+        self.devices[d]
+            .free
+            .lock()
+            .unwrap()
+            .extend_from_slice(values);
     }
 
     fn alloc(&self, d: usize, n: usize) -> Option<Vec<u32>> {
@@ -164,7 +168,10 @@ fn worker(w: &World, seed: u64, ops: usize, prompts: &[Vec<u32>]) {
                 }
             }
             85..97 => {
-                let ev = w.cache.evict(DeviceId(d as u32), rng.random_range(1..64)).unwrap();
+                let ev = w
+                    .cache
+                    .evict(DeviceId(d as u32), rng.random_range(1..64))
+                    .unwrap();
                 w.release(d, &ev.values);
             }
             _ => {
@@ -244,4 +251,3 @@ fn stress_four_devices_page_size_four() {
 fn stress_two_devices_high_contention() {
     run(2, 2, 6, ops() / 2, 13);
 }
-

@@ -580,7 +580,7 @@ impl RadixCache {
     ) -> Result<InsertResult, CacheError> {
         let d = self.device(device)?;
         let len = key.tokens.len();
-        if len % self.page_size() != 0 {
+        if !len.is_multiple_of(self.page_size()) {
             return Err(CacheError::Unaligned {
                 len,
                 page_size: self.page_size(),

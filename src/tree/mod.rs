@@ -248,9 +248,12 @@ impl Tree {
         let img = child.image(guard);
         // SAFETY: images are never null and are retired with defer_destroy.
         let r = unsafe { img.deref() };
+        // The protecting step of race 4: a child whose image names another
+        // parent was just split (a node now sits between `cur` and it; the
+        // writer holds `cur`'s lock and is about to publish `cur`'s new
+        // children): re-read instead of comparing against its shortened key.
+        #[cfg(not(radixkv_negative = "reader_parent_check"))]
         if !std::ptr::eq(r.parent.0, cur) {
-            // A split put a node between `cur` and `child`; the writer holds
-            // `cur`'s lock and is about to publish `cur`'s new children.
             return Step::Retry;
         }
         Step::Found(child, img, common_prefix(&r.key, rest, self.page_size))
@@ -290,6 +293,8 @@ impl Tree {
                     any = true;
                 }
             }
+            #[cfg(loom)]
+            crate::sync::probe::assert_live(img.as_raw() as usize);
             // SAFETY: loaded under `guard`, retired with defer_destroy.
             if !any || k < unsafe { img.deref() }.key.len() {
                 break;
@@ -517,6 +522,10 @@ impl Tree {
             return Err(Conflict);
         }
         let _cl = crate::sync::lock(&child.lock);
+        // The protecting step of race 9: split only the image the caller
+        // computed from, of a node still linked; eviction changes both
+        // under the same two locks.
+        #[cfg(not(radixkv_negative = "split_recheck"))]
         if child.obsolete.load(Ordering::SeqCst) || child.image(guard) != seen {
             return Err(Conflict);
         }
@@ -572,6 +581,15 @@ impl Tree {
         if let Some(p) = priority {
             prefix.priority.fetch_max(p, Ordering::SeqCst);
         }
+        // Pins stay on the node object they were taken on, which keeps its
+        // path as the suffix: a split copies no pin (race 3). The control
+        // copies them into the new prefix, as SGLang copies lock_ref.
+        #[cfg(radixkv_negative = "split_copies_pins")]
+        for (e, slot) in prefix.dev.iter().enumerate() {
+            for _ in 0..child.dev[e].residency.load().pins() {
+                let _ = slot.residency.try_pin(None);
+            }
+        }
         let prefix = Arc::new(prefix);
         child.publish_image(
             Image {
@@ -606,6 +624,9 @@ impl Tree {
             return Err(Conflict);
         }
         let children = parent.children_ref(guard);
+        // The protecting step of race 5: under the parent's lock, re-check
+        // that nobody attached this first page meanwhile.
+        #[cfg(not(radixkv_negative = "attach_recheck"))]
         if children.find(&tokens[..ps]).is_some() {
             return Err(Conflict);
         }
@@ -653,8 +674,13 @@ impl Tree {
         }
         let _nl = crate::sync::lock(&node.lock);
         let img = node.image_ref(guard);
-        if node.obsolete.load(Ordering::SeqCst)
-            || !std::ptr::eq(img.parent.0, &**parent)
+        // The protecting step of race 6: never make an unlinked node
+        // resident (its values would be lost with it).
+        #[cfg(not(radixkv_negative = "unlink_check"))]
+        if node.obsolete.load(Ordering::SeqCst) {
+            return Err(Conflict);
+        }
+        if !std::ptr::eq(img.parent.0, &**parent)
             || img.key.len() != values.len()
             || img.values[d].is_some()
         {
@@ -705,6 +731,9 @@ impl Tree {
             // SAFETY: `node` was reached under `guard` (caller's contract);
             // see `ParentPtr`.
             let parent: &'g Node = unsafe { &*pp.0 };
+            // The protecting step of the shared-parent model: the parent's
+            // children array and counts change only under its lock.
+            #[cfg(not(radixkv_negative = "parent_lock"))]
             let _pl = crate::sync::lock(&parent.lock);
             if node.image_ref(guard).parent != pp {
                 // Split meanwhile: lock the new parent instead.
@@ -839,7 +868,7 @@ impl Tree {
             }
             // SAFETY: `n` is linked (reached from a root under `guard`).
             let parent = (!img.parent.0.is_null()).then(|| unsafe { &*img.parent.0 });
-            for e in 0..self.devices {
+            for (e, tokens_e) in tokens.iter_mut().enumerate() {
                 let st = n.dev[e].residency.load();
                 if n.is_root {
                     continue;
@@ -854,7 +883,7 @@ impl Tree {
                                 img.key.len()
                             ));
                         }
-                        tokens[e] += v.len() as u64;
+                        *tokens_e += v.len() as u64;
                         if let Some(p) = parent {
                             if !p.resident(e) {
                                 return Err(format!(

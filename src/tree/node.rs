@@ -44,6 +44,21 @@ pub(crate) struct Image {
     pub(crate) values: Box<[Option<Arc<[u32]>>]>,
 }
 
+#[cfg(loom)]
+impl Drop for Image {
+    fn drop(&mut self) {
+        crate::sync::probe::died(self as *const Image as usize);
+    }
+}
+
+/// Boxes an image for publication (and, under loom, registers it).
+pub(crate) fn boxed(image: Image) -> Owned<Image> {
+    let owned = Owned::new(image);
+    #[cfg(loom)]
+    crate::sync::probe::born(&*owned as *const Image as usize);
+    owned
+}
+
 /// One child entry: the child's first page and the child.
 pub(crate) type ChildEntry = (Arc<[u32]>, Arc<Node>);
 
@@ -150,7 +165,7 @@ impl Node {
             is_root,
             lock: Mutex::new(()),
             obsolete: AtomicBool::new(false),
-            image: Atomic::new(image),
+            image: Atomic::from(boxed(image)),
             children: Atomic::new(children),
             priority: AtomicI64::new(priority),
             dev,
@@ -159,7 +174,10 @@ impl Node {
 
     /// The current image. Never null.
     pub(crate) fn image<'g>(&self, guard: &'g Guard) -> Shared<'g, Image> {
-        self.image.load(Ordering::SeqCst, guard)
+        let img = self.image.load(Ordering::SeqCst, guard);
+        #[cfg(loom)]
+        crate::sync::probe::assert_live(img.as_raw() as usize);
+        img
     }
 
     /// The current image as a reference.
@@ -179,11 +197,19 @@ impl Node {
     /// Publishes a new image and retires the old one. Caller holds this
     /// node's lock and its parent's.
     pub(crate) fn publish_image(&self, image: Image, guard: &Guard) {
-        let old = self.image.swap(Owned::new(image), Ordering::SeqCst, guard);
+        let old = self.image.swap(boxed(image), Ordering::SeqCst, guard);
         // SAFETY: `old` was just unlinked from the only place that published
         // it, so no new reader can load it; readers that already did hold a
-        // guard, and destruction is deferred until they are all gone.
-        unsafe { guard.defer_destroy(old) };
+        // guard, and destruction is deferred until they are all gone. This
+        // deferral is the protecting step of race 7.
+        #[cfg(not(radixkv_negative = "defer_destroy"))]
+        unsafe {
+            guard.defer_destroy(old)
+        };
+        // SAFETY: deliberately unsound: the negative control of race 7 frees
+        // the image at once, which the loom model must catch.
+        #[cfg(radixkv_negative = "defer_destroy")]
+        drop(unsafe { old.into_owned() });
     }
 
     /// Publishes new children and retires the old array. Caller holds this

@@ -84,21 +84,16 @@ impl Residency {
         let mut cur = self.0.load(Ordering::SeqCst);
         loop {
             let s = ResidencyState(cur);
-            // The protecting step of races 1 and 8: never pin a residency that
-            // eviction has claimed, nor one other than the caller saw.
-            #[cfg(not(radixkv_negative = "pin_check"))]
-            {
-                if !s.resident() {
-                    return Err(PinRefused::NotResident);
-                }
-                if let Some(g) = generation {
-                    if g != s.generation() {
-                        return Err(PinRefused::Stale);
-                    }
+            // Never pin a residency that eviction has claimed, nor (race 8) a
+            // residency other than the one the caller saw.
+            if !s.resident() {
+                return Err(PinRefused::NotResident);
+            }
+            if let Some(g) = generation {
+                if g != s.generation() {
+                    return Err(PinRefused::Stale);
                 }
             }
-            #[cfg(radixkv_negative = "pin_check")]
-            let _ = generation;
             if s.pins() == PIN_MASK {
                 return Err(PinRefused::Overflow);
             }
@@ -114,8 +109,19 @@ impl Residency {
 
     /// Releases one pin. The caller must own one (a `Lease`).
     pub(crate) fn unpin(&self) {
-        let prev = self.0.fetch_sub(1, Ordering::SeqCst);
-        debug_assert!(prev & PIN_MASK > 0, "unpin without a pin");
+        // The protecting step of the lease-drop model: one atomic RMW, so a
+        // concurrent pin or eviction CAS is never lost. The control splits
+        // it into a load and a store.
+        #[cfg(not(radixkv_negative = "unpin_rmw"))]
+        {
+            let prev = self.0.fetch_sub(1, Ordering::SeqCst);
+            debug_assert!(prev & PIN_MASK > 0, "unpin without a pin");
+        }
+        #[cfg(radixkv_negative = "unpin_rmw")]
+        {
+            let cur = self.0.load(Ordering::SeqCst);
+            self.0.store(cur - 1, Ordering::SeqCst);
+        }
     }
 
     /// Claims the residency for eviction: `RESIDENT` with zero pins becomes
@@ -124,6 +130,7 @@ impl Residency {
     pub(crate) fn try_evict(&self) -> Result<(), ResidencyState> {
         let cur = self.0.load(Ordering::SeqCst);
         let s = ResidencyState(cur);
+        // The protecting step of race 1: a pinned residency is never claimed.
         #[cfg(not(radixkv_negative = "evict_pin_check"))]
         let evictable = s.resident() && s.pins() == 0;
         #[cfg(radixkv_negative = "evict_pin_check")]

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Negative controls: for every loom model, remove exactly the step that
+# protects it (RADIXKV_NEGATIVE=<step>, turned into --cfg radixkv_negative
+# by radixkv's build script, loom builds only) and require the model to FAIL.
+# A model that cannot fail proves nothing. Exits non-zero unless every
+# control fails its model.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+export RUSTFLAGS="--cfg loom --cfg crossbeam_loom"
+export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
+target="${LOOM_TARGET_DIR:-target/loom}"
+
+pairs=(
+  "race1_match_vs_evict evict_pin_check"
+  "race2_insert_below_evicted_node leaf_check"
+  "race3_split_vs_pin_counts split_copies_pins"
+  "race4_split_vs_reader reader_parent_check"
+  "race5_concurrent_insert_same_prefix attach_recheck"
+  "race6_unlink_vs_insert unlink_check"
+  "race7_epoch_reclamation defer_destroy"
+  "race8_residency_aba pin_then_read"
+  "race9_split_vs_evict split_recheck"
+  "model10_lease_drop_vs_evict unpin_rmw"
+  "model11_two_devices_shared_parent parent_lock"
+)
+
+failed_as_expected=0
+held=0
+for pair in "${pairs[@]}"; do
+  read -r model step <<<"$pair"
+  log=$(mktemp)
+  RADIXKV_NEGATIVE="$step" cargo test -q -p loom-tests --release --target-dir "$target" \
+    --test races -- --exact "$model" >"$log" 2>&1
+  rc=$?
+  # The model's own assertion: the first panic message that is not loom's.
+  why=$(grep -A1 "panicked at" "$log" | grep -v "panicked at\|^--\|loom-0\|scheduler" | head -n 1)
+  if [ $rc -ne 0 ] && grep -q "panicked at" "$log"; then
+    printf 'FAILS as required  %-36s without %-20s: %s\n' "$model" "$step" "$why"
+    failed_as_expected=$((failed_as_expected + 1))
+  else
+    printf 'STILL PASSES (bad) %-36s without %-20s (exit %s)\n' "$model" "$step" "$rc"
+    tail -n 20 "$log"
+    held=$((held + 1))
+  fi
+  rm -f "$log"
+done
+# Leave the target built without any control, for the positive suite.
+RADIXKV_NEGATIVE= cargo build -q -p loom-tests --release --target-dir "$target" --tests >/dev/null 2>&1
+echo "negative controls: ${failed_as_expected} failed as required, ${held} did not"
+[ "$held" -eq 0 ]
