@@ -1,0 +1,266 @@
+//! The differential harness shared by the property test and the fuzz
+//! mode: op sequences run on the concurrent cache and on the sequential
+//! model, comparing every result and every device's sizes after every op.
+
+#![allow(dead_code)] // each test binary uses a part
+#![allow(clippy::single_range_in_vec_init)] // ranges of values are the data here
+
+use proptest::prelude::*;
+use radixkv::reference::{SeqHandle, SequentialCache};
+use radixkv::{DeviceId, EvictionPolicy, Lease, NodeHandle, RadixCache, TokenKey};
+
+#[derive(Debug, Clone)]
+pub enum Op {
+    Insert {
+        ns: u8,
+        key: Vec<u32>,
+        dev: usize,
+        prio: i64,
+    },
+    Match {
+        ns: u8,
+        key: Vec<u32>,
+        dev: usize,
+        pin: bool,
+    },
+    Peek {
+        ns: u8,
+        key: Vec<u32>,
+    },
+    PinHandle {
+        idx: usize,
+    },
+    Release {
+        idx: usize,
+    },
+    Evict {
+        dev: usize,
+        n: usize,
+    },
+}
+
+fn ns_of(ns: u8) -> Option<&'static str> {
+    match ns {
+        0 => None,
+        1 => Some(""),
+        _ => Some("s"),
+    }
+}
+
+fn op_strategy(devices: usize) -> impl Strategy<Value = Op> {
+    let key = prop::collection::vec(1u32..=3, 0..14);
+    let ns = prop_oneof![6 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8)];
+    prop_oneof![
+        4 => (ns.clone(), key.clone(), 0..devices, 0i64..3)
+            .prop_map(|(ns, key, dev, prio)| Op::Insert { ns, key, dev, prio }),
+        4 => (ns.clone(), key.clone(), 0..devices, any::<bool>())
+            .prop_map(|(ns, key, dev, pin)| Op::Match { ns, key, dev, pin }),
+        1 => (ns, key).prop_map(|(ns, key)| Op::Peek { ns, key }),
+        1 => any::<usize>().prop_map(|idx| Op::PinHandle { idx }),
+        2 => any::<usize>().prop_map(|idx| Op::Release { idx }),
+        2 => (0..devices, 0usize..12).prop_map(|(dev, n)| Op::Evict { dev, n }),
+    ]
+}
+
+pub fn case_strategy() -> impl Strategy<Value = (usize, usize, EvictionPolicy, Vec<Op>)> {
+    (
+        1usize..=4,
+        prop_oneof![Just(1usize), Just(2), Just(4)],
+        0usize..6,
+    )
+        .prop_flat_map(|(devices, ps, pol)| {
+            (
+                Just(devices),
+                Just(ps),
+                Just(EvictionPolicy::ALL[pol]),
+                prop::collection::vec(op_strategy(devices), 1..80),
+            )
+        })
+}
+
+pub fn run_case(
+    devices: usize,
+    ps: usize,
+    policy: EvictionPolicy,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    let cache = RadixCache::builder()
+        .page_size(ps)
+        .devices(devices)
+        .eviction_policy(policy)
+        .build()
+        .unwrap();
+    let mut model = SequentialCache::new(ps, devices, policy);
+    let mut handles: Vec<(NodeHandle, SeqHandle)> = Vec::new();
+    let mut leases: Vec<(Lease, SeqHandle)> = Vec::new();
+    let mut next_value = 1u32;
+    for (step, op) in ops.iter().enumerate() {
+        match op {
+            Op::Insert { ns, key, dev, prio } => {
+                // Mostly aligned keys; a few unaligned ones test the error.
+                let key = if key.len() % 5 == 4 {
+                    key.clone()
+                } else {
+                    key[..key.len() / ps * ps].to_vec()
+                };
+                let values: Vec<u32> = (0..key.len() as u32).map(|j| next_value + j).collect();
+                next_value += key.len() as u32;
+                let k = TokenKey::new(&key).in_namespace(ns_of(*ns));
+                let real = cache.insert(k, DeviceId(*dev as u32), &values, *prio);
+                let want = model.insert(ns_of(*ns), &key, &values, *dev, *prio);
+                match (&real, want) {
+                    (Ok(r), Ok(p)) => {
+                        prop_assert_eq!(r.prefix_len, p, "step {}: insert prefix_len", step);
+                        let adopted: Vec<_> = if p < key.len() {
+                            vec![p..key.len()]
+                        } else {
+                            vec![]
+                        };
+                        prop_assert_eq!(&r.adopted, &adopted, "step {}: adopted ranges", step);
+                        prop_assert_eq!(r.duplicates(), if p > 0 { vec![0..p] } else { vec![] });
+                    }
+                    (Err(_), Err(_)) => {}
+                    (r, w) => {
+                        prop_assert!(false, "step {}: insert real {:?} model {:?}", step, r, w)
+                    }
+                }
+            }
+            Op::Match { ns, key, dev, pin } => {
+                let k = TokenKey::new(key).in_namespace(ns_of(*ns));
+                let want = model.match_prefix(ns_of(*ns), key, *dev);
+                let r = if *pin {
+                    cache.match_and_pin(k, DeviceId(*dev as u32)).unwrap()
+                } else {
+                    cache.match_prefix(k, DeviceId(*dev as u32)).unwrap()
+                };
+                prop_assert_eq!(r.len, want.len, "step {}: match len", step);
+                prop_assert_eq!(r.any_len, want.any_len, "step {}: any_len", step);
+                prop_assert_eq!(
+                    r.any_device.map(|d| d.index()),
+                    want.any_device,
+                    "step {}: any_device",
+                    step
+                );
+                if *pin {
+                    prop_assert_eq!(&r.values, &want.values, "step {}: pinned values", step);
+                    model.pin(&want.handle).unwrap();
+                    leases.push((r.lease.unwrap(), want.handle));
+                } else {
+                    prop_assert!(r.values.is_empty());
+                }
+                handles.push((r.handle, want.handle));
+            }
+            Op::Peek { ns, key } => {
+                let k = TokenKey::new(key).in_namespace(ns_of(*ns));
+                prop_assert_eq!(
+                    cache.peek(k),
+                    model.peek(ns_of(*ns), key),
+                    "step {}: peek",
+                    step
+                );
+            }
+            Op::PinHandle { idx } => {
+                if handles.is_empty() {
+                    continue;
+                }
+                let (h, mh) = &handles[idx % handles.len()];
+                let real = cache.pin(h);
+                let want = model.pin(mh);
+                prop_assert_eq!(
+                    real.is_ok(),
+                    want.is_ok(),
+                    "step {}: pin {:?} vs {:?}",
+                    step,
+                    real,
+                    want
+                );
+                if let Ok(l) = real {
+                    leases.push((l, *mh));
+                }
+            }
+            Op::Release { idx } => {
+                if leases.is_empty() {
+                    continue;
+                }
+                let (l, mh) = leases.swap_remove(idx % leases.len());
+                drop(l);
+                model.unpin(&mh);
+            }
+            Op::Evict { dev, n } => {
+                let ev = cache.evict(DeviceId(*dev as u32), *n).unwrap();
+                let (tokens, values) = model.evict(*dev, *n);
+                prop_assert_eq!(ev.tokens, tokens, "step {}: evicted tokens", step);
+                prop_assert_eq!(
+                    &ev.values,
+                    &values,
+                    "step {}: evicted values (in order)",
+                    step
+                );
+            }
+        }
+        for d in 0..devices {
+            let s = cache.sizes(DeviceId(d as u32)).unwrap();
+            let (e, p, t, n) = model.sizes(d);
+            prop_assert_eq!(
+                (s.evictable, s.protected, s.total, s.nodes),
+                (e, p, t, n),
+                "step {}: sizes on device {}",
+                step,
+                d
+            );
+        }
+        prop_assert_eq!(
+            cache.node_count() as usize,
+            model.node_count(),
+            "step {}: node count",
+            step
+        );
+        if let Err(e) = cache.check() {
+            prop_assert!(false, "step {}: audit: {}", step, e);
+        }
+    }
+    drop(leases);
+    cache.audit();
+    Ok(())
+}
+
+/// Decodes fuzz bytes into a configuration and an op sequence: every byte
+/// string is a valid case, so a byte-level mutator explores op sequences.
+pub fn decode(bytes: &[u8]) -> (usize, usize, EvictionPolicy, Vec<Op>) {
+    let mut it = bytes.iter().copied();
+    let mut next = move || it.next();
+    let devices = 1 + next().unwrap_or(0) as usize % 3;
+    let ps = [1, 2, 4][next().unwrap_or(0) as usize % 3];
+    let policy = EvictionPolicy::ALL[next().unwrap_or(0) as usize % 6];
+    let mut ops = Vec::new();
+    while let Some(b) = next() {
+        let arg = next().unwrap_or(0) as usize;
+        let ns = (b >> 6) % 3;
+        let dev = arg % devices;
+        let mut key = || {
+            let len = next().unwrap_or(0) as usize % 14;
+            (0..len)
+                .map(|_| 1 + next().unwrap_or(0) as u32 % 3)
+                .collect::<Vec<u32>>()
+        };
+        ops.push(match b % 8 {
+            0 | 1 => Op::Insert {
+                ns,
+                key: key(),
+                dev,
+                prio: (arg / 3 % 3) as i64,
+            },
+            2 | 3 => Op::Match {
+                ns,
+                key: key(),
+                dev,
+                pin: b & 8 != 0,
+            },
+            4 => Op::Peek { ns, key: key() },
+            5 => Op::PinHandle { idx: arg },
+            6 => Op::Release { idx: arg },
+            _ => Op::Evict { dev, n: arg % 12 },
+        });
+    }
+    (devices, ps, policy, ops)
+}
