@@ -6,7 +6,7 @@
 #   RADIXKV_STRESS_OPS=N       ops per stress thread (default 25,000)
 #   RADIXKV_PROPTEST_CASES=N   property-test cases (default 384)
 #   RADIXKV_SOAK_SECS=N        soak duration (default 10)
-#   LOOM_MAX_PREEMPTIONS=N     loom preemption bound (default 2)
+#   LOOM_MAX_PREEMPTIONS=N     loom preemption bound (default 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,8 +16,8 @@ cargo test --workspace --all-targets --release
 echo "== doctests"
 cargo test --workspace --doc
 
-echo "== loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-2})"
-RUSTFLAGS="--cfg loom --cfg crossbeam_loom" LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}" \
+echo "== loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
+RUSTFLAGS="--cfg loom --cfg crossbeam_loom" LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" \
   RADIXKV_NEGATIVE= cargo test -p loom-tests --release --target-dir target/loom
 
 echo "== loom negative controls"
