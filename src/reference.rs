@@ -6,7 +6,8 @@
 //! It is written independently of the concurrent tree, for clarity rather
 //! than speed: an arena of nodes, `BTreeMap` children, and eviction that
 //! rescans for the smallest candidate each time. With a logical clock it
-//! takes the same ticks in the same order as `RadixCache`, so eviction
+//! takes the same ticks (one counter per device) in the same order as
+//! `RadixCache`, so eviction
 //! orders and results agree exactly.
 //!
 //! ```
@@ -80,7 +81,7 @@ pub struct SequentialCache {
     policy: EvictionPolicy,
     nodes: Vec<SeqNode>,
     roots: Vec<(Option<String>, usize)>,
-    clock: u64,
+    clock: Vec<u64>,
     next_id: u64,
 }
 
@@ -93,14 +94,14 @@ impl SequentialCache {
             policy,
             nodes: Vec::new(),
             roots: Vec::new(),
-            clock: 1,
+            clock: vec![1; devices.max(1)],
             next_id: 1,
         }
     }
 
-    fn tick(&mut self) -> u64 {
-        let t = self.clock;
-        self.clock += 1;
+    fn tick(&mut self, d: usize) -> u64 {
+        let t = self.clock[d];
+        self.clock[d] += 1;
         t
     }
 
@@ -167,8 +168,8 @@ impl SequentialCache {
             pn.gens = c.values.iter().map(|v| u64::from(v.is_some())).collect();
             pn.children.insert(c.key[k..k + self.ps].to_vec(), child);
         }
-        let t1 = self.tick();
-        let t2 = self.tick();
+        let t1 = self.tick(d);
+        let t2 = self.tick(d);
         self.nodes[p].last_access[d] = t1;
         self.nodes[p].created[d] = t2;
         let cn = &mut self.nodes[child];
@@ -215,7 +216,7 @@ impl SequentialCache {
     /// Match on device `d` (splits, stamps, counts hits), with the values.
     pub fn match_prefix(&mut self, ns: Option<&str>, tokens: &[u32], d: usize) -> SeqMatch {
         let tokens = &tokens[..tokens.len() / self.ps * self.ps];
-        let stamp = self.tick();
+        let stamp = self.tick(d);
         let mut m = SeqMatch {
             len: 0,
             values: Vec::new(),
@@ -299,7 +300,7 @@ impl SequentialCache {
         if tokens.is_empty() {
             return Ok(0);
         }
-        let stamp = self.tick();
+        let stamp = self.tick(d);
         let root = match self.root(ns) {
             Some(r) => r,
             None => {
@@ -316,8 +317,8 @@ impl SequentialCache {
             let page = tokens[pos..pos + self.ps].to_vec();
             let Some(&c) = self.nodes[cur].children.get(&page) else {
                 let leaf = self.new_node(false, Some(cur), tokens[pos..].to_vec(), priority);
-                let t1 = self.tick();
-                let t2 = self.tick();
+                let t1 = self.tick(d);
+                let t2 = self.tick(d);
                 let ln = &mut self.nodes[leaf];
                 ln.values[d] = Some(values[pos..].to_vec());
                 ln.gens[d] = 1;
@@ -337,8 +338,8 @@ impl SequentialCache {
             };
             self.nodes[node].priority = self.nodes[node].priority.max(priority);
             if !self.resident(node, d) {
-                let t1 = self.tick();
-                let t2 = self.tick();
+                let t1 = self.tick(d);
+                let t2 = self.tick(d);
                 let n = &mut self.nodes[node];
                 n.values[d] = Some(values[pos..pos + k].to_vec());
                 n.gens[d] += 1;

@@ -78,8 +78,9 @@ impl<'a> From<&'a [u32]> for TokenKey<'a> {
 /// Where access and creation stamps come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ClockKind {
-    /// A shared counter: stamps never tie (what SGLang's conformance vectors
-    /// assume). One relaxed `fetch_add` per operation.
+    /// A counter per device: stamps never tie (what SGLang's conformance
+    /// vectors assume). One relaxed `fetch_add` on the device's own counter
+    /// per operation.
     #[default]
     Logical,
     /// Monotonic nanoseconds; ties are broken by creation stamp, then node id.
@@ -210,7 +211,7 @@ impl RadixCacheBuilder {
             )));
         }
         let clock = match self.clock {
-            ClockKind::Logical => Clock::logical(),
+            ClockKind::Logical => Clock::logical(self.devices),
             #[cfg(not(loom))]
             ClockKind::Monotonic => Clock::monotonic(),
         };
@@ -467,7 +468,7 @@ impl RadixCache {
     ) -> Result<MatchResult, CacheError> {
         let d = self.device(device)?;
         let guard = crossbeam_epoch::pin();
-        let stamp = self.tree.tick();
+        let stamp = self.tree.tick(d);
         let w = self
             .tree
             .match_on(key.namespace, key.tokens, d, stamp, &guard);
@@ -509,7 +510,7 @@ impl RadixCache {
         device: DeviceId,
     ) -> Result<MatchResult, CacheError> {
         let d = self.device(device)?;
-        let stamp = self.tree.tick();
+        let stamp = self.tree.tick(d);
         loop {
             let guard = crossbeam_epoch::pin();
             let w = self
@@ -636,8 +637,9 @@ impl RadixCache {
             let Some(ev) = self.tree.evict_leaf(nodes[i], d, &guard) else {
                 continue;
             };
-            out.tokens += ev.values.len();
-            out.values.extend_from_slice(&ev.values);
+            let before = out.values.len();
+            ev.values.append_to(&mut out.values, self.page_size());
+            out.tokens += out.values.len() - before;
             if is_candidate(ev.parent, d) {
                 heap.push(Reverse((self.key_of(ev.parent, d), nodes.len())));
                 nodes.push(ev.parent);

@@ -56,7 +56,7 @@ use crate::sync::{spin_wait, Arc, AtomicU64, Ordering};
 use clock::Clock;
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
 use crossbeam_utils::CachePadded;
-use node::{ChildEntry, Children, Image, Node, ParentPtr};
+use node::{page_hash, ChildEntry, Children, Image, Node, ParentPtr, Values};
 use std::ops::Range;
 
 /// A transaction found the tree changed under it; the caller re-walks.
@@ -110,7 +110,7 @@ pub(crate) struct InsertWalk {
 /// A leaf evicted from one device.
 #[derive(Debug)]
 pub(crate) struct EvictedLeaf<'g> {
-    pub(crate) values: Arc<[u32]>,
+    pub(crate) values: Values,
     pub(crate) parent: &'g Node,
 }
 
@@ -143,8 +143,18 @@ pub(crate) struct Tree {
 
 /// Length of the common prefix of `a` and `b` in whole pages.
 pub(crate) fn common_prefix(a: &[u32], b: &[u32], page_size: usize) -> usize {
-    let n = a.iter().zip(b).take_while(|(x, y)| x == y).count();
-    n - n % page_size
+    const CHUNK: usize = 16;
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut i = 0;
+    // Whole chunks compare as one memcmp.
+    while i + CHUNK <= n && a[i..i + CHUNK] == b[i..i + CHUNK] {
+        i += CHUNK;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i - i % page_size
 }
 
 impl Tree {
@@ -170,8 +180,8 @@ impl Tree {
         self.devices
     }
 
-    pub(crate) fn tick(&self) -> u64 {
-        self.clock.tick()
+    pub(crate) fn tick(&self, d: usize) -> u64 {
+        self.clock.tick(d)
     }
 
     fn new_id(&self) -> u64 {
@@ -241,22 +251,42 @@ impl Tree {
     }
 
     fn step<'g>(&self, cur: &Node, rest: &[u32], guard: &'g Guard) -> Step<'g> {
-        let page = &rest[..self.page_size];
-        let Some(child) = cur.children_ref(guard).find(page) else {
-            return Step::None;
-        };
-        let img = child.image(guard);
-        // SAFETY: images are never null and are retired with defer_destroy.
-        let r = unsafe { img.deref() };
+        let ps = self.page_size;
+        let page = &rest[..ps];
+        for (_, child) in cur.children_ref(guard).with_hash(page_hash(page)) {
+            let img = child.image(guard);
+            // SAFETY: images are never null and are retired with defer_destroy.
+            let r = unsafe { img.deref() };
+            if let Some(step) = self.step_into(cur, child, img, r, rest) {
+                return step;
+            }
+        }
+        Step::None
+    }
+
+    /// Checks one candidate child of `cur` for `rest`; `None` if its first
+    /// page is another one (a hash collision).
+    fn step_into<'g>(
+        &self,
+        cur: &Node,
+        child: &'g Arc<Node>,
+        img: Shared<'g, Image>,
+        r: &Image,
+        rest: &[u32],
+    ) -> Option<Step<'g>> {
         // The protecting step of race 4: a child whose image names another
         // parent was just split (a node now sits between `cur` and it; the
         // writer holds `cur`'s lock and is about to publish `cur`'s new
         // children): re-read instead of comparing against its shortened key.
         #[cfg(not(radixkv_negative = "reader_parent_check"))]
         if !std::ptr::eq(r.parent.0, cur) {
-            return Step::Retry;
+            return Some(Step::Retry);
         }
-        Step::Found(child, img, common_prefix(&r.key, rest, self.page_size))
+        let ps = self.page_size;
+        if ps > 1 && r.key.get(..ps) != Some(&rest[..ps]) {
+            return None;
+        }
+        Some(Step::Found(child, img, common_prefix(&r.key, rest, ps)))
     }
 
     /// The device to report for the any-device answer at `node`.
@@ -401,7 +431,7 @@ impl Tree {
         while !node.is_root {
             let img = node.image_ref(guard);
             let v = img.values[d].clone()?;
-            total += v.len();
+            total += v.tokens(self.page_size);
             segs.push(v);
             if img.parent.0.is_null() {
                 return None;
@@ -416,7 +446,7 @@ impl Tree {
         }
         let mut out = Vec::with_capacity(total);
         for s in segs.iter().rev() {
-            out.extend_from_slice(s);
+            s.append_to(&mut out, self.page_size);
         }
         Some(out)
     }
@@ -434,7 +464,7 @@ impl Tree {
     ) -> InsertWalk {
         let mut adopted: Vec<Range<usize>> = Vec::new();
         let len = tokens.len();
-        let stamp = self.tick();
+        let stamp = self.tick(d);
         let overlaps = |adopted: &[Range<usize>], r: Range<usize>| {
             adopted.iter().any(|a| a.start < r.end && r.start < a.end)
         };
@@ -534,15 +564,16 @@ impl Tree {
         if !std::ptr::eq(img.parent.0, &**parent) || k == 0 || k >= img.key.len() {
             return Err(Conflict);
         }
-        let pvals: Box<[Option<Arc<[u32]>>]> = img
+        let len = img.key.len();
+        let pvals: Box<[Option<Values>]> = img
             .values
             .iter()
-            .map(|v| v.as_ref().map(|v| Arc::from(&v[..k])))
+            .map(|v| v.as_ref().map(|v| v.slice(0, k, ps)))
             .collect();
-        let svals: Box<[Option<Arc<[u32]>>]> = img
+        let svals: Box<[Option<Values>]> = img
             .values
             .iter()
-            .map(|v| v.as_ref().map(|v| Arc::from(&v[k..])))
+            .map(|v| v.as_ref().map(|v| v.slice(k, len, ps)))
             .collect();
         let skey: Arc<[u32]> = Arc::from(&img.key[k..]);
         let prefix = Node::new(
@@ -554,7 +585,7 @@ impl Tree {
                 values: pvals,
             },
             Children {
-                entries: vec![(Arc::from(&skey[..ps]), Arc::clone(child))],
+                entries: vec![(page_hash(&skey[..ps]), Arc::clone(child))],
             },
             child.priority.load(Ordering::SeqCst),
         );
@@ -575,8 +606,8 @@ impl Tree {
         if let Some(d) = fresh {
             prefix.dev[d]
                 .last_access
-                .store(self.tick(), Ordering::Relaxed);
-            prefix.dev[d].created.store(self.tick(), Ordering::Relaxed);
+                .store(self.tick(d), Ordering::Relaxed);
+            prefix.dev[d].created.store(self.tick(d), Ordering::Relaxed);
         }
         if let Some(p) = priority {
             prefix.priority.fetch_max(p, Ordering::SeqCst);
@@ -599,12 +630,19 @@ impl Tree {
             },
             guard,
         );
-        let page = &img.key[..ps];
-        let new_children = parent.children_ref(guard).with(Arc::from(page), prefix);
+        let new_children = parent
+            .children_ref(guard)
+            .with_replaced(child, Arc::clone(&prefix));
         parent.publish_children(new_children, guard);
         self.live_nodes.fetch_add(1, Ordering::SeqCst);
         // Under `parent`'s lock nobody else can have replaced the entry.
-        parent.children_ref(guard).find(page).ok_or(Conflict)
+        parent
+            .children_ref(guard)
+            .entries
+            .iter()
+            .map(|(_, c)| c)
+            .find(|c| Arc::ptr_eq(c, &prefix))
+            .ok_or(Conflict)
     }
 
     fn attach_leaf(
@@ -626,12 +664,17 @@ impl Tree {
         let children = parent.children_ref(guard);
         // The protecting step of race 5: under the parent's lock, re-check
         // that nobody attached this first page meanwhile.
+        let hash = page_hash(&tokens[..ps]);
         #[cfg(not(radixkv_negative = "attach_recheck"))]
-        if children.find(&tokens[..ps]).is_some() {
+        if children
+            .with_hash(hash)
+            .iter()
+            .any(|(_, c)| c.image_ref(guard).key[..ps] == tokens[..ps])
+        {
             return Err(Conflict);
         }
         let mut vals = vec![None; self.devices].into_boxed_slice();
-        vals[d] = Some(Arc::from(values));
+        vals[d] = Some(Values::new(values, ps));
         let leaf = Node::new(
             self.new_id(),
             false,
@@ -645,12 +688,9 @@ impl Tree {
         );
         leaf.dev[d]
             .last_access
-            .store(self.tick(), Ordering::Relaxed);
-        leaf.dev[d].created.store(self.tick(), Ordering::Relaxed);
-        parent.publish_children(
-            children.with(Arc::from(&tokens[..ps]), Arc::new(leaf)),
-            guard,
-        );
+            .store(self.tick(d), Ordering::Relaxed);
+        leaf.dev[d].created.store(self.tick(d), Ordering::Relaxed);
+        parent.publish_children(children.with_added(hash, Arc::new(leaf)), guard);
         parent.dev[d]
             .resident_children
             .fetch_add(1, Ordering::SeqCst);
@@ -687,7 +727,7 @@ impl Tree {
             return Err(Conflict);
         }
         let mut vals = img.values.clone();
-        vals[d] = Some(Arc::from(values));
+        vals[d] = Some(Values::new(values, self.page_size));
         node.publish_image(
             Image {
                 parent: img.parent,
@@ -701,8 +741,8 @@ impl Tree {
         node.dev[d].residency.make_resident();
         node.dev[d]
             .last_access
-            .store(self.tick(), Ordering::Relaxed);
-        node.dev[d].created.store(self.tick(), Ordering::Relaxed);
+            .store(self.tick(d), Ordering::Relaxed);
+        node.dev[d].created.store(self.tick(d), Ordering::Relaxed);
         node.priority.fetch_max(priority, Ordering::SeqCst);
         parent.dev[d]
             .resident_children
@@ -751,7 +791,10 @@ impl Tree {
             }
             node.dev[d].residency.try_evict().ok()?;
             let img = node.image_ref(guard);
-            let values = img.values[d].clone().unwrap_or_else(|| Arc::from(&[][..]));
+            let Some(values) = img.values[d].clone() else {
+                debug_assert!(false, "RESIDENT without values");
+                return None;
+            };
             let mut vals = img.values.clone();
             vals[d] = None;
             let key = Arc::clone(&img.key);
@@ -769,7 +812,7 @@ impl Tree {
             self.resident_tokens[d].fetch_sub(key.len() as u64, Ordering::SeqCst);
             if !node.resident_anywhere() && node.children_ref(guard).entries.is_empty() {
                 node.obsolete.store(true, Ordering::SeqCst);
-                let rest = parent.children_ref(guard).without(&key[..self.page_size]);
+                let rest = parent.children_ref(guard).without(node);
                 parent.publish_children(rest, guard);
                 self.live_nodes.fetch_sub(1, Ordering::SeqCst);
             }
@@ -875,15 +918,15 @@ impl Tree {
                 }
                 match (&img.values[e], st.resident()) {
                     (Some(v), true) => {
-                        if v.len() != img.key.len() {
+                        let nv = v.tokens(ps);
+                        if nv != img.key.len() {
                             return Err(format!(
-                                "I4: node {} holds {} values for {} tokens on device {e}",
+                                "I4: node {} holds {nv} values for {} tokens on device {e}",
                                 n.id,
-                                v.len(),
                                 img.key.len()
                             ));
                         }
-                        *tokens_e += v.len() as u64;
+                        *tokens_e += nv as u64;
                         if let Some(p) = parent {
                             if !p.resident(e) {
                                 return Err(format!(
@@ -905,10 +948,11 @@ impl Tree {
             }
             let children = n.children_ref(guard);
             let mut resident_children = vec![0u32; self.devices];
-            for (i, (page, c)) in children.entries.iter().enumerate() {
-                if i > 0 && children.entries[i - 1].0 >= *page {
+            let mut pages = std::collections::HashSet::new();
+            for (i, (hash, c)) in children.entries.iter().enumerate() {
+                if i > 0 && children.entries[i - 1].0 > *hash {
                     return Err(format!(
-                        "I4: children of node {} are not strictly sorted by first page",
+                        "I4: children of node {} are not sorted by page hash",
                         n.id
                     ));
                 }
@@ -916,10 +960,16 @@ impl Tree {
                 if !std::ptr::eq(cimg.parent.0, &**n) {
                     return Err(format!("node {}'s parent link is not node {}", c.id, n.id));
                 }
-                if cimg.key.len() < ps || cimg.key[..ps] != **page {
+                if cimg.key.len() < ps || page_hash(&cimg.key[..ps]) != *hash {
                     return Err(format!(
                         "I4: node {} is filed under a page that is not its first",
                         c.id
+                    ));
+                }
+                if !pages.insert(&cimg.key[..ps]) {
+                    return Err(format!(
+                        "I4: two children of node {} start with the same page",
+                        n.id
                     ));
                 }
                 if !seen.insert(c.id) {
@@ -1006,10 +1056,11 @@ fn detach_children(n: &Node) -> Vec<ChildEntry> {
     // the tree: no reader can be traversing it, and leases and handles never
     // read children arrays, so the old array is ours alone.
     let guard = unsafe { crossbeam_epoch::unprotected() };
-    let old = n
-        .children
-        .swap(Owned::new(Children::default()), Ordering::Relaxed, guard);
-    // SAFETY: as above; non-null by construction.
+    let old = n.children.swap(Shared::null(), Ordering::Relaxed, guard);
+    if old.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: as above; checked non-null.
     let owned = unsafe { old.into_owned() }.into_box();
     owned.entries
 }

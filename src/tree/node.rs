@@ -18,7 +18,6 @@
 use super::residency::Residency;
 use crate::sync::{Arc, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Mutex, Ordering};
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
-use crossbeam_utils::CachePadded;
 
 /// A raw parent pointer. Null for a namespace root.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +32,75 @@ unsafe impl Send for ParentPtr {}
 // SAFETY: as above; `ParentPtr` is an immutable address.
 unsafe impl Sync for ParentPtr {}
 
+/// The values of a node's tokens on one device.
+///
+/// Stored verbatim (one `u32` per token), or, at page size > 1 when every
+/// page's values are a contiguous run (what a paged allocator hands out),
+/// as one base value per page: 4 bytes per page instead of per token.
+#[derive(Clone, Debug)]
+pub(crate) struct Values {
+    data: Arc<[u32]>,
+    paged: bool,
+}
+
+impl Values {
+    /// Values for `v` (whole pages of `ps` tokens).
+    pub(crate) fn new(v: &[u32], ps: usize) -> Values {
+        let runs = ps > 1
+            && v.chunks(ps).all(|c| {
+                c.iter()
+                    .enumerate()
+                    .all(|(j, &x)| c[0].checked_add(j as u32) == Some(x))
+            });
+        if runs {
+            Values {
+                data: v.chunks(ps).map(|c| c[0]).collect(),
+                paged: true,
+            }
+        } else {
+            Values {
+                data: Arc::from(v),
+                paged: false,
+            }
+        }
+    }
+
+    /// How many tokens these values cover.
+    pub(crate) fn tokens(&self, ps: usize) -> usize {
+        if self.paged {
+            self.data.len() * ps
+        } else {
+            self.data.len()
+        }
+    }
+
+    /// The values of tokens `from..to` (multiples of `ps`).
+    pub(crate) fn slice(&self, from: usize, to: usize, ps: usize) -> Values {
+        let data = if self.paged {
+            Arc::from(&self.data[from / ps..to / ps])
+        } else {
+            Arc::from(&self.data[from..to])
+        };
+        Values {
+            data,
+            paged: self.paged,
+        }
+    }
+
+    /// Appends one value per token to `out`.
+    pub(crate) fn append_to(&self, out: &mut Vec<u32>, ps: usize) {
+        if self.paged {
+            out.extend(
+                self.data
+                    .iter()
+                    .flat_map(|&b| (0..ps as u32).map(move |j| b + j)),
+            );
+        } else {
+            out.extend_from_slice(&self.data);
+        }
+    }
+}
+
 /// An immutable snapshot of a node's position, key and values.
 #[derive(Debug)]
 pub(crate) struct Image {
@@ -41,7 +109,7 @@ pub(crate) struct Image {
     /// The node's tokens (page-aligned, non-empty except for roots).
     pub(crate) key: Arc<[u32]>,
     /// Per device: the values of the node's tokens, when resident there.
-    pub(crate) values: Box<[Option<Arc<[u32]>>]>,
+    pub(crate) values: Box<[Option<Values>]>,
 }
 
 #[cfg(loom)]
@@ -59,48 +127,73 @@ pub(crate) fn boxed(image: Image) -> Owned<Image> {
     owned
 }
 
-/// One child entry: the child's first page and the child.
-pub(crate) type ChildEntry = (Arc<[u32]>, Arc<Node>);
+/// The hash a child is filed under: its first token at page size 1, a
+/// 64-bit mix of its first page otherwise. Equal hashes are resolved by
+/// comparing the child's key.
+pub(crate) fn page_hash(page: &[u32]) -> u64 {
+    if let [t] = page {
+        return u64::from(*t);
+    }
+    page.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &t| {
+        (h.rotate_left(5) ^ u64::from(t)).wrapping_mul(0x517c_c1b7_2722_0a95)
+    })
+}
 
-/// An immutable, sorted-by-first-page array of children.
+/// One child entry: the hash of the child's first page, and the child.
+pub(crate) type ChildEntry = (u64, Arc<Node>);
+
+/// An immutable array of children sorted by [`page_hash`]. 16 bytes per
+/// child; a node without children holds no array at all.
 #[derive(Debug, Default)]
 pub(crate) struct Children {
     pub(crate) entries: Vec<ChildEntry>,
 }
 
+/// What a node without children points at.
+pub(crate) static NO_CHILDREN: Children = Children {
+    entries: Vec::new(),
+};
+
 impl Children {
-    /// The child whose first page is `page`.
-    pub(crate) fn find(&self, page: &[u32]) -> Option<&Arc<Node>> {
-        self.entries
-            .binary_search_by(|(k, _)| (**k).cmp(page))
-            .ok()
-            .map(|i| &self.entries[i].1)
+    /// The entries filed under `hash`.
+    pub(crate) fn with_hash(&self, hash: u64) -> &[ChildEntry] {
+        let lo = self.entries.partition_point(|(h, _)| *h < hash);
+        let hi = lo + self.entries[lo..].partition_point(|(h, _)| *h == hash);
+        &self.entries[lo..hi]
     }
 
-    /// A copy with `(page, child)` inserted or replacing the entry for `page`.
-    pub(crate) fn with(&self, page: Arc<[u32]>, child: Arc<Node>) -> Children {
+    /// A copy with `child` added under `hash`.
+    pub(crate) fn with_added(&self, hash: u64, child: Arc<Node>) -> Children {
+        let mut entries = Vec::with_capacity(self.entries.len() + 1);
+        let at = self.entries.partition_point(|(h, _)| *h <= hash);
+        entries.extend_from_slice(&self.entries[..at]);
+        entries.push((hash, child));
+        entries.extend_from_slice(&self.entries[at..]);
+        Children { entries }
+    }
+
+    /// A copy with the entry of `old` pointing at `new` (same first page).
+    pub(crate) fn with_replaced(&self, old: &Node, new: Arc<Node>) -> Children {
         let mut entries = self.entries.clone();
-        match entries.binary_search_by(|(k, _)| (**k).cmp(&page)) {
-            Ok(i) => entries[i] = (page, child),
-            Err(i) => entries.insert(i, (page, child)),
+        if let Some(e) = entries.iter_mut().find(|(_, c)| std::ptr::eq(&**c, old)) {
+            e.1 = new;
         }
         Children { entries }
     }
 
-    /// A copy without the entry for `page`.
-    pub(crate) fn without(&self, page: &[u32]) -> Children {
+    /// A copy without `node`.
+    pub(crate) fn without(&self, node: &Node) -> Children {
         let mut entries = self.entries.clone();
-        if let Ok(i) = entries.binary_search_by(|(k, _)| (**k).cmp(page)) {
-            entries.remove(i);
-        }
+        entries.retain(|(_, c)| !std::ptr::eq(&**c, node));
         Children { entries }
     }
 }
 
 /// The per-device slot of a node: residency word and that device's stamps.
-/// Cache-padded so that schedulers of different devices never share a line
-/// on hot nodes.
+/// One cache line each, so that schedulers of different devices never
+/// share a line on hot nodes.
 #[derive(Debug)]
+#[repr(align(64))]
 pub(crate) struct DevSlot {
     pub(crate) residency: Residency,
     /// Last access stamp on this device (moves forward only: `fetch_max`).
@@ -144,7 +237,7 @@ pub(crate) struct Node {
     pub(crate) children: Atomic<Children>,
     /// SGLang's node priority (per node, not per device).
     pub(crate) priority: AtomicI64,
-    pub(crate) dev: Box<[CachePadded<DevSlot>]>,
+    pub(crate) dev: Box<[DevSlot]>,
 }
 
 impl Node {
@@ -158,7 +251,7 @@ impl Node {
         let dev = image
             .values
             .iter()
-            .map(|v| CachePadded::new(DevSlot::new(v.is_some())))
+            .map(|v| DevSlot::new(v.is_some()))
             .collect();
         Node {
             id,
@@ -166,7 +259,11 @@ impl Node {
             lock: Mutex::new(()),
             obsolete: AtomicBool::new(false),
             image: Atomic::from(boxed(image)),
-            children: Atomic::new(children),
+            children: if children.entries.is_empty() {
+                Atomic::null()
+            } else {
+                Atomic::new(children)
+            },
             priority: AtomicI64::new(priority),
             dev,
         }
@@ -190,8 +287,10 @@ impl Node {
 
     /// The current children.
     pub(crate) fn children_ref<'g>(&self, guard: &'g Guard) -> &'g Children {
-        // SAFETY: as for `image_ref`: never null, retired with `defer_destroy`.
-        unsafe { self.children.load(Ordering::SeqCst, guard).deref() }
+        let c = self.children.load(Ordering::SeqCst, guard);
+        // SAFETY: non-null arrays are retired with `defer_destroy`, so they
+        // live until `guard` is dropped.
+        unsafe { c.as_ref() }.unwrap_or(&NO_CHILDREN)
     }
 
     /// Publishes a new image and retires the old one. Caller holds this
@@ -215,11 +314,16 @@ impl Node {
     /// Publishes new children and retires the old array. Caller holds this
     /// node's lock.
     pub(crate) fn publish_children(&self, children: Children, guard: &Guard) {
-        let old = self
-            .children
-            .swap(Owned::new(children), Ordering::SeqCst, guard);
-        // SAFETY: as in `publish_image`.
-        unsafe { guard.defer_destroy(old) };
+        let new = if children.entries.is_empty() {
+            Shared::null()
+        } else {
+            Owned::new(children).into_shared(guard)
+        };
+        let old = self.children.swap(new, Ordering::SeqCst, guard);
+        if !old.is_null() {
+            // SAFETY: as in `publish_image`.
+            unsafe { guard.defer_destroy(old) };
+        }
     }
 
     /// Whether this node holds values on `d` (roots count as resident).
@@ -259,5 +363,36 @@ impl Drop for Node {
                 drop(ch.into_owned());
             }
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_store_page_runs_and_expand_exactly() {
+        let runs = [32, 33, 34, 35, 8, 9, 10, 11];
+        let v = Values::new(&runs, 4);
+        assert!(v.paged && v.data.len() == 2, "two pages, one base each");
+        let mut out = Vec::new();
+        v.slice(4, 8, 4).append_to(&mut out, 4);
+        v.slice(0, 4, 4).append_to(&mut out, 4);
+        assert_eq!(out, [8, 9, 10, 11, 32, 33, 34, 35]);
+        let scattered = [1, 7, 3, 4];
+        let v = Values::new(&scattered, 2);
+        assert!(!v.paged);
+        assert_eq!(v.tokens(2), 4);
+        let mut out = Vec::new();
+        v.append_to(&mut out, 2);
+        assert_eq!(out, scattered);
+        // u32::MAX cannot start a run of two.
+        assert!(!Values::new(&[u32::MAX, 0], 2).paged);
+    }
+
+    #[test]
+    fn page_hash_is_exact_at_page_size_one() {
+        assert_eq!(page_hash(&[7]), 7);
+        assert_ne!(page_hash(&[1, 2]), page_hash(&[2, 1]));
     }
 }
