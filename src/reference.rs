@@ -215,6 +215,25 @@ impl SequentialCache {
 
     /// Match on device `d` (splits, stamps, counts hits), with the values.
     pub fn match_prefix(&mut self, ns: Option<&str>, tokens: &[u32], d: usize) -> SeqMatch {
+        let mut m = self.match_walk(ns, tokens, d);
+        if let Some(mut n) = m.handle.node {
+            let mut segs = Vec::new();
+            while !self.nodes[n].is_root {
+                segs.push(self.nodes[n].values[d].clone().unwrap_or_default());
+                n = self.nodes[n].parent.unwrap_or(n);
+            }
+            m.values = segs.into_iter().rev().flatten().collect();
+        }
+        m
+    }
+
+    /// Like [`match_prefix`](Self::match_prefix) without collecting the
+    /// values (the same work as `RadixCache::match_prefix`).
+    pub fn match_len(&mut self, ns: Option<&str>, tokens: &[u32], d: usize) -> usize {
+        self.match_walk(ns, tokens, d).len
+    }
+
+    fn match_walk(&mut self, ns: Option<&str>, tokens: &[u32], d: usize) -> SeqMatch {
         let tokens = &tokens[..tokens.len() / self.ps * self.ps];
         let stamp = self.tick(d);
         let mut m = SeqMatch {
@@ -270,14 +289,6 @@ impl SequentialCache {
             }
             pos += k;
             cur = c;
-        }
-        if let Some(mut n) = m.handle.node {
-            let mut segs = Vec::new();
-            while !self.nodes[n].is_root {
-                segs.push(self.nodes[n].values[d].clone().unwrap_or_default());
-                n = self.nodes[n].parent.unwrap_or(n);
-            }
-            m.values = segs.into_iter().rev().flatten().collect();
         }
         m
     }

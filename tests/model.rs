@@ -64,3 +64,54 @@ fn multi_device_semantics_by_hand() {
     assert_eq!(cache.node_count(), 0);
     cache.audit();
 }
+
+/// Wide nodes (hundreds of continuations of one prompt, as a system prompt
+/// gets) use chunked children arrays; compare them with the model through
+/// inserts, splits, matches and evictions.
+#[test]
+fn wide_nodes_match_the_model() {
+    use radixkv::reference::SequentialCache;
+    use radixkv::EvictionPolicy;
+    for ps in [1usize, 4] {
+        let cache = RadixCache::builder().page_size(ps).build().unwrap();
+        let mut model = SequentialCache::new(ps, 1, EvictionPolicy::Lru);
+        let prompt: Vec<u32> = (0..32).collect();
+        let mut next = 1u32;
+        let mut keys = Vec::new();
+        for i in 0..700u32 {
+            let mut k = prompt.clone();
+            // Continuations that collide on their first token now and then.
+            k.extend([1000 + (i * 37) % 450, i, i + 1, 7]);
+            k.truncate(k.len() / ps * ps);
+            let v: Vec<u32> = (next..next + k.len() as u32).collect();
+            next += k.len() as u32;
+            let got = cache
+                .insert(TokenKey::new(&k), DeviceId(0), &v, 0)
+                .unwrap()
+                .prefix_len;
+            assert_eq!(got, model.insert(None, &k, &v, 0, 0).unwrap());
+            keys.push(k);
+            if i % 50 == 49 {
+                let ev = cache.evict(DeviceId(0), 40).unwrap();
+                assert_eq!((ev.tokens, ev.values), model.evict(0, 40));
+                cache.audit();
+            }
+        }
+        for k in keys.iter().step_by(3) {
+            let m = cache
+                .match_and_pin(TokenKey::new(&k[..k.len() - ps]), DeviceId(0))
+                .unwrap();
+            let want = model.match_prefix(None, &k[..k.len() - ps], 0);
+            assert_eq!((m.len, &m.values), (want.len, &want.values));
+        }
+        let (e, p, t, n) = model.sizes(0);
+        let s = cache.sizes(DeviceId(0)).unwrap();
+        assert_eq!((s.evictable, s.protected, s.total, s.nodes), (e, p, t, n));
+        assert_eq!(
+            cache.evict(DeviceId(0), usize::MAX).unwrap().values,
+            model.evict(0, usize::MAX).1
+        );
+        assert_eq!(cache.node_count(), 0);
+        cache.audit();
+    }
+}

@@ -111,7 +111,7 @@ struct Held {
     values: Vec<u32>,
 }
 
-fn worker(w: &World, seed: u64, ops: usize, prompts: &[Vec<u32>]) {
+fn worker(w: &World, seed: u64, ops: usize, prompts: &[Vec<u32>], fanout: u32) {
     let mut rng = StdRng::seed_from_u64(seed);
     let ps = w.cache.page_size();
     let nd = w.devices.len();
@@ -123,7 +123,7 @@ fn worker(w: &World, seed: u64, ops: usize, prompts: &[Vec<u32>]) {
         let cut = rng.random_range(0..=base.len());
         let mut key = base[..cut].to_vec();
         for _ in 0..rng.random_range(0..12) {
-            key.push(rng.random_range(1000..1004));
+            key.push(rng.random_range(1000..1000 + fanout));
         }
         key.truncate(key.len() / ps * ps);
         let k = TokenKey::new(&key);
@@ -191,7 +191,9 @@ fn worker(w: &World, seed: u64, ops: usize, prompts: &[Vec<u32>]) {
     }
 }
 
-fn run(devices: usize, page_size: usize, threads: usize, ops: usize, seed: u64) {
+/// `fanout`: distinct tokens after a prompt; large values make wide nodes
+/// (chunked children arrays).
+fn run(devices: usize, page_size: usize, threads: usize, ops: usize, seed: u64, fanout: u32) {
     let w = Arc::new(World::new(devices, page_size, 3_000));
     let mut rng = StdRng::seed_from_u64(seed);
     let prompts: Vec<Vec<u32>> = (0..12)
@@ -205,7 +207,7 @@ fn run(devices: usize, page_size: usize, threads: usize, ops: usize, seed: u64) 
         .map(|t| {
             let w = Arc::clone(&w);
             let prompts = Arc::clone(&prompts);
-            std::thread::spawn(move || worker(&w, seed * 100 + t as u64, ops, &prompts))
+            std::thread::spawn(move || worker(&w, seed * 100 + t as u64, ops, &prompts, fanout))
         })
         .collect();
     for h in handles {
@@ -239,15 +241,20 @@ fn ops() -> usize {
 
 #[test]
 fn stress_three_devices_page_size_one() {
-    run(3, 1, 4, ops(), 7);
+    run(3, 1, 4, ops(), 7, 4);
 }
 
 #[test]
 fn stress_four_devices_page_size_four() {
-    run(4, 4, 4, ops() / 2, 11);
+    run(4, 4, 4, ops() / 2, 11, 4);
 }
 
 #[test]
 fn stress_two_devices_high_contention() {
-    run(2, 2, 6, ops() / 2, 13);
+    run(2, 2, 6, ops() / 2, 13, 4);
+}
+
+#[test]
+fn stress_wide_nodes() {
+    run(2, 1, 4, ops() / 2, 17, 400);
 }

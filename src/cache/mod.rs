@@ -8,7 +8,7 @@ pub use policy::{EvictionPolicy, UnknownPolicy};
 
 use crate::device::DeviceId;
 use crate::sync::{Arc, AtomicU64, Ordering};
-use crate::tree::node::Node;
+use crate::tree::node::{arc_of, Node};
 use crate::tree::residency::PinRefused;
 use crate::tree::{clock::Clock, is_candidate, End, Tree};
 use crossbeam_utils::CachePadded;
@@ -273,7 +273,7 @@ impl Drop for Lease {
             // The node cannot have been freed: this lease holds an `Arc` to
             // it, and while pinned it cannot be unlinked. After the
             // decrement it may be evicted at once; nothing here touches it.
-            n.dev[self.device].residency.unpin();
+            n.dev(self.device).residency.unpin();
             self.counters[self.device].fetch_sub(1, Ordering::SeqCst);
         }
     }
@@ -484,7 +484,7 @@ impl RadixCache {
     ) -> MatchResult {
         let node = match w.end {
             End::Root => None,
-            End::Node(n) => Some(Arc::clone(n)),
+            End::Node(n) => Some(arc_of(n)),
         };
         MatchResult {
             len: w.len,
@@ -527,9 +527,9 @@ impl RadixCache {
             let (early, gen) = (self.tree.path_values(n, d, w.len, &guard), None);
             #[cfg(not(radixkv_negative = "pin_then_read"))]
             let gen = Some(w.generation);
-            match n.dev[d].residency.try_pin(gen) {
+            match n.dev(d).residency.try_pin(gen) {
                 Ok(_) => {
-                    let lease = Lease::new(Some(Arc::clone(n)), d, &self.leases);
+                    let lease = Lease::new(Some(arc_of(n)), d, &self.leases);
                     #[cfg(radixkv_negative = "pin_then_read")]
                     let values = early;
                     #[cfg(not(radixkv_negative = "pin_then_read"))]
@@ -557,7 +557,7 @@ impl RadixCache {
         let Some(n) = &handle.node else {
             return Ok(Lease::new(None, d, &self.leases));
         };
-        match n.dev[d].residency.try_pin(Some(handle.generation)) {
+        match n.dev(d).residency.try_pin(Some(handle.generation)) {
             Ok(_) => Ok(Lease::new(Some(Arc::clone(n)), d, &self.leases)),
             Err(PinRefused::Overflow) => Err(CacheError::PinOverflow),
             Err(_) => Err(CacheError::StaleHandle(handle.device())),
@@ -624,12 +624,12 @@ impl RadixCache {
             return Ok(out);
         }
         let guard = crossbeam_epoch::pin();
-        let mut nodes: Vec<&Node> = Vec::new();
-        let mut heap = BinaryHeap::new();
-        for n in self.tree.leaves(d, &guard) {
-            heap.push(Reverse((self.key_of(n, d), nodes.len())));
-            nodes.push(n);
-        }
+        let mut nodes: Vec<&Node> = self.tree.leaves(d, &guard);
+        let mut heap: BinaryHeap<_> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Reverse((self.key_of(n, d), i)))
+            .collect();
         while out.tokens < tokens {
             let Some(Reverse((_, i))) = heap.pop() else {
                 break;
@@ -649,7 +649,7 @@ impl RadixCache {
     }
 
     fn key_of(&self, n: &Node, d: usize) -> policy::EvictionKey {
-        let s = &n.dev[d];
+        let s = &n.dev(d);
         self.policy.key(&LeafStats {
             last_access: s.last_access.load(Ordering::Relaxed),
             created: s.created.load(Ordering::Relaxed),

@@ -56,7 +56,7 @@ use crate::sync::{spin_wait, Arc, AtomicU64, Ordering};
 use clock::Clock;
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
 use crossbeam_utils::CachePadded;
-use node::{page_hash, ChildEntry, Children, Image, Node, ParentPtr, Values};
+use node::{page_hash, ChildEntry, Children, Image, Node, NodePtr, ParentPtr, Values};
 use std::ops::Range;
 
 /// A transaction found the tree changed under it; the caller re-walks.
@@ -70,11 +70,11 @@ struct NsTable {
 }
 
 impl NsTable {
-    fn find(&self, ns: Option<&str>) -> Option<&Arc<Node>> {
+    fn find(&self, ns: Option<&str>) -> Option<&Node> {
         self.entries
             .iter()
             .find(|(n, _)| n.as_deref() == ns)
-            .map(|(_, r)| r)
+            .map(|(_, r)| &**r)
     }
 }
 
@@ -84,7 +84,7 @@ pub(crate) enum End<'g> {
     /// The namespace root (nothing matched).
     Root,
     /// A node.
-    Node(&'g Arc<Node>),
+    Node(&'g Node),
 }
 
 /// What a match walk found.
@@ -126,7 +126,7 @@ pub(crate) struct Scan {
 enum Step<'g> {
     None,
     Retry,
-    Found(&'g Arc<Node>, Shared<'g, Image>, usize),
+    Found(&'g Node, Shared<'g, Image>, usize),
 }
 
 /// The tree.
@@ -205,11 +205,11 @@ impl Tree {
         unsafe { self.roots.load(Ordering::SeqCst, guard).deref() }
     }
 
-    fn find_root<'g>(&self, ns: Option<&str>, guard: &'g Guard) -> Option<&'g Arc<Node>> {
+    fn find_root<'g>(&self, ns: Option<&str>, guard: &'g Guard) -> Option<&'g Node> {
         self.table(guard).find(ns)
     }
 
-    fn root_or_create<'g>(&self, ns: Option<&str>, guard: &'g Guard) -> &'g Arc<Node> {
+    fn root_or_create<'g>(&self, ns: Option<&str>, guard: &'g Guard) -> &'g Node {
         loop {
             let cur = self.roots.load(Ordering::SeqCst, guard);
             // SAFETY: as in `table`.
@@ -253,7 +253,7 @@ impl Tree {
     fn step<'g>(&self, cur: &Node, rest: &[u32], guard: &'g Guard) -> Step<'g> {
         let ps = self.page_size;
         let page = &rest[..ps];
-        for (_, child) in cur.children_ref(guard).with_hash(page_hash(page)) {
+        for child in cur.children_ref(guard).with_hash(page_hash(page)) {
             let img = child.image(guard);
             // SAFETY: images are never null and are retired with defer_destroy.
             let r = unsafe { img.deref() };
@@ -269,7 +269,7 @@ impl Tree {
     fn step_into<'g>(
         &self,
         cur: &Node,
-        child: &'g Arc<Node>,
+        child: &'g Node,
         img: Shared<'g, Image>,
         r: &Image,
         rest: &[u32],
@@ -383,8 +383,8 @@ impl Tree {
                 }
                 // Relaxed suffices: hit counts are statistics for eviction
                 // keys, read in quiescent state or tolerated stale.
-                child.dev[d].hits.fetch_add(1, Ordering::Relaxed);
-                let st = child.dev[d].residency.load();
+                child.dev(d).hits.fetch_add(1, Ordering::Relaxed);
+                let st = child.dev(d).residency.load();
                 if st.resident() {
                     w.end = End::Node(child);
                     w.len = pos + k;
@@ -538,14 +538,14 @@ impl Tree {
     #[allow(clippy::too_many_arguments)]
     fn split<'g>(
         &self,
-        parent: &'g Arc<Node>,
-        child: &'g Arc<Node>,
+        parent: &'g Node,
+        child: &'g Node,
         seen: Shared<'g, Image>,
         k: usize,
         fresh: Option<usize>,
         priority: Option<i64>,
         guard: &'g Guard,
-    ) -> Result<&'g Arc<Node>, Conflict> {
+    ) -> Result<&'g Node, Conflict> {
         let ps = self.page_size;
         let _pl = crate::sync::lock(&parent.lock);
         if parent.obsolete.load(Ordering::SeqCst) {
@@ -561,7 +561,7 @@ impl Tree {
         }
         // SAFETY: loaded under `guard`, retired with defer_destroy.
         let img = unsafe { seen.deref() };
-        if !std::ptr::eq(img.parent.0, &**parent) || k == 0 || k >= img.key.len() {
+        if !std::ptr::eq(img.parent.0, parent) || k == 0 || k >= img.key.len() {
             return Err(Conflict);
         }
         let len = img.key.len();
@@ -580,17 +580,15 @@ impl Tree {
             self.new_id(),
             false,
             Image {
-                parent: ParentPtr(&**parent),
+                parent: ParentPtr(parent),
                 key: Arc::from(&img.key[..k]),
                 values: pvals,
             },
-            Children {
-                entries: vec![(page_hash(&skey[..ps]), Arc::clone(child))],
-            },
+            Children::flat(vec![(page_hash(&skey[..ps]), NodePtr(child))]),
             child.priority.load(Ordering::SeqCst),
         );
-        for (e, slot) in prefix.dev.iter().enumerate() {
-            let c = &child.dev[e];
+        for (e, slot) in prefix.slots().enumerate() {
+            let c = &child.dev(e);
             // Relaxed: the new node is not yet published; the publication
             // below (SeqCst swap) orders these stores before any reader.
             slot.last_access
@@ -604,10 +602,11 @@ impl Tree {
             }
         }
         if let Some(d) = fresh {
-            prefix.dev[d]
+            prefix
+                .dev(d)
                 .last_access
                 .store(self.tick(d), Ordering::Relaxed);
-            prefix.dev[d].created.store(self.tick(d), Ordering::Relaxed);
+            prefix.dev(d).created.store(self.tick(d), Ordering::Relaxed);
         }
         if let Some(p) = priority {
             prefix.priority.fetch_max(p, Ordering::SeqCst);
@@ -616,38 +615,32 @@ impl Tree {
         // path as the suffix: a split copies no pin (race 3). The control
         // copies them into the new prefix, as SGLang copies lock_ref.
         #[cfg(radixkv_negative = "split_copies_pins")]
-        for (e, slot) in prefix.dev.iter().enumerate() {
-            for _ in 0..child.dev[e].residency.load().pins() {
+        for (e, slot) in prefix.slots().enumerate() {
+            for _ in 0..child.dev(e).residency.load().pins() {
                 let _ = slot.residency.try_pin(None);
             }
         }
-        let prefix = Arc::new(prefix);
+        let prefix = NodePtr::link(prefix);
         child.publish_image(
             Image {
-                parent: ParentPtr(&*prefix),
+                parent: ParentPtr(prefix.0),
                 key: skey,
                 values: svals,
             },
             guard,
         );
+        let hash = page_hash(&img.key[..ps]);
         let new_children = parent
             .children_ref(guard)
-            .with_replaced(child, Arc::clone(&prefix));
+            .with_changed(hash, child, Some(prefix));
         parent.publish_children(new_children, guard);
         self.live_nodes.fetch_add(1, Ordering::SeqCst);
-        // Under `parent`'s lock nobody else can have replaced the entry.
-        parent
-            .children_ref(guard)
-            .entries
-            .iter()
-            .map(|(_, c)| c)
-            .find(|c| Arc::ptr_eq(c, &prefix))
-            .ok_or(Conflict)
+        Ok(prefix.node_in(guard))
     }
 
     fn attach_leaf(
         &self,
-        parent: &Arc<Node>,
+        parent: &Node,
         d: usize,
         tokens: &[u32],
         values: &[u32],
@@ -668,8 +661,7 @@ impl Tree {
         #[cfg(not(radixkv_negative = "attach_recheck"))]
         if children
             .with_hash(hash)
-            .iter()
-            .any(|(_, c)| c.image_ref(guard).key[..ps] == tokens[..ps])
+            .any(|c| c.image_ref(guard).key[..ps] == tokens[..ps])
         {
             return Err(Conflict);
         }
@@ -679,19 +671,20 @@ impl Tree {
             self.new_id(),
             false,
             Image {
-                parent: ParentPtr(&**parent),
+                parent: ParentPtr(parent),
                 key: Arc::from(tokens),
                 values: vals,
             },
             Children::default(),
             priority,
         );
-        leaf.dev[d]
+        leaf.dev(d)
             .last_access
             .store(self.tick(d), Ordering::Relaxed);
-        leaf.dev[d].created.store(self.tick(d), Ordering::Relaxed);
-        parent.publish_children(children.with_added(hash, Arc::new(leaf)), guard);
-        parent.dev[d]
+        leaf.dev(d).created.store(self.tick(d), Ordering::Relaxed);
+        parent.publish_children(children.with_added(hash, NodePtr::link(leaf)), guard);
+        parent
+            .dev(d)
             .resident_children
             .fetch_add(1, Ordering::SeqCst);
         self.resident_tokens[d].fetch_add(tokens.len() as u64, Ordering::SeqCst);
@@ -701,8 +694,8 @@ impl Tree {
 
     fn adopt(
         &self,
-        parent: &Arc<Node>,
-        node: &Arc<Node>,
+        parent: &Node,
+        node: &Node,
         d: usize,
         values: &[u32],
         priority: i64,
@@ -720,7 +713,7 @@ impl Tree {
         if node.obsolete.load(Ordering::SeqCst) {
             return Err(Conflict);
         }
-        if !std::ptr::eq(img.parent.0, &**parent)
+        if !std::ptr::eq(img.parent.0, parent)
             || img.key.len() != values.len()
             || img.values[d].is_some()
         {
@@ -738,13 +731,14 @@ impl Tree {
         );
         // Values are published before RESIDENT is set, so a pinned reader
         // always finds them.
-        node.dev[d].residency.make_resident();
-        node.dev[d]
+        node.dev(d).residency.make_resident();
+        node.dev(d)
             .last_access
             .store(self.tick(d), Ordering::Relaxed);
-        node.dev[d].created.store(self.tick(d), Ordering::Relaxed);
+        node.dev(d).created.store(self.tick(d), Ordering::Relaxed);
         node.priority.fetch_max(priority, Ordering::SeqCst);
-        parent.dev[d]
+        parent
+            .dev(d)
             .resident_children
             .fetch_add(1, Ordering::SeqCst);
         self.resident_tokens[d].fetch_add(values.len() as u64, Ordering::SeqCst);
@@ -786,10 +780,10 @@ impl Tree {
             // The protecting step of race 2 (evictor side): only a leaf on
             // `d`, re-checked under the node's lock, may lose residency.
             #[cfg(not(radixkv_negative = "leaf_check"))]
-            if node.dev[d].resident_children.load(Ordering::SeqCst) != 0 {
+            if node.dev(d).resident_children.load(Ordering::SeqCst) != 0 {
                 return None;
             }
-            node.dev[d].residency.try_evict().ok()?;
+            node.dev(d).residency.try_evict().ok()?;
             let img = node.image_ref(guard);
             let Some(values) = img.values[d].clone() else {
                 debug_assert!(false, "RESIDENT without values");
@@ -806,14 +800,22 @@ impl Tree {
                 },
                 guard,
             );
-            parent.dev[d]
+            parent
+                .dev(d)
                 .resident_children
                 .fetch_sub(1, Ordering::SeqCst);
             self.resident_tokens[d].fetch_sub(key.len() as u64, Ordering::SeqCst);
-            if !node.resident_anywhere() && node.children_ref(guard).entries.is_empty() {
+            if !node.resident_anywhere() && node.children_ref(guard).is_empty() {
                 node.obsolete.store(true, Ordering::SeqCst);
-                let rest = parent.children_ref(guard).without(node);
+                let hash = page_hash(&key[..self.page_size]);
+                let rest = parent.children_ref(guard).with_changed(hash, node, None);
                 parent.publish_children(rest, guard);
+                // The tree's reference goes once no reader can hold the node.
+                let me = NodePtr(node);
+                // SAFETY: `node` was linked once and is now unreachable from
+                // the current arrays; the release runs after every guard that
+                // could have read it from an older array.
+                guard.defer(move || unsafe { me.release() });
                 self.live_nodes.fetch_sub(1, Ordering::SeqCst);
             }
             return Some(EvictedLeaf { values, parent });
@@ -822,31 +824,48 @@ impl Tree {
 
     /// Every non-root node in pre-order, with the index of its parent in the
     /// list (`None` for children of a root).
-    pub(crate) fn nodes<'g>(&self, guard: &'g Guard) -> Vec<(&'g Arc<Node>, Option<usize>)> {
+    pub(crate) fn nodes<'g>(&self, guard: &'g Guard) -> Vec<(&'g Node, Option<usize>)> {
         let mut out = Vec::new();
-        let mut stack: Vec<(&'g Arc<Node>, Option<usize>)> = Vec::new();
+        let mut stack: Vec<(&'g Node, Option<usize>)> = Vec::new();
         for (_, root) in &self.table(guard).entries {
-            for (_, c) in root.children_ref(guard).entries.iter().rev() {
-                stack.push((c, None));
+            for (_, c) in root.children_ref(guard).iter().rev() {
+                stack.push((c.node(), None));
             }
         }
         while let Some((n, p)) = stack.pop() {
             let i = out.len();
             out.push((n, p));
-            for (_, c) in n.children_ref(guard).entries.iter().rev() {
-                stack.push((c, Some(i)));
+            for (_, c) in n.children_ref(guard).iter().rev() {
+                stack.push((c.node(), Some(i)));
             }
         }
         out
     }
 
-    /// Unpinned leaves on `d` (eviction candidates).
-    pub(crate) fn leaves<'g>(&self, d: usize, guard: &'g Guard) -> Vec<&'g Arc<Node>> {
-        self.nodes(guard)
-            .into_iter()
-            .map(|(n, _)| n)
-            .filter(|n| is_candidate(n, d))
-            .collect()
+    /// Unpinned leaves on `d` (eviction candidates), in one pass that
+    /// does not descend below nodes not resident on `d` (I1: nothing below
+    /// them is resident there either).
+    pub(crate) fn leaves<'g>(&self, d: usize, guard: &'g Guard) -> Vec<&'g Node> {
+        let mut out = Vec::new();
+        let mut stack: Vec<&'g Node> = self
+            .table(guard)
+            .entries
+            .iter()
+            .map(|(_, r)| &**r)
+            .collect();
+        while let Some(n) = stack.pop() {
+            if is_candidate(n, d) {
+                out.push(n);
+                continue;
+            }
+            for (_, c) in n.children_ref(guard).iter() {
+                let c = c.node();
+                if c.resident(d) {
+                    stack.push(c);
+                }
+            }
+        }
+        out
     }
 
     /// Sizes on `d` by a scan (exact in quiescent state).
@@ -856,7 +875,7 @@ impl Tree {
         let mut s = Scan::default();
         for i in (0..nodes.len()).rev() {
             let (n, p) = nodes[i];
-            let st = n.dev[d].residency.load();
+            let st = n.dev(d).residency.load();
             if !st.resident() {
                 continue;
             }
@@ -881,12 +900,12 @@ impl Tree {
         let mut seen = std::collections::HashSet::new();
         let mut tokens = vec![0u64; self.devices];
         let mut count = 0u64;
-        let mut stack: Vec<&Arc<Node>> = Vec::new();
+        let mut stack: Vec<&Node> = Vec::new();
         for (ns, root) in &self.table(guard).entries {
             if !seen.insert(root.id) {
                 return Err(format!("I5: root of namespace {ns:?} appears twice"));
             }
-            stack.push(root);
+            stack.push(&**root);
         }
         while let Some(n) = stack.pop() {
             let img = n.image_ref(guard);
@@ -902,7 +921,7 @@ impl Tree {
                         img.key.len()
                     ));
                 }
-                if !n.resident_anywhere() && n.children_ref(guard).entries.is_empty() {
+                if !n.resident_anywhere() && n.children_ref(guard).is_empty() {
                     return Err(format!(
                         "node {} has no residency and no children but is linked",
                         n.id
@@ -912,7 +931,7 @@ impl Tree {
             // SAFETY: `n` is linked (reached from a root under `guard`).
             let parent = (!img.parent.0.is_null()).then(|| unsafe { &*img.parent.0 });
             for (e, tokens_e) in tokens.iter_mut().enumerate() {
-                let st = n.dev[e].residency.load();
+                let st = n.dev(e).residency.load();
                 if n.is_root {
                     continue;
                 }
@@ -949,15 +968,17 @@ impl Tree {
             let children = n.children_ref(guard);
             let mut resident_children = vec![0u32; self.devices];
             let mut pages = std::collections::HashSet::new();
-            for (i, (hash, c)) in children.entries.iter().enumerate() {
-                if i > 0 && children.entries[i - 1].0 > *hash {
+            let mut last_hash = 0;
+            for (i, (hash, c)) in children.iter().enumerate() {
+                let c = c.node();
+                if i > 0 && last_hash > *hash {
                     return Err(format!(
                         "I4: children of node {} are not sorted by page hash",
                         n.id
                     ));
                 }
                 let cimg = c.image_ref(guard);
-                if !std::ptr::eq(cimg.parent.0, &**n) {
+                if !std::ptr::eq(cimg.parent.0, n) {
                     return Err(format!("node {}'s parent link is not node {}", c.id, n.id));
                 }
                 if cimg.key.len() < ps || page_hash(&cimg.key[..ps]) != *hash {
@@ -976,15 +997,16 @@ impl Tree {
                     return Err(format!("I5: node {} is reachable twice", c.id));
                 }
                 for (e, r) in resident_children.iter_mut().enumerate() {
-                    if c.dev[e].residency.load().resident() {
+                    if c.dev(e).residency.load().resident() {
                         *r += 1;
                     }
                 }
+                last_hash = *hash;
                 stack.push(c);
             }
             if !n.is_root {
                 for (e, r) in resident_children.iter().enumerate() {
-                    let counted = n.dev[e].resident_children.load(Ordering::SeqCst);
+                    let counted = n.dev(e).resident_children.load(Ordering::SeqCst);
                     if counted != *r {
                         return Err(format!(
                             "node {} counts {counted} resident children on device {e}, has {r}",
@@ -1022,11 +1044,11 @@ fn push_range(v: &mut Vec<Range<usize>>, r: Range<usize>) {
 
 /// Whether `n` is an unpinned leaf resident on `d`.
 pub(crate) fn is_candidate(n: &Node, d: usize) -> bool {
-    let st = n.dev[d].residency.load();
+    let st = n.dev(d).residency.load();
     !n.is_root
         && st.resident()
         && st.pins() == 0
-        && n.dev[d].resident_children.load(Ordering::SeqCst) == 0
+        && n.dev(d).resident_children.load(Ordering::SeqCst) == 0
 }
 
 impl Drop for Tree {
@@ -1040,9 +1062,17 @@ impl Drop for Tree {
             .swap(Owned::new(NsTable::default()), Ordering::Relaxed, guard);
         // SAFETY: exclusive access; the table is non-null and now ours.
         let table = unsafe { t.into_owned() }.into_box();
-        let mut stack: Vec<Arc<Node>> = table.entries.into_iter().map(|(_, r)| r).collect();
+        let mut stack: Vec<NodePtr> = Vec::new();
+        for (_, root) in table.entries {
+            stack.extend(detach_children(&root).into_iter().map(|(_, c)| c));
+        }
         while let Some(n) = stack.pop() {
-            stack.extend(detach_children(&n).into_iter().map(|(_, c)| c));
+            stack.extend(detach_children(n.node()).into_iter().map(|(_, c)| c));
+            // SAFETY: each linked node appears in exactly one current array,
+            // so this releases the tree's one reference exactly once; no
+            // reader exists (`&mut self`). A handle or lease may keep the
+            // node itself alive, without children.
+            unsafe { n.release() };
         }
         let t = self.roots.swap(Shared::null(), Ordering::Relaxed, guard);
         // SAFETY: exclusive access; the empty table installed above.
@@ -1062,5 +1092,5 @@ fn detach_children(n: &Node) -> Vec<ChildEntry> {
     }
     // SAFETY: as above; checked non-null.
     let owned = unsafe { old.into_owned() }.into_box();
-    owned.entries
+    owned.into_entries()
 }

@@ -18,6 +18,7 @@
 use super::residency::Residency;
 use crate::sync::{Arc, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Mutex, Ordering};
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
+use crossbeam_utils::CachePadded;
 
 /// A raw parent pointer. Null for a namespace root.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,71 +33,112 @@ unsafe impl Send for ParentPtr {}
 // SAFETY: as above; `ParentPtr` is an immutable address.
 unsafe impl Sync for ParentPtr {}
 
-/// The values of a node's tokens on one device.
+/// The values of a node's tokens on one device, in one 16-byte handle.
 ///
-/// Stored verbatim (one `u32` per token), or, at page size > 1 when every
-/// page's values are a contiguous run (what a paged allocator hands out),
-/// as one base value per page: 4 bytes per page instead of per token.
+/// The first word of the array says how the rest is stored; the smallest
+/// of three encodings is chosen when the values are stored:
+///
+/// * verbatim: one `u32` per token;
+/// * page bases (page size > 1, every page a contiguous run of slots, as a
+///   paged allocator hands out): one `u32` per page;
+/// * runs: `(first, length)` pairs of contiguous values, e.g. one pair for
+///   a request whose slots were allocated together.
 #[derive(Clone, Debug)]
-pub(crate) struct Values {
-    data: Arc<[u32]>,
-    paged: bool,
-}
+pub(crate) struct Values(Arc<[u32]>);
+
+const VERBATIM: u32 = 0;
+const PAGE_BASES: u32 = 1;
+const RUNS: u32 = 2;
 
 impl Values {
     /// Values for `v` (whole pages of `ps` tokens).
     pub(crate) fn new(v: &[u32], ps: usize) -> Values {
-        let runs = ps > 1
+        let mut runs: Vec<u32> = Vec::new();
+        for &x in v {
+            match runs.len() {
+                n if n >= 2 && runs[n - 2].checked_add(runs[n - 1]) == Some(x) => runs[n - 1] += 1,
+                _ => runs.extend([x, 1]),
+            }
+        }
+        let pages_ok = ps > 1
             && v.chunks(ps).all(|c| {
                 c.iter()
                     .enumerate()
                     .all(|(j, &x)| c[0].checked_add(j as u32) == Some(x))
             });
-        if runs {
-            Values {
-                data: v.chunks(ps).map(|c| c[0]).collect(),
-                paged: true,
-            }
+        let pages = if pages_ok { v.len() / ps } else { usize::MAX };
+        let data: Vec<u32> = if runs.len() < v.len().min(pages) {
+            std::iter::once(RUNS).chain(runs).collect()
+        } else if pages < v.len() {
+            std::iter::once(PAGE_BASES)
+                .chain(v.chunks(ps).map(|c| c[0]))
+                .collect()
         } else {
-            Values {
-                data: Arc::from(v),
-                paged: false,
-            }
-        }
+            std::iter::once(VERBATIM).chain(v.iter().copied()).collect()
+        };
+        Values(Arc::from(data))
+    }
+
+    fn kind(&self) -> u32 {
+        self.0[0]
+    }
+
+    fn body(&self) -> &[u32] {
+        &self.0[1..]
     }
 
     /// How many tokens these values cover.
     pub(crate) fn tokens(&self, ps: usize) -> usize {
-        if self.paged {
-            self.data.len() * ps
-        } else {
-            self.data.len()
+        match self.kind() {
+            PAGE_BASES => self.body().len() * ps,
+            RUNS => self.body().chunks(2).map(|r| r[1] as usize).sum(),
+            _ => self.body().len(),
         }
     }
 
     /// The values of tokens `from..to` (multiples of `ps`).
     pub(crate) fn slice(&self, from: usize, to: usize, ps: usize) -> Values {
-        let data = if self.paged {
-            Arc::from(&self.data[from / ps..to / ps])
-        } else {
-            Arc::from(&self.data[from..to])
+        let body = self.body();
+        let data: Vec<u32> = match self.kind() {
+            PAGE_BASES => std::iter::once(PAGE_BASES)
+                .chain(body[from / ps..to / ps].iter().copied())
+                .collect(),
+            RUNS => {
+                let mut out = vec![RUNS];
+                let mut at = 0;
+                for r in body.chunks(2) {
+                    let (first, len) = (r[0] as usize, r[1] as usize);
+                    let (lo, hi) = (from.max(at), to.min(at + len));
+                    if lo < hi {
+                        out.extend([(first + lo - at) as u32, (hi - lo) as u32]);
+                    }
+                    at += len;
+                }
+                out
+            }
+            _ => std::iter::once(VERBATIM)
+                .chain(body[from..to].iter().copied())
+                .collect(),
         };
-        Values {
-            data,
-            paged: self.paged,
-        }
+        Values(Arc::from(data))
     }
 
     /// Appends one value per token to `out`.
     pub(crate) fn append_to(&self, out: &mut Vec<u32>, ps: usize) {
-        if self.paged {
-            out.extend(
-                self.data
-                    .iter()
-                    .flat_map(|&b| (0..ps as u32).map(move |j| b + j)),
-            );
-        } else {
-            out.extend_from_slice(&self.data);
+        let body = self.body();
+        match self.kind() {
+            PAGE_BASES => {
+                out.reserve(body.len() * ps);
+                for &b in body {
+                    out.extend(b..b + ps as u32);
+                }
+            }
+            RUNS => {
+                for r in body.chunks_exact(2) {
+                    out.extend(r[0]..r[0] + r[1]);
+                }
+            }
+            _ => out.extend_from_slice(body),
         }
     }
 }
@@ -139,61 +181,248 @@ pub(crate) fn page_hash(page: &[u32]) -> u64 {
     })
 }
 
-/// One child entry: the hash of the child's first page, and the child.
-pub(crate) type ChildEntry = (u64, Arc<Node>);
+/// A linked node, as children arrays hold it: no reference count of its
+/// own. The tree owns one strong reference per linked node, taken when the
+/// node is linked ([`NodePtr::link`]) and released through the epoch when it
+/// is unlinked ([`NodePtr::release`]), so copying an array copies plain
+/// pointers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct NodePtr(pub(crate) *const Node);
 
-/// An immutable array of children sorted by [`page_hash`]. 16 bytes per
-/// child; a node without children holds no array at all.
-#[derive(Debug, Default)]
-pub(crate) struct Children {
-    pub(crate) entries: Vec<ChildEntry>,
+// SAFETY: a `NodePtr` is an address of a `Node` (which is `Send + Sync`);
+// dereferencing it is governed by the reclamation argument on `node`.
+unsafe impl Send for NodePtr {}
+// SAFETY: as above.
+unsafe impl Sync for NodePtr {}
+
+impl NodePtr {
+    /// Allocates `node` and takes the tree's reference to it.
+    pub(crate) fn link(node: Node) -> NodePtr {
+        NodePtr(Arc::into_raw(Arc::new(node)))
+    }
+
+    /// The node.
+    pub(crate) fn node(&self) -> &Node {
+        // SAFETY: a `NodePtr` is read from a children array loaded under an
+        // epoch guard (the borrow of `self` lives no longer than that
+        // array), or was just linked by the caller. A node in an array that
+        // was current at load time was linked then; unlinking it releases
+        // the tree's reference only through `Guard::defer`, i.e. after every
+        // guard that could have seen it, so the node outlives the borrow.
+        unsafe { &*self.0 }
+    }
+
+    /// The node, for as long as `guard` lives. The caller has just linked
+    /// it (or read it from an array loaded under `guard`).
+    pub(crate) fn node_in(self, _guard: &Guard) -> &Node {
+        // SAFETY: as in `node`: the tree's reference is released only after
+        // `guard` is dropped.
+        unsafe { &*self.0 }
+    }
+
+    /// Releases the tree's reference. The caller has unlinked the node and
+    /// calls this from a deferred function (or at teardown), so no reader
+    /// can still reach the node through the tree.
+    ///
+    /// # Safety
+    /// Called exactly once per [`link`](Self::link), after the node became
+    /// unreachable from every array a reader could still hold.
+    pub(crate) unsafe fn release(self) {
+        // SAFETY: the caller's contract; the pointer came from `Arc::into_raw`.
+        drop(unsafe { Arc::from_raw(self.0) });
+    }
+}
+
+/// A new strong reference to a node that is linked, or was reached under a
+/// guard that is still alive (handles and leases hold one).
+pub(crate) fn arc_of(n: &Node) -> Arc<Node> {
+    let p: *const Node = n;
+    // SAFETY: every node lives in an `Arc` (linked nodes through
+    // `NodePtr::link`, roots in the namespace table) whose strong count is
+    // at least one while `n` can be borrowed (see `NodePtr::node`), so the
+    // count may be incremented and the pointer turned back into an `Arc`.
+    unsafe {
+        Arc::increment_strong_count(p);
+        Arc::from_raw(p)
+    }
+}
+
+/// One child entry: the hash of the child's first page, and the child.
+pub(crate) type ChildEntry = (u64, NodePtr);
+
+/// Children arrays up to this size are one flat array.
+const FLAT_MAX: usize = 64;
+/// Chunks of a wide node's array split when they grow past this.
+const CHUNK_MAX: usize = 64;
+
+/// An immutable array of children sorted by [`page_hash`], replaced
+/// copy-on-write. A node without children holds no array at all; up to
+/// `FLAT_MAX` children are one flat array (16 bytes each); wider nodes (a
+/// system prompt with thousands of continuations) keep sorted chunks of at
+/// most `CHUNK_MAX`, shared between versions, so adding or removing a child
+/// copies one chunk and the chunk index rather than the whole array.
+#[derive(Debug)]
+pub(crate) enum Children {
+    /// Up to `FLAT_MAX` entries.
+    Flat(Vec<ChildEntry>),
+    /// Non-empty sorted chunks; every hash of chunk i is <= every hash of
+    /// chunk i + 1.
+    Chunked(Vec<Arc<[ChildEntry]>>),
+}
+
+impl Default for Children {
+    fn default() -> Self {
+        Children::Flat(Vec::new())
+    }
 }
 
 /// What a node without children points at.
-pub(crate) static NO_CHILDREN: Children = Children {
-    entries: Vec::new(),
-};
+pub(crate) static NO_CHILDREN: Children = Children::Flat(Vec::new());
 
 impl Children {
-    /// The entries filed under `hash`.
-    pub(crate) fn with_hash(&self, hash: u64) -> &[ChildEntry] {
-        let lo = self.entries.partition_point(|(h, _)| *h < hash);
-        let hi = lo + self.entries[lo..].partition_point(|(h, _)| *h == hash);
-        &self.entries[lo..hi]
+    /// One flat array.
+    pub(crate) fn flat(entries: Vec<ChildEntry>) -> Children {
+        Children::Flat(entries)
+    }
+
+    /// Whether there are no children.
+    pub(crate) fn is_empty(&self) -> bool {
+        match self {
+            Children::Flat(v) => v.is_empty(),
+            Children::Chunked(c) => c.is_empty(),
+        }
+    }
+
+    /// Every entry, in hash order.
+    pub(crate) fn iter(&self) -> impl DoubleEndedIterator<Item = &ChildEntry> {
+        let (flat, chunks): (&[ChildEntry], &[Arc<[ChildEntry]>]) = match self {
+            Children::Flat(v) => (v, &[]),
+            Children::Chunked(c) => (&[], c),
+        };
+        flat.iter().chain(chunks.iter().flat_map(|c| c.iter()))
+    }
+
+    /// The children filed under `hash` (usually one), in order.
+    pub(crate) fn with_hash(&self, hash: u64) -> impl Iterator<Item = &Node> {
+        let (flat, chunks): (&[ChildEntry], &[Arc<[ChildEntry]>]) = match self {
+            Children::Flat(v) => (v, &[]),
+            Children::Chunked(c) => {
+                // The first chunk that can hold `hash`: the one before the
+                // first chunk starting above it, or an earlier one that ends
+                // with it (equal hashes may straddle a boundary).
+                let mut at = c.partition_point(|ch| ch[0].0 <= hash).saturating_sub(1);
+                while at > 0 && c[at][0].0 == hash {
+                    at -= 1;
+                }
+                (&[], &c[at..])
+            }
+        };
+        let lo = flat.partition_point(|(h, _)| *h < hash);
+        flat[lo..]
+            .iter()
+            .chain(chunks.iter().flat_map(move |ch| {
+                let lo = ch.partition_point(|(h, _)| *h < hash);
+                ch[lo..].iter()
+            }))
+            .skip_while(move |(h, _)| *h < hash)
+            .take_while(move |(h, _)| *h == hash)
+            .map(|(_, c)| c.node())
+    }
+
+    /// The chunk index where an entry with `hash` belongs.
+    fn chunk_for(chunks: &[Arc<[ChildEntry]>], hash: u64) -> usize {
+        chunks
+            .partition_point(|ch| ch[0].0 <= hash)
+            .saturating_sub(1)
     }
 
     /// A copy with `child` added under `hash`.
-    pub(crate) fn with_added(&self, hash: u64, child: Arc<Node>) -> Children {
-        let mut entries = Vec::with_capacity(self.entries.len() + 1);
-        let at = self.entries.partition_point(|(h, _)| *h <= hash);
-        entries.extend_from_slice(&self.entries[..at]);
-        entries.push((hash, child));
-        entries.extend_from_slice(&self.entries[at..]);
-        Children { entries }
-    }
-
-    /// A copy with the entry of `old` pointing at `new` (same first page).
-    pub(crate) fn with_replaced(&self, old: &Node, new: Arc<Node>) -> Children {
-        let mut entries = self.entries.clone();
-        if let Some(e) = entries.iter_mut().find(|(_, c)| std::ptr::eq(&**c, old)) {
-            e.1 = new;
+    pub(crate) fn with_added(&self, hash: u64, child: NodePtr) -> Children {
+        match self {
+            Children::Flat(v) => {
+                let mut entries = Vec::with_capacity(v.len() + 1);
+                let at = v.partition_point(|(h, _)| *h <= hash);
+                entries.extend_from_slice(&v[..at]);
+                entries.push((hash, child));
+                entries.extend_from_slice(&v[at..]);
+                if entries.len() <= FLAT_MAX {
+                    Children::Flat(entries)
+                } else {
+                    Children::Chunked(entries.chunks(CHUNK_MAX / 2).map(Arc::from).collect())
+                }
+            }
+            Children::Chunked(chunks) => {
+                let c = Self::chunk_for(chunks, hash);
+                let old = &chunks[c];
+                let at = old.partition_point(|(h, _)| *h <= hash);
+                let mut grown = Vec::with_capacity(old.len() + 1);
+                grown.extend_from_slice(&old[..at]);
+                grown.push((hash, child));
+                grown.extend_from_slice(&old[at..]);
+                let mut out = Vec::with_capacity(chunks.len() + 1);
+                out.extend_from_slice(&chunks[..c]);
+                if grown.len() > CHUNK_MAX {
+                    let half = grown.len() / 2;
+                    out.push(Arc::from(&grown[..half]));
+                    out.push(Arc::from(&grown[half..]));
+                } else {
+                    out.push(Arc::from(grown));
+                }
+                out.extend_from_slice(&chunks[c + 1..]);
+                Children::Chunked(out)
+            }
         }
-        Children { entries }
     }
 
-    /// A copy without `node`.
-    pub(crate) fn without(&self, node: &Node) -> Children {
-        let mut entries = self.entries.clone();
-        entries.retain(|(_, c)| !std::ptr::eq(&**c, node));
-        Children { entries }
+    /// A copy in which the entry of `old` (filed under `hash`) is replaced by
+    /// `new`, or, with `new` = `None`, removed.
+    pub(crate) fn with_changed(&self, hash: u64, old: &Node, new: Option<NodePtr>) -> Children {
+        let change = |v: &[ChildEntry]| -> Vec<ChildEntry> {
+            let mut out = Vec::with_capacity(v.len());
+            for &(h, c) in v {
+                if h == hash && std::ptr::eq(c.0, old) {
+                    if let Some(n) = new {
+                        out.push((h, n));
+                    }
+                } else {
+                    out.push((h, c));
+                }
+            }
+            out
+        };
+        match self {
+            Children::Flat(v) => Children::Flat(change(v)),
+            Children::Chunked(chunks) => {
+                let mut out: Vec<Arc<[ChildEntry]>> = Vec::with_capacity(chunks.len());
+                for ch in chunks {
+                    let touches = ch.first().is_some_and(|e| e.0 <= hash)
+                        && ch.last().is_some_and(|e| e.0 >= hash)
+                        && ch.iter().any(|(h, c)| *h == hash && std::ptr::eq(c.0, old));
+                    if touches {
+                        let v = change(ch);
+                        if !v.is_empty() {
+                            out.push(Arc::from(v));
+                        }
+                    } else {
+                        out.push(Arc::clone(ch));
+                    }
+                }
+                Children::Chunked(out)
+            }
+        }
+    }
+
+    /// All entries, for teardown.
+    pub(crate) fn into_entries(self) -> Vec<ChildEntry> {
+        match self {
+            Children::Flat(v) => v,
+            Children::Chunked(c) => c.iter().flat_map(|ch| ch.iter().copied()).collect(),
+        }
     }
 }
 
 /// The per-device slot of a node: residency word and that device's stamps.
-/// One cache line each, so that schedulers of different devices never
-/// share a line on hot nodes.
 #[derive(Debug)]
-#[repr(align(64))]
 pub(crate) struct DevSlot {
     pub(crate) residency: Residency,
     /// Last access stamp on this device (moves forward only: `fetch_max`).
@@ -204,6 +433,17 @@ pub(crate) struct DevSlot {
     pub(crate) hits: AtomicU64,
     /// Children resident on this device. Changed only under this node's lock.
     pub(crate) resident_children: AtomicU32,
+}
+
+/// A node's device slots. With one device the slot lives inside the node;
+/// with several, each sits on its own cache line, so that schedulers of
+/// different devices never share a line on hot nodes.
+#[derive(Debug)]
+pub(crate) enum Slots {
+    /// The single device's slot.
+    One(DevSlot),
+    /// One padded slot per device.
+    Many(Box<[CachePadded<DevSlot>]>),
 }
 
 impl DevSlot {
@@ -237,7 +477,7 @@ pub(crate) struct Node {
     pub(crate) children: Atomic<Children>,
     /// SGLang's node priority (per node, not per device).
     pub(crate) priority: AtomicI64,
-    pub(crate) dev: Box<[DevSlot]>,
+    pub(crate) dev: Slots,
 }
 
 impl Node {
@@ -248,18 +488,21 @@ impl Node {
         children: Children,
         priority: i64,
     ) -> Self {
-        let dev = image
-            .values
-            .iter()
-            .map(|v| DevSlot::new(v.is_some()))
-            .collect();
+        let dev = match &*image.values {
+            [one] => Slots::One(DevSlot::new(one.is_some())),
+            many => Slots::Many(
+                many.iter()
+                    .map(|v| CachePadded::new(DevSlot::new(v.is_some())))
+                    .collect(),
+            ),
+        };
         Node {
             id,
             is_root,
             lock: Mutex::new(()),
             obsolete: AtomicBool::new(false),
             image: Atomic::from(boxed(image)),
-            children: if children.entries.is_empty() {
+            children: if children.is_empty() {
                 Atomic::null()
             } else {
                 Atomic::new(children)
@@ -267,6 +510,27 @@ impl Node {
             priority: AtomicI64::new(priority),
             dev,
         }
+    }
+
+    /// The slot of device `d`.
+    #[inline]
+    pub(crate) fn dev(&self, d: usize) -> &DevSlot {
+        match &self.dev {
+            Slots::One(s) => {
+                debug_assert_eq!(d, 0);
+                s
+            }
+            Slots::Many(v) => &v[d],
+        }
+    }
+
+    /// Every device's slot, in device order.
+    pub(crate) fn slots(&self) -> impl Iterator<Item = &DevSlot> {
+        let (one, many): (Option<&DevSlot>, &[CachePadded<DevSlot>]) = match &self.dev {
+            Slots::One(s) => (Some(s), &[]),
+            Slots::Many(v) => (None, v),
+        };
+        one.into_iter().chain(many.iter().map(|s| &**s))
     }
 
     /// The current image. Never null.
@@ -314,7 +578,7 @@ impl Node {
     /// Publishes new children and retires the old array. Caller holds this
     /// node's lock.
     pub(crate) fn publish_children(&self, children: Children, guard: &Guard) {
-        let new = if children.entries.is_empty() {
+        let new = if children.is_empty() {
             Shared::null()
         } else {
             Owned::new(children).into_shared(guard)
@@ -328,12 +592,12 @@ impl Node {
 
     /// Whether this node holds values on `d` (roots count as resident).
     pub(crate) fn resident(&self, d: usize) -> bool {
-        self.is_root || self.dev[d].residency.load().resident()
+        self.is_root || self.dev(d).residency.load().resident()
     }
 
     /// Whether the node is resident on any device.
     pub(crate) fn resident_anywhere(&self) -> bool {
-        self.dev.iter().any(|s| s.residency.load().resident())
+        self.slots().any(|s| s.residency.load().resident())
     }
 
     /// Moves the access stamp of `d` forward to `stamp`.
@@ -342,7 +606,7 @@ impl Node {
             // Relaxed suffices: stamps are advisory eviction keys, read in
             // quiescent state or tolerated stale by eviction; fetch_max keeps
             // them monotone under any interleaving.
-            self.dev[d].last_access.fetch_max(stamp, Ordering::Relaxed);
+            self.dev(d).last_access.fetch_max(stamp, Ordering::Relaxed);
         }
     }
 }
@@ -371,23 +635,106 @@ mod tests {
     use super::*;
 
     #[test]
-    fn values_store_page_runs_and_expand_exactly() {
-        let runs = [32, 33, 34, 35, 8, 9, 10, 11];
-        let v = Values::new(&runs, 4);
-        assert!(v.paged && v.data.len() == 2, "two pages, one base each");
-        let mut out = Vec::new();
-        v.slice(4, 8, 4).append_to(&mut out, 4);
-        v.slice(0, 4, 4).append_to(&mut out, 4);
-        assert_eq!(out, [8, 9, 10, 11, 32, 33, 34, 35]);
+    fn values_pick_the_smallest_encoding_and_expand_exactly() {
+        let expand = |v: &Values, ps| {
+            let mut out = Vec::new();
+            v.append_to(&mut out, ps);
+            out
+        };
+        // Two scattered pages: page bases.
+        let pages = [32, 33, 34, 35, 8, 9, 10, 11];
+        let v = Values::new(&pages, 4);
+        assert_eq!((v.kind(), v.body().len()), (PAGE_BASES, 2));
+        assert_eq!(expand(&v.slice(4, 8, 4), 4), [8, 9, 10, 11]);
+        // One contiguous run (any page size): one pair.
+        let run: Vec<u32> = (100..300).collect();
+        let v = Values::new(&run, 1);
+        assert_eq!((v.kind(), v.body()), (RUNS, &[100, 200][..]));
+        assert_eq!(v.tokens(1), 200);
+        assert_eq!(
+            expand(&v.slice(50, 60, 1), 1),
+            (150..160).collect::<Vec<_>>()
+        );
+        let two = [5, 6, 7, 1, 2, 3, 4, 9];
+        let v = Values::new(&two, 1);
+        assert_eq!(v.kind(), RUNS);
+        assert_eq!(expand(&v.slice(2, 7, 1), 1), [7, 1, 2, 3, 4]);
+        assert_eq!(expand(&v, 1), two);
+        // Scattered: verbatim.
         let scattered = [1, 7, 3, 4];
         let v = Values::new(&scattered, 2);
-        assert!(!v.paged);
+        assert_eq!(v.kind(), VERBATIM);
         assert_eq!(v.tokens(2), 4);
-        let mut out = Vec::new();
-        v.append_to(&mut out, 2);
-        assert_eq!(out, scattered);
+        assert_eq!(expand(&v, 2), scattered);
         // u32::MAX cannot start a run of two.
-        assert!(!Values::new(&[u32::MAX, 0], 2).paged);
+        assert_eq!(Values::new(&[u32::MAX, 0], 2).kind(), VERBATIM);
+    }
+
+    fn leaf(id: u64) -> NodePtr {
+        NodePtr::link(Node::new(
+            id,
+            false,
+            Image {
+                parent: ParentPtr(std::ptr::null()),
+                key: Arc::from(&[1u32][..]),
+                values: vec![None].into_boxed_slice(),
+            },
+            Children::default(),
+            0,
+        ))
+    }
+
+    #[test]
+    fn wide_children_stay_sorted_and_findable() {
+        let mut c = Children::default();
+        let mut all = Vec::new();
+        // 600 entries with colliding hashes every 7th, in scrambled order.
+        for i in 0..600u64 {
+            let h = (i * 7919) % 613 / 7 * 7;
+            let n = leaf(i);
+            c = c.with_added(h, n);
+            all.push((h, n));
+        }
+        assert!(matches!(c, Children::Chunked(_)));
+        let hashes: Vec<u64> = c.iter().map(|e| e.0).collect();
+        assert!(hashes.windows(2).all(|w| w[0] <= w[1]), "sorted by hash");
+        assert_eq!(hashes.len(), 600);
+        for (h, n) in &all {
+            assert!(
+                c.with_hash(*h).any(|x| std::ptr::eq(x, n.0)),
+                "entry {} under {h}",
+                n.node().id
+            );
+            assert!(c
+                .with_hash(*h)
+                .all(|x| all.iter().any(|(h2, y)| h2 == h && std::ptr::eq(x, y.0))));
+        }
+        // Remove every other entry, replace the rest.
+        let mut fresh = Vec::new();
+        for (i, (h, n)) in all.iter().enumerate() {
+            c = if i % 2 == 0 {
+                c.with_changed(*h, n.node(), None)
+            } else {
+                let f = leaf(10_000 + i as u64);
+                fresh.push(f);
+                c.with_changed(*h, n.node(), Some(f))
+            };
+        }
+        assert_eq!(c.iter().count(), 300);
+        assert!(c.iter().all(|(_, n)| n.node().id >= 10_000));
+        let hashes: Vec<u64> = c.iter().map(|e| e.0).collect();
+        assert!(hashes.windows(2).all(|w| w[0] <= w[1]));
+        for (i, (h, _)) in all.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
+            assert!(c.with_hash(*h).any(|x| x.id == 10_000 + i as u64));
+        }
+        for (_, n) in all {
+            // SAFETY: linked once above, released once, not used after.
+            unsafe { n.release() };
+        }
+        for n in fresh {
+            // SAFETY: as above.
+            unsafe { n.release() };
+        }
     }
 
     #[test]
