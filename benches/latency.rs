@@ -241,6 +241,7 @@ fn phase<T>(items: &[T], mut f: impl FnMut(&T)) -> Figures {
 }
 
 /// Mixed match/insert on `threads` threads; `fresh` is split between them.
+#[allow(clippy::too_many_arguments)]
 fn mixed(
     index: &dyn Index,
     w: &Workload,
