@@ -65,17 +65,18 @@ impl EvictionPolicy {
 
     /// The eviction key of a (node, device) with these statistics.
     pub(crate) fn key(self, s: &LeafStats) -> EvictionKey {
-        let la = s.last_access as i128;
-        let cr = s.created as i128;
+        // Order-preserving u64 encodings: `!x` reverses an order ("-x"), and
+        // flipping the sign bit maps i64 onto u64 monotonically.
+        let prio = (s.priority as u64) ^ (1 << 63);
         let (a, b) = match self {
-            EvictionPolicy::Lru => (la, 0),
-            EvictionPolicy::Lfu => (s.hits as i128, la),
-            EvictionPolicy::Fifo => (cr, 0),
-            EvictionPolicy::Mru => (-la, 0),
-            EvictionPolicy::Filo => (-cr, 0),
-            EvictionPolicy::Priority => (s.priority as i128, la),
+            EvictionPolicy::Lru => (s.last_access, 0),
+            EvictionPolicy::Lfu => (s.hits, s.last_access),
+            EvictionPolicy::Fifo => (s.created, 0),
+            EvictionPolicy::Mru => (!s.last_access, 0),
+            EvictionPolicy::Filo => (!s.created, 0),
+            EvictionPolicy::Priority => (prio, s.last_access),
         };
-        EvictionKey(a, b, cr, s.id)
+        EvictionKey(a, b, s.created, s.id)
     }
 }
 
@@ -91,7 +92,7 @@ pub(crate) struct LeafStats {
 
 /// A totally ordered eviction key (smallest evicted first).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct EvictionKey(i128, i128, i128, u64);
+pub(crate) struct EvictionKey(u64, u64, u64, u64);
 
 /// An unknown policy name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
