@@ -501,35 +501,66 @@ fn run_config(
         }
     }
 
-    // Match latency while a background thread evicts 10 % and refills.
+    // Match latency while a background thread evicts 10 % of the tree
+    // repeatedly. The measured keys are pinned first, so both phases do the
+    // same full-hit matches; the background thread refills with other keys.
+    let measured: Vec<Vec<u32>> = w.warm.iter().step_by(32).cloned().collect();
+    let leases: Vec<_> = measured
+        .iter()
+        .map(|k| {
+            cache
+                .match_and_pin(TokenKey::new(k), DeviceId(0))
+                .expect("pin")
+        })
+        .collect();
+    let probe: Vec<Vec<u32>> = (0..ops)
+        .map(|_| measured[rng.random_range(0..measured.len())].clone())
+        .collect();
     let total = cache.sizes(DeviceId(0)).expect("sizes").total;
-    let idle = phase(&warm_sample, |k| {
+    let idle = phase(&probe, |k| {
         cache.match_len(k);
     });
     let stop = AtomicBool::new(false);
     let (during, evictions) = std::thread::scope(|s| {
         let bg = s.spawn(|| {
             let mut rounds = 0usize;
+            let mut next = 2_000_000_000u32;
+            let mut rng = StdRng::seed_from_u64(seed + 99);
             while !stop.load(Ordering::Relaxed) {
-                let left = cache.sizes(DeviceId(0)).expect("sizes").total;
-                if left < total / 4 {
-                    break;
+                let now = cache.sizes(DeviceId(0)).expect("sizes").total;
+                if now < total / 2 {
+                    // Refill with random warm keys (evicted leaves come back).
+                    for _ in 0..w.warm.len() / 4 {
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let k = &w.warm[rng.random_range(0..w.warm.len())];
+                        if next > 4_000_000_000 {
+                            next = 2_000_000_000;
+                        }
+                        let v = values(&mut next, k.len(), ps);
+                        Index::insert(&cache, k, &v);
+                    }
+                } else {
+                    cache.evict(DeviceId(0), now / 10).expect("evict");
+                    rounds += 1;
                 }
-                cache.evict(DeviceId(0), left / 10).expect("evict");
-                rounds += 1;
             }
             rounds
         });
-        let f = phase(&warm_sample, |k| {
-            cache.match_len(k);
+        let f = phase(&probe, |k| {
+            let n = cache.match_len(k);
+            assert_eq!(n, k.len(), "a pinned key was evicted");
         });
         stop.store(true, Ordering::Relaxed);
         (f, bg.join().expect("evictor"))
     });
+    drop(leases);
     rep.row("match_idle", suffix, "radixkv", idle, &[], false);
     rep.row("match_during_evict", suffix, "radixkv", during, &[], false);
     println!(
-        "    (background: {evictions} evictions of 10 % of the tree, starting from {total} tokens)"
+        "    ({} pinned keys matched; background: {evictions} evictions of 10 % of the tree, from {total} tokens, with refills)",
+        measured.len()
     );
     rep.put(
         format!("match_during_evict_vs_idle_p999{suffix}"),
@@ -574,6 +605,7 @@ fn memory(rep: &mut Report, w: &Workload, ps: usize, scattered: bool) {
         build(&cache, w, ps);
     }
     flush_epoch();
+    cache.reclaim();
     let bytes = live() - before;
     let tokens = cache.sizes(DeviceId(0)).expect("sizes").total;
     let nodes = cache.node_count();

@@ -623,6 +623,9 @@ impl RadixCache {
         if tokens == 0 {
             return Ok(out);
         }
+        // The evictor frees what earlier changes unlinked (see
+        // `tree::reclaim`), so that matching threads never do.
+        self.tree.reclaim();
         let guard = crossbeam_epoch::pin();
         let mut nodes: Vec<&Node> = self.tree.leaves(d, &guard);
         let mut heap: BinaryHeap<_> = nodes
@@ -646,6 +649,16 @@ impl RadixCache {
             }
         }
         Ok(out)
+    }
+
+    /// Frees the nodes, images and arrays that earlier changes unlinked
+    /// and whose epoch grace period has passed. [`evict`](Self::evict) does
+    /// this first, and inserts do it once a few thousand objects wait, so
+    /// that matching threads never pay for freeing memory; an application
+    /// that neither evicts nor inserts for a while may call it from any
+    /// thread to return that memory sooner.
+    pub fn reclaim(&self) {
+        self.tree.reclaim();
     }
 
     fn key_of(&self, n: &Node, d: usize) -> policy::EvictionKey {

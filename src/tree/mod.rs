@@ -50,6 +50,7 @@
 
 pub(crate) mod clock;
 pub(crate) mod node;
+pub(crate) mod reclaim;
 pub(crate) mod residency;
 
 use crate::sync::{spin_wait, Arc, AtomicU64, Ordering};
@@ -57,7 +58,12 @@ use clock::Clock;
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
 use crossbeam_utils::CachePadded;
 use node::{page_hash, ChildEntry, Children, Image, Node, NodePtr, ParentPtr, Values};
+use reclaim::{Reclaimer, Retired};
 use std::ops::Range;
+
+/// Inserts free retired objects themselves once this many are waiting
+/// (normally the evictor does, so that matches never pay for it).
+const RECLAIM_AT: usize = 4096;
 
 /// A transaction found the tree changed under it; the caller re-walks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,6 +145,7 @@ pub(crate) struct Tree {
     next_id: AtomicU64,
     resident_tokens: Box<[CachePadded<AtomicU64>]>,
     live_nodes: AtomicU64,
+    reclaimer: Arc<Reclaimer>,
 }
 
 /// Length of the common prefix of `a` and `b` in whole pages.
@@ -169,6 +176,7 @@ impl Tree {
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
             live_nodes: AtomicU64::new(0),
+            reclaimer: Arc::new(Reclaimer::default()),
         }
     }
 
@@ -187,6 +195,12 @@ impl Tree {
     fn new_id(&self) -> u64 {
         // Relaxed suffices: ids only need uniqueness, which any RMW gives.
         self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Frees unlinked objects whose grace period has passed (the evictor
+    /// calls this; see [`reclaim`]).
+    pub(crate) fn reclaim(&self) {
+        self.reclaimer.reclaim();
     }
 
     /// Non-root nodes in the tree (exact in quiescent state).
@@ -462,6 +476,9 @@ impl Tree {
         priority: i64,
         guard: &Guard,
     ) -> InsertWalk {
+        if self.reclaimer.pending() > RECLAIM_AT {
+            self.reclaimer.reclaim();
+        }
         let mut adopted: Vec<Range<usize>> = Vec::new();
         let len = tokens.len();
         let stamp = self.tick(d);
@@ -621,6 +638,7 @@ impl Tree {
             }
         }
         let prefix = NodePtr::link(prefix);
+        let mut retired = Retired::default();
         child.publish_image(
             Image {
                 parent: ParentPtr(prefix.0),
@@ -628,13 +646,15 @@ impl Tree {
                 values: svals,
             },
             guard,
+            &mut retired,
         );
         let hash = page_hash(&img.key[..ps]);
         let new_children = parent
             .children_ref(guard)
             .with_changed(hash, child, Some(prefix));
-        parent.publish_children(new_children, guard);
+        parent.publish_children(new_children, guard, &mut retired);
         self.live_nodes.fetch_add(1, Ordering::SeqCst);
+        self.reclaimer.retire(retired, guard);
         Ok(prefix.node_in(guard))
     }
 
@@ -682,7 +702,13 @@ impl Tree {
             .last_access
             .store(self.tick(d), Ordering::Relaxed);
         leaf.dev(d).created.store(self.tick(d), Ordering::Relaxed);
-        parent.publish_children(children.with_added(hash, NodePtr::link(leaf)), guard);
+        let mut retired = Retired::default();
+        parent.publish_children(
+            children.with_added(hash, NodePtr::link(leaf)),
+            guard,
+            &mut retired,
+        );
+        self.reclaimer.retire(retired, guard);
         parent
             .dev(d)
             .resident_children
@@ -721,6 +747,7 @@ impl Tree {
         }
         let mut vals = img.values.clone();
         vals[d] = Some(Values::new(values, self.page_size));
+        let mut retired = Retired::default();
         node.publish_image(
             Image {
                 parent: img.parent,
@@ -728,7 +755,9 @@ impl Tree {
                 values: vals,
             },
             guard,
+            &mut retired,
         );
+        self.reclaimer.retire(retired, guard);
         // Values are published before RESIDENT is set, so a pinned reader
         // always finds them.
         node.dev(d).residency.make_resident();
@@ -792,6 +821,7 @@ impl Tree {
             let mut vals = img.values.clone();
             vals[d] = None;
             let key = Arc::clone(&img.key);
+            let mut retired = Retired::default();
             node.publish_image(
                 Image {
                     parent: pp,
@@ -799,6 +829,7 @@ impl Tree {
                     values: vals,
                 },
                 guard,
+                &mut retired,
             );
             parent
                 .dev(d)
@@ -809,15 +840,13 @@ impl Tree {
                 node.obsolete.store(true, Ordering::SeqCst);
                 let hash = page_hash(&key[..self.page_size]);
                 let rest = parent.children_ref(guard).with_changed(hash, node, None);
-                parent.publish_children(rest, guard);
-                // The tree's reference goes once no reader can hold the node.
-                let me = NodePtr(node);
-                // SAFETY: `node` was linked once and is now unreachable from
-                // the current arrays; the release runs after every guard that
-                // could have read it from an older array.
-                guard.defer(move || unsafe { me.release() });
+                parent.publish_children(rest, guard, &mut retired);
+                // The tree's one reference goes once no reader can hold the
+                // node: it is unreachable from the current arrays now.
+                retired.node(NodePtr(node));
                 self.live_nodes.fetch_sub(1, Ordering::SeqCst);
             }
+            self.reclaimer.retire(retired, guard);
             return Some(EvictedLeaf { values, parent });
         }
     }
@@ -1053,6 +1082,7 @@ pub(crate) fn is_candidate(n: &Node, d: usize) -> bool {
 
 impl Drop for Tree {
     fn drop(&mut self) {
+        self.reclaimer.reclaim();
         // Tear down iteratively: a recursive drop of a deep chain would
         // overflow the stack.
         // SAFETY: `&mut self`: no reader can traverse this tree any more.

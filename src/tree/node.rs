@@ -15,6 +15,7 @@
 //! (parent first), so writers that change the same node serialize; readers
 //! take no lock and validate instead (see the module docs of `tree`).
 
+use super::reclaim::Retired;
 use super::residency::Residency;
 use crate::sync::{Arc, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Mutex, Ordering};
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
@@ -557,37 +558,38 @@ impl Node {
         unsafe { c.as_ref() }.unwrap_or(&NO_CHILDREN)
     }
 
-    /// Publishes a new image and retires the old one. Caller holds this
-    /// node's lock and its parent's.
-    pub(crate) fn publish_image(&self, image: Image, guard: &Guard) {
+    /// Publishes a new image and retires the old one into `retired`.
+    /// Caller holds this node's lock and its parent's.
+    pub(crate) fn publish_image(&self, image: Image, guard: &Guard, retired: &mut Retired) {
         let old = self.image.swap(boxed(image), Ordering::SeqCst, guard);
-        // SAFETY: `old` was just unlinked from the only place that published
-        // it, so no new reader can load it; readers that already did hold a
-        // guard, and destruction is deferred until they are all gone. This
+        // `old` is unreachable from now on; readers that loaded it hold
+        // guards, and `retired` frees it only after they are all gone. This
         // deferral is the protecting step of race 7.
         #[cfg(not(radixkv_negative = "defer_destroy"))]
-        unsafe {
-            guard.defer_destroy(old)
-        };
+        retired.image(old);
         // SAFETY: deliberately unsound: the negative control of race 7 frees
         // the image at once, which the loom model must catch.
         #[cfg(radixkv_negative = "defer_destroy")]
-        drop(unsafe { old.into_owned() });
+        {
+            let _ = &retired;
+            drop(unsafe { old.into_owned() });
+        }
     }
 
-    /// Publishes new children and retires the old array. Caller holds this
-    /// node's lock.
-    pub(crate) fn publish_children(&self, children: Children, guard: &Guard) {
+    /// Publishes new children and retires the old array into `retired`.
+    /// Caller holds this node's lock.
+    pub(crate) fn publish_children(
+        &self,
+        children: Children,
+        guard: &Guard,
+        retired: &mut Retired,
+    ) {
         let new = if children.is_empty() {
             Shared::null()
         } else {
             Owned::new(children).into_shared(guard)
         };
-        let old = self.children.swap(new, Ordering::SeqCst, guard);
-        if !old.is_null() {
-            // SAFETY: as in `publish_image`.
-            unsafe { guard.defer_destroy(old) };
-        }
+        retired.children(self.children.swap(new, Ordering::SeqCst, guard));
     }
 
     /// Whether this node holds values on `d` (roots count as resident).
