@@ -268,7 +268,9 @@ pub(crate) enum Children {
     Flat(Vec<ChildEntry>),
     /// Non-empty sorted chunks; every hash of chunk i is <= every hash of
     /// chunk i + 1.
-    Chunked(Vec<Arc<[ChildEntry]>>),
+    /// The second vector holds each chunk's first hash, contiguous, so a
+    /// lookup touches one chunk only.
+    Chunked(Vec<Arc<[ChildEntry]>>, Vec<u64>),
 }
 
 impl Default for Children {
@@ -290,7 +292,7 @@ impl Children {
     pub(crate) fn is_empty(&self) -> bool {
         match self {
             Children::Flat(v) => v.is_empty(),
-            Children::Chunked(c) => c.is_empty(),
+            Children::Chunked(c, _) => c.is_empty(),
         }
     }
 
@@ -298,7 +300,7 @@ impl Children {
     pub(crate) fn iter(&self) -> impl DoubleEndedIterator<Item = &ChildEntry> {
         let (flat, chunks): (&[ChildEntry], &[Arc<[ChildEntry]>]) = match self {
             Children::Flat(v) => (v, &[]),
-            Children::Chunked(c) => (&[], c),
+            Children::Chunked(c, _) => (&[], c),
         };
         flat.iter().chain(chunks.iter().flat_map(|c| c.iter()))
     }
@@ -307,12 +309,12 @@ impl Children {
     pub(crate) fn with_hash(&self, hash: u64) -> impl Iterator<Item = &Node> {
         let (flat, chunks): (&[ChildEntry], &[Arc<[ChildEntry]>]) = match self {
             Children::Flat(v) => (v, &[]),
-            Children::Chunked(c) => {
+            Children::Chunked(c, firsts) => {
                 // The first chunk that can hold `hash`: the one before the
                 // first chunk starting above it, or an earlier one that ends
                 // with it (equal hashes may straddle a boundary).
-                let mut at = c.partition_point(|ch| ch[0].0 <= hash).saturating_sub(1);
-                while at > 0 && c[at][0].0 == hash {
+                let mut at = firsts.partition_point(|&f| f <= hash).saturating_sub(1);
+                while at > 0 && firsts[at] == hash {
                     at -= 1;
                 }
                 (&[], &c[at..])
@@ -330,11 +332,10 @@ impl Children {
             .map(|(_, c)| c.node())
     }
 
-    /// The chunk index where an entry with `hash` belongs.
-    fn chunk_for(chunks: &[Arc<[ChildEntry]>], hash: u64) -> usize {
-        chunks
-            .partition_point(|ch| ch[0].0 <= hash)
-            .saturating_sub(1)
+    /// Chunked children from non-empty sorted chunks.
+    fn chunked(chunks: Vec<Arc<[ChildEntry]>>) -> Children {
+        let firsts = chunks.iter().map(|ch| ch[0].0).collect();
+        Children::Chunked(chunks, firsts)
     }
 
     /// A copy with `child` added under `hash`.
@@ -349,11 +350,11 @@ impl Children {
                 if entries.len() <= FLAT_MAX {
                     Children::Flat(entries)
                 } else {
-                    Children::Chunked(entries.chunks(CHUNK_MAX / 2).map(Arc::from).collect())
+                    Children::chunked(entries.chunks(CHUNK_MAX / 2).map(Arc::from).collect())
                 }
             }
-            Children::Chunked(chunks) => {
-                let c = Self::chunk_for(chunks, hash);
+            Children::Chunked(chunks, firsts) => {
+                let c = firsts.partition_point(|&f| f <= hash).saturating_sub(1);
                 let old = &chunks[c];
                 let at = old.partition_point(|(h, _)| *h <= hash);
                 let mut grown = Vec::with_capacity(old.len() + 1);
@@ -370,7 +371,7 @@ impl Children {
                     out.push(Arc::from(grown));
                 }
                 out.extend_from_slice(&chunks[c + 1..]);
-                Children::Chunked(out)
+                Children::chunked(out)
             }
         }
     }
@@ -393,7 +394,7 @@ impl Children {
         };
         match self {
             Children::Flat(v) => Children::Flat(change(v)),
-            Children::Chunked(chunks) => {
+            Children::Chunked(chunks, _) => {
                 let mut out: Vec<Arc<[ChildEntry]>> = Vec::with_capacity(chunks.len());
                 for ch in chunks {
                     let touches = ch.first().is_some_and(|e| e.0 <= hash)
@@ -408,7 +409,7 @@ impl Children {
                         out.push(Arc::clone(ch));
                     }
                 }
-                Children::Chunked(out)
+                Children::chunked(out)
             }
         }
     }
@@ -417,7 +418,7 @@ impl Children {
     pub(crate) fn into_entries(self) -> Vec<ChildEntry> {
         match self {
             Children::Flat(v) => v,
-            Children::Chunked(c) => c.iter().flat_map(|ch| ch.iter().copied()).collect(),
+            Children::Chunked(c, _) => c.iter().flat_map(|ch| ch.iter().copied()).collect(),
         }
     }
 }
@@ -697,7 +698,7 @@ mod tests {
             c = c.with_added(h, n);
             all.push((h, n));
         }
-        assert!(matches!(c, Children::Chunked(_)));
+        assert!(matches!(c, Children::Chunked(..)));
         let hashes: Vec<u64> = c.iter().map(|e| e.0).collect();
         assert!(hashes.windows(2).all(|w| w[0] <= w[1]), "sorted by hash");
         assert_eq!(hashes.len(), 600);
