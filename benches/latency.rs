@@ -26,54 +26,19 @@ use radixkv::reference::SequentialCache;
 use radixkv::{DeviceId, EvictionPolicy, RadixCache, TokenKey};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Barrier, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 // ---------------------------------------------------------------- memory
 
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards to `System` unchanged; counting touches no memory.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        // SAFETY: same contract as ours.
-        let p = unsafe { System.alloc(l) };
-        if !p.is_null() {
-            LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(p, l) };
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        // SAFETY: same contract as ours.
-        let q = unsafe { System.realloc(p, l, n) };
-        if !q.is_null() {
-            LIVE.fetch_add(n as isize - l.size() as isize, Ordering::Relaxed);
-        }
-        q
-    }
-}
+#[path = "../tests/common/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::{flush_epoch, live, Counting};
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
-
-fn live() -> isize {
-    LIVE.load(Ordering::Relaxed)
-}
-
-fn flush_epoch() {
-    for _ in 0..1024 {
-        crossbeam_epoch::pin().flush();
-    }
-}
 
 // ---------------------------------------------------------------- workloads
 

@@ -18,17 +18,9 @@ use std::time::{Duration, Instant};
 const DEVICES: usize = 3;
 const WORKERS: usize = 6;
 
-/// Fingerprint of `key[..=j]` for every j.
-fn fingerprints(key: &[u32]) -> Vec<u64> {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    key.iter()
-        .map(|&t| {
-            h ^= u64::from(t) + 1;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-            h
-        })
-        .collect()
-}
+#[path = "common/fingerprint.rs"]
+mod fingerprint;
+use fingerprint::fingerprints;
 
 struct Soak {
     cache: RadixCache,

@@ -31,17 +31,9 @@ struct World {
     checks: AtomicUsize,
 }
 
-/// Fingerprint of the token path `key[..=j]`, for every j (never FREE).
-fn fingerprints(key: &[u32]) -> Vec<u64> {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    key.iter()
-        .map(|&t| {
-            h ^= u64::from(t) + 1;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-            h | 1
-        })
-        .collect()
-}
+#[path = "common/fingerprint.rs"]
+mod fingerprint;
+use fingerprint::fingerprints;
 
 impl World {
     fn new(devices: usize, page_size: usize, pool: usize) -> Self {
