@@ -11,7 +11,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== unit, integration, property and stress tests"
-cargo test --workspace --all-targets --release
+cargo test --workspace --release --lib --bins --tests --examples
+
+echo "== benchmarks compile (running them is opt-in: see BENCHMARKS.md)"
+cargo build --workspace --release --benches
 
 echo "== doctests"
 cargo test --workspace --doc
