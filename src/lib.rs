@@ -37,12 +37,14 @@
 //!
 //! ## Modules
 //!
+//! * [`alloc`]: per-device paged allocators and owned page spans.
 //! * [`cache`]: the public API ([`RadixCache`], [`Lease`], [`MatchResult`]).
 //! * [`device`]: device ids.
 //! * [`sync`]: the std/loom shim every atomic goes through.
 //! * `reference`: a plain sequential model with the same semantics (tests, baselines).
 //! * `conformance`: the SGLang conformance runner behind `radixkv ops`.
 
+pub mod alloc;
 pub mod cache;
 #[cfg(not(loom))]
 pub mod conformance;

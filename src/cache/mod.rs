@@ -6,6 +6,7 @@ mod policy;
 
 pub use policy::{EvictionPolicy, UnknownPolicy};
 
+use crate::alloc::{AllocError, PageAllocator, PageSpan};
 use crate::device::DeviceId;
 use crate::sync::{Arc, AtomicU64, Ordering};
 use crate::tree::node::{arc_of, Node};
@@ -131,6 +132,20 @@ pub enum CacheError {
     /// An unknown eviction policy name.
     #[error(transparent)]
     UnknownPolicy(#[from] UnknownPolicy),
+    /// The device's allocator could not serve the request.
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
+    /// A page operation on a cache built without allocators
+    /// (`RadixCacheBuilder::pages_per_device`).
+    #[error("this cache has no page allocators (external-value mode)")]
+    NoAllocator,
+    /// A plain-values insert on a cache that owns its pages: use
+    /// `insert_pages`.
+    #[error("this cache owns its pages: insert a PageSpan with insert_pages")]
+    ValuesOwnedByCache,
+    /// A span of another device or another cache's allocator.
+    #[error("the span belongs to another device or cache")]
+    ForeignSpan,
 }
 
 /// Builds a [`RadixCache`]; every option has a default.
@@ -152,6 +167,7 @@ pub struct RadixCacheBuilder {
     devices: usize,
     policy: EvictionPolicy,
     clock: ClockKind,
+    pages_per_device: Option<usize>,
 }
 
 /// The largest supported page size in tokens.
@@ -166,6 +182,7 @@ impl Default for RadixCacheBuilder {
             devices: 1,
             policy: EvictionPolicy::Lru,
             clock: ClockKind::Logical,
+            pages_per_device: None,
         }
     }
 }
@@ -196,6 +213,17 @@ impl RadixCacheBuilder {
         self
     }
 
+    /// Gives every device a page allocator of `pages` pages (page 0
+    /// reserved) of `page_size` slots, and makes the cache own its pages:
+    /// requests allocate [`PageSpan`]s, [`RadixCache::insert_pages`] hands
+    /// them to the tree (returning duplicates to the allocator) and eviction
+    /// returns pages to the allocator. Default: none (external-value mode,
+    /// where values are whatever the caller inserts).
+    pub fn pages_per_device(mut self, pages: usize) -> Self {
+        self.pages_per_device = Some(pages);
+        self
+    }
+
     /// Validates the settings and builds the cache.
     pub fn build(self) -> Result<RadixCache, CacheError> {
         if self.page_size == 0 || self.page_size > MAX_PAGE_SIZE {
@@ -219,7 +247,14 @@ impl RadixCacheBuilder {
         // atomic (not the shim's) because it is a process-wide static, not
         // part of any protocol.
         static NEXT_CACHE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let allocators = match self.pages_per_device {
+            None => Vec::new(),
+            Some(pages) => (0..self.devices)
+                .map(|d| PageAllocator::new(DeviceId(d as u32), pages, self.page_size))
+                .collect::<Result<Vec<_>, _>>()?,
+        };
         Ok(RadixCache {
+            allocators,
             id: NEXT_CACHE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             tree: Tree::new(self.page_size, self.devices, clock),
             policy: self.policy,
@@ -360,8 +395,12 @@ impl InsertResult {
 pub struct Evicted {
     /// Tokens evicted (whole leaves, so possibly more than asked).
     pub tokens: usize,
-    /// Their values, in eviction order.
+    /// Their values, in eviction order (external-value mode; empty when the
+    /// cache owns its pages, which it has already returned).
     pub values: Vec<u32>,
+    /// Pages returned to the device's allocator (when the cache owns its
+    /// pages).
+    pub pages: usize,
 }
 
 /// Cached token counts on one device.
@@ -413,6 +452,7 @@ pub struct Sizes {
 /// ```
 #[derive(Debug)]
 pub struct RadixCache {
+    allocators: Vec<Arc<PageAllocator>>,
     id: u64,
     tree: Tree,
     policy: EvictionPolicy,
@@ -580,6 +620,19 @@ impl RadixCache {
         priority: i64,
     ) -> Result<InsertResult, CacheError> {
         let d = self.device(device)?;
+        if !self.allocators.is_empty() {
+            return Err(CacheError::ValuesOwnedByCache);
+        }
+        self.insert_values(key, d, values, priority)
+    }
+
+    fn insert_values(
+        &self,
+        key: TokenKey<'_>,
+        d: usize,
+        values: &[u32],
+        priority: i64,
+    ) -> Result<InsertResult, CacheError> {
         let len = key.tokens.len();
         if !len.is_multiple_of(self.page_size()) {
             return Err(CacheError::Unaligned {
@@ -643,12 +696,85 @@ impl RadixCache {
             let before = out.values.len();
             ev.values.append_to(&mut out.values, self.page_size());
             out.tokens += out.values.len() - before;
+            if let Some(a) = self.allocators.get(d) {
+                let ps = self.page_size();
+                let pages: Vec<u32> = out.values[before..]
+                    .iter()
+                    .step_by(ps)
+                    .map(|&slot| slot / ps as u32)
+                    .collect();
+                out.pages += pages.len();
+                a.give_back(&pages);
+                out.values.truncate(before);
+            }
             if is_candidate(ev.parent, d) {
                 heap.push(Reverse((self.key_of(ev.parent, d), nodes.len())));
                 nodes.push(ev.parent);
             }
         }
         Ok(out)
+    }
+
+    /// The page allocator of `device`, when the cache owns its pages.
+    pub fn allocator(&self, device: DeviceId) -> Option<&Arc<PageAllocator>> {
+        self.allocators.get(device.index())
+    }
+
+    /// Allocates pages for `tokens` tokens on `device`.
+    pub fn alloc(&self, device: DeviceId, tokens: usize) -> Result<PageSpan, CacheError> {
+        let d = self.device(device)?;
+        let a = self.allocators.get(d).ok_or(CacheError::NoAllocator)?;
+        Ok(a.alloc(tokens)?)
+    }
+
+    /// Caches `key` on the span's device with the span's pages (one page per
+    /// `page_size` tokens, in order): pages for tokens already cached there
+    /// go back to the allocator, the rest now belong to the tree. `key` must
+    /// cover exactly the span's slots. On an error the span is dropped, so
+    /// its pages go back to the allocator: nothing is lost.
+    ///
+    /// ```
+    /// use radixkv::{DeviceId, RadixCache, TokenKey};
+    /// let cache = RadixCache::builder().page_size(2).pages_per_device(64).build().unwrap();
+    /// let a = cache.allocator(DeviceId(0)).unwrap().clone();
+    /// let span = cache.alloc(DeviceId(0), 4).unwrap();
+    /// cache.insert_pages(TokenKey::new(&[1, 2, 3, 4]), span, 0).unwrap();
+    /// let dup = cache.alloc(DeviceId(0), 4).unwrap();
+    /// let r = cache.insert_pages(TokenKey::new(&[1, 2, 3, 4]), dup, 0).unwrap();
+    /// assert_eq!(r.prefix_len, 4); // both pages were duplicates...
+    /// assert_eq!(a.free_pages(), 63 - 2); // ...and went back
+    /// cache.evict(DeviceId(0), 4).unwrap();
+    /// assert_eq!(a.free_pages(), 63);
+    /// cache.audit(); // I2: free + tree + requests = pool - 1
+    /// ```
+    pub fn insert_pages(
+        &self,
+        key: TokenKey<'_>,
+        span: PageSpan,
+        priority: i64,
+    ) -> Result<InsertResult, CacheError> {
+        let d = self.device(span.device())?;
+        let a = self.allocators.get(d).ok_or(CacheError::NoAllocator)?;
+        if !Arc::ptr_eq(a, span.allocator()) {
+            return Err(CacheError::ForeignSpan);
+        }
+        if key.tokens.len() != span.tokens() {
+            return Err(CacheError::LengthMismatch {
+                tokens: key.tokens.len(),
+                values: span.tokens(),
+            });
+        }
+        let slots: Vec<u32> = span.slots().collect();
+        let r = self.insert_values(key, d, &slots, priority)?;
+        let pages = span.into_owned_pages();
+        let ps = self.page_size();
+        let dups: Vec<u32> = r
+            .duplicates()
+            .into_iter()
+            .flat_map(|range| pages[range.start / ps..range.end / ps].iter().copied())
+            .collect();
+        a.give_back(&dups);
+        Ok(r)
     }
 
     /// Frees the nodes, images and arrays that earlier changes unlinked
@@ -705,6 +831,49 @@ impl RadixCache {
                     "I6: device {d} has {leases} live leases but {pins} pins"
                 ));
             }
+            if let Some(a) = self.allocators.get(d) {
+                self.check_pages(d, a, &guard)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// I2: free + tree-owned + request-owned = pool size - 1, no page owned
+    /// twice.
+    fn check_pages(
+        &self,
+        d: usize,
+        a: &PageAllocator,
+        guard: &crossbeam_epoch::Guard,
+    ) -> Result<(), String> {
+        let ps = self.page_size();
+        let mut tree_pages = std::collections::HashSet::new();
+        for slot in self.tree.values_on(d, guard).into_iter().step_by(ps) {
+            if slot as usize % ps != 0 {
+                return Err(format!("I2: device {d}: slot {slot} does not start a page"));
+            }
+            let page = slot / ps as u32;
+            if !tree_pages.insert(page) {
+                return Err(format!(
+                    "I2: device {d}: page {page} is owned twice by the tree"
+                ));
+            }
+            if a.is_free(page) {
+                return Err(format!(
+                    "I2: device {d}: page {page} is both free and in the tree"
+                ));
+            }
+        }
+        let (free, spans) = (a.free_pages(), a.pages_in_spans());
+        if free + tree_pages.len() + spans != a.num_pages() - 1 {
+            return Err(format!(
+                "I2: device {d}: {free} free + {} in the tree + {spans} in requests != {} pages",
+                tree_pages.len(),
+                a.num_pages() - 1
+            ));
+        }
+        if a.double_frees() != 0 {
+            return Err(format!("I2: device {d}: {} double frees", a.double_frees()));
         }
         Ok(())
     }
@@ -714,5 +883,34 @@ impl RadixCache {
         if let Err(e) = self.check() {
             panic!("radixkv audit failed: {e}");
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn audit_catches_a_double_free_and_a_lost_page() {
+        let c = RadixCache::builder().page_size(2).pages_per_device(32).build().unwrap();
+        let span = c.alloc(DeviceId(0), 4).unwrap();
+        let pages = span.pages().to_vec();
+        c.insert_pages(TokenKey::new(&[1, 2, 3, 4]), span, 0).unwrap();
+        c.audit();
+        // A page of the tree freed behind its back: it is now both free and
+        // in the tree, and freeing it again counts as a double free.
+        let a = c.allocator(DeviceId(0)).unwrap();
+        a.give_back(&pages[..1]);
+        let e = c.check().unwrap_err();
+        assert!(e.contains("both free and in the tree"), "{e}");
+        a.give_back(&pages[..1]);
+        assert_eq!(a.double_frees(), 1);
+        // A page taken from the pool and never accounted for.
+        let c = RadixCache::builder().page_size(2).pages_per_device(32).build().unwrap();
+        let a = c.allocator(DeviceId(0)).unwrap();
+        let span = a.alloc(2).unwrap();
+        let _lost = span.into_owned_pages();
+        let e = c.check().unwrap_err();
+        assert!(e.contains("I2"), "{e}");
     }
 }

@@ -897,6 +897,17 @@ impl Tree {
         out
     }
 
+    /// Every value resident on `d`, node by node (in whole pages).
+    pub(crate) fn values_on(&self, d: usize, guard: &Guard) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (n, _) in self.nodes(guard) {
+            if let Some(v) = &n.image_ref(guard).values[d] {
+                v.append_to(&mut out, self.page_size);
+            }
+        }
+        out
+    }
+
     /// Sizes on `d` by a scan (exact in quiescent state).
     pub(crate) fn scan(&self, d: usize, guard: &Guard) -> Scan {
         let nodes = self.nodes(guard);

@@ -1,0 +1,107 @@
+//! The cache owning its pages: concurrent schedulers allocate spans, match
+//! and pin, insert their spans and drop leftovers while eviction returns
+//! pages; afterwards I2 holds on every device (free + tree + requests =
+//! pool - 1, no page owned twice, no double free).
+
+use radixkv::{CacheError, DeviceId, RadixCache, TokenKey};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+
+#[test]
+fn concurrent_paged_requests_conserve_pages() {
+    let (devices, ps, pages) = (3usize, 4usize, 512usize);
+    let cache = Arc::new(
+        RadixCache::builder()
+            .devices(devices)
+            .page_size(ps)
+            .pages_per_device(pages)
+            .build()
+            .unwrap(),
+    );
+    let mut rng = StdRng::seed_from_u64(5);
+    let prompts: Arc<Vec<Vec<u32>>> = Arc::new(
+        (0..8)
+            .map(|_| (0..rng.random_range(8..64)).map(|_| rng.random_range(1..50)).collect())
+            .collect(),
+    );
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (cache, prompts) = (Arc::clone(&cache), Arc::clone(&prompts));
+            s.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(100 + t);
+                for _ in 0..3000 {
+                    let d = DeviceId(rng.random_range(0..devices as u32));
+                    let base = &prompts[rng.random_range(0..prompts.len())];
+                    let mut key = base.clone();
+                    key.extend((0..rng.random_range(1..24)).map(|_| rng.random_range(100..110)));
+                    key.truncate(key.len() / ps * ps);
+                    if key.is_empty() {
+                        continue;
+                    }
+                    let m = cache.match_and_pin(TokenKey::new(&key), d).unwrap();
+                    assert_eq!(m.values.len(), m.len);
+                    assert!(m.values.iter().all(|&v| v as usize / ps < pages && v as usize >= ps));
+                    // A span for the whole key (the prefix pages become
+                    // duplicates the cache returns); on shortage, evict.
+                    let span = match cache.alloc(d, key.len()) {
+                        Ok(s) => s,
+                        Err(CacheError::Alloc(_)) => {
+                            cache.evict(d, key.len()).unwrap();
+                            match cache.alloc(d, key.len()) {
+                                Ok(s) => s,
+                                Err(_) => continue,
+                            }
+                        }
+                        Err(e) => panic!("{e}"),
+                    };
+                    if rng.random_bool(0.1) {
+                        drop(span); // an aborted request
+                    } else {
+                        cache.insert_pages(TokenKey::new(&key), span, 0).unwrap();
+                    }
+                    drop(m.lease);
+                    if rng.random_bool(0.05) {
+                        cache.evict(d, rng.random_range(1..64)).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    cache.audit();
+    for d in 0..devices as u32 {
+        let a = cache.allocator(DeviceId(d)).unwrap();
+        assert_eq!(a.double_frees(), 0);
+        assert_eq!(a.pages_in_spans(), 0, "every request span was consumed or dropped");
+        let ev = cache.evict(DeviceId(d), usize::MAX).unwrap();
+        assert!(ev.values.is_empty(), "the cache returned the pages itself");
+        assert_eq!(a.free_pages(), pages - 1, "device {d}: every page is back");
+    }
+    cache.audit();
+}
+
+#[test]
+fn page_mode_rejects_plain_values_and_foreign_spans() {
+    let c = RadixCache::builder().devices(2).pages_per_device(16).build().unwrap();
+    assert_eq!(
+        c.insert(TokenKey::new(&[1]), DeviceId(0), &[5], 0).unwrap_err(),
+        CacheError::ValuesOwnedByCache
+    );
+    let other = RadixCache::builder().devices(2).pages_per_device(16).build().unwrap();
+    let span = other.alloc(DeviceId(0), 2).unwrap();
+    assert_eq!(c.insert_pages(TokenKey::new(&[1, 2]), span, 0).unwrap_err(), CacheError::ForeignSpan);
+    assert_eq!(other.allocator(DeviceId(0)).unwrap().free_pages(), 15, "the span's pages went back");
+    let span = c.alloc(DeviceId(1), 3).unwrap();
+    assert!(matches!(
+        c.insert_pages(TokenKey::new(&[1, 2]), span, 0),
+        Err(CacheError::LengthMismatch { tokens: 2, values: 3 })
+    ));
+    assert_eq!(c.allocator(DeviceId(1)).unwrap().free_pages(), 15);
+    let plain = RadixCache::builder().build().unwrap();
+    assert_eq!(plain.alloc(DeviceId(0), 1).unwrap_err(), CacheError::NoAllocator);
+    assert!(matches!(
+        RadixCache::builder().pages_per_device(1).build(),
+        Err(CacheError::Alloc(_))
+    ));
+    c.audit();
+}
