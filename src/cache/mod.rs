@@ -849,7 +849,7 @@ impl RadixCache {
         let ps = self.page_size();
         let mut tree_pages = std::collections::HashSet::new();
         for slot in self.tree.values_on(d, guard).into_iter().step_by(ps) {
-            if slot as usize % ps != 0 {
+            if !(slot as usize).is_multiple_of(ps) {
                 return Err(format!("I2: device {d}: slot {slot} does not start a page"));
             }
             let page = slot / ps as u32;
