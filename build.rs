@@ -15,6 +15,7 @@ const STEPS: &[&str] = &[
     "split_recheck",
     "unpin_rmw",
     "parent_lock",
+    "born_pinned",
 ];
 
 fn main() {

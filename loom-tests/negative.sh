@@ -23,6 +23,7 @@ pairs=(
   "race9_split_vs_evict split_recheck"
   "model10_lease_drop_vs_evict unpin_rmw"
   "model11_two_devices_shared_parent parent_lock"
+  "model12_pinned_insert_vs_evict born_pinned"
 )
 
 failed_as_expected=0

@@ -56,7 +56,7 @@ pub(crate) mod tree;
 
 pub use cache::{
     CacheError, ClockKind, Evicted, EvictionPolicy, InsertResult, Lease, MatchResult, NodeHandle,
-    RadixCache, RadixCacheBuilder, Sizes, TokenKey,
+    RadixCache, RadixCacheBuilder, Request, Sizes, TokenKey,
 };
 pub use device::DeviceId;
 

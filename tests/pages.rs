@@ -22,7 +22,11 @@ fn concurrent_paged_requests_conserve_pages() {
     let mut rng = StdRng::seed_from_u64(5);
     let prompts: Arc<Vec<Vec<u32>>> = Arc::new(
         (0..8)
-            .map(|_| (0..rng.random_range(8..64)).map(|_| rng.random_range(1..50)).collect())
+            .map(|_| {
+                (0..rng.random_range(8..64))
+                    .map(|_| rng.random_range(1..50))
+                    .collect()
+            })
             .collect(),
     );
     std::thread::scope(|s| {
@@ -41,7 +45,10 @@ fn concurrent_paged_requests_conserve_pages() {
                     }
                     let m = cache.match_and_pin(TokenKey::new(&key), d).unwrap();
                     assert_eq!(m.values.len(), m.len);
-                    assert!(m.values.iter().all(|&v| v as usize / ps < pages && v as usize >= ps));
+                    assert!(m
+                        .values
+                        .iter()
+                        .all(|&v| v as usize / ps < pages && v as usize >= ps));
                     // A span for the whole key (the prefix pages become
                     // duplicates the cache returns); on shortage, evict.
                     let span = match cache.alloc(d, key.len()) {
@@ -72,7 +79,11 @@ fn concurrent_paged_requests_conserve_pages() {
     for d in 0..devices as u32 {
         let a = cache.allocator(DeviceId(d)).unwrap();
         assert_eq!(a.double_frees(), 0);
-        assert_eq!(a.pages_in_spans(), 0, "every request span was consumed or dropped");
+        assert_eq!(
+            a.pages_in_spans(),
+            0,
+            "every request span was consumed or dropped"
+        );
         let ev = cache.evict(DeviceId(d), usize::MAX).unwrap();
         assert!(ev.values.is_empty(), "the cache returned the pages itself");
         assert_eq!(a.free_pages(), pages - 1, "device {d}: every page is back");
@@ -82,23 +93,45 @@ fn concurrent_paged_requests_conserve_pages() {
 
 #[test]
 fn page_mode_rejects_plain_values_and_foreign_spans() {
-    let c = RadixCache::builder().devices(2).pages_per_device(16).build().unwrap();
+    let c = RadixCache::builder()
+        .devices(2)
+        .pages_per_device(16)
+        .build()
+        .unwrap();
     assert_eq!(
-        c.insert(TokenKey::new(&[1]), DeviceId(0), &[5], 0).unwrap_err(),
+        c.insert(TokenKey::new(&[1]), DeviceId(0), &[5], 0)
+            .unwrap_err(),
         CacheError::ValuesOwnedByCache
     );
-    let other = RadixCache::builder().devices(2).pages_per_device(16).build().unwrap();
+    let other = RadixCache::builder()
+        .devices(2)
+        .pages_per_device(16)
+        .build()
+        .unwrap();
     let span = other.alloc(DeviceId(0), 2).unwrap();
-    assert_eq!(c.insert_pages(TokenKey::new(&[1, 2]), span, 0).unwrap_err(), CacheError::ForeignSpan);
-    assert_eq!(other.allocator(DeviceId(0)).unwrap().free_pages(), 15, "the span's pages went back");
+    assert_eq!(
+        c.insert_pages(TokenKey::new(&[1, 2]), span, 0).unwrap_err(),
+        CacheError::ForeignSpan
+    );
+    assert_eq!(
+        other.allocator(DeviceId(0)).unwrap().free_pages(),
+        15,
+        "the span's pages went back"
+    );
     let span = c.alloc(DeviceId(1), 3).unwrap();
     assert!(matches!(
         c.insert_pages(TokenKey::new(&[1, 2]), span, 0),
-        Err(CacheError::LengthMismatch { tokens: 2, values: 3 })
+        Err(CacheError::LengthMismatch {
+            tokens: 2,
+            values: 3
+        })
     ));
     assert_eq!(c.allocator(DeviceId(1)).unwrap().free_pages(), 15);
     let plain = RadixCache::builder().build().unwrap();
-    assert_eq!(plain.alloc(DeviceId(0), 1).unwrap_err(), CacheError::NoAllocator);
+    assert_eq!(
+        plain.alloc(DeviceId(0), 1).unwrap_err(),
+        CacheError::NoAllocator
+    );
     assert!(matches!(
         RadixCache::builder().pages_per_device(1).build(),
         Err(CacheError::Alloc(_))

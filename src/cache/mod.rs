@@ -3,8 +3,10 @@
 //! See [`RadixCache`] for the operations and their concurrency guarantees.
 
 mod policy;
+mod request;
 
 pub use policy::{EvictionPolicy, UnknownPolicy};
+pub use request::Request;
 
 use crate::alloc::{AllocError, PageAllocator, PageSpan};
 use crate::device::DeviceId;
@@ -654,9 +656,15 @@ impl RadixCache {
             });
         }
         let guard = crossbeam_epoch::pin();
-        let w = self
-            .tree
-            .insert(key.namespace, key.tokens, values, d, priority, &guard);
+        let w = self.tree.insert(
+            key.namespace,
+            key.tokens,
+            values,
+            d,
+            priority,
+            false,
+            &guard,
+        );
         let prefix_len = w.adopted.first().map_or(len, |r| r.start);
         Ok(InsertResult {
             prefix_len,
@@ -892,10 +900,15 @@ mod tests {
 
     #[test]
     fn audit_catches_a_double_free_and_a_lost_page() {
-        let c = RadixCache::builder().page_size(2).pages_per_device(32).build().unwrap();
+        let c = RadixCache::builder()
+            .page_size(2)
+            .pages_per_device(32)
+            .build()
+            .unwrap();
         let span = c.alloc(DeviceId(0), 4).unwrap();
         let pages = span.pages().to_vec();
-        c.insert_pages(TokenKey::new(&[1, 2, 3, 4]), span, 0).unwrap();
+        c.insert_pages(TokenKey::new(&[1, 2, 3, 4]), span, 0)
+            .unwrap();
         c.audit();
         // A page of the tree freed behind its back: it is now both free and
         // in the tree, and freeing it again counts as a double free.
@@ -906,7 +919,11 @@ mod tests {
         a.give_back(&pages[..1]);
         assert_eq!(a.double_frees(), 1);
         // A page taken from the pool and never accounted for.
-        let c = RadixCache::builder().page_size(2).pages_per_device(32).build().unwrap();
+        let c = RadixCache::builder()
+            .page_size(2)
+            .pages_per_device(32)
+            .build()
+            .unwrap();
         let a = c.allocator(DeviceId(0)).unwrap();
         let span = a.alloc(2).unwrap();
         let _lost = span.into_owned_pages();

@@ -107,10 +107,13 @@ pub(crate) struct MatchWalk<'g> {
 }
 
 /// What an insert did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct InsertWalk {
+#[derive(Debug)]
+pub(crate) struct InsertWalk<'g> {
     /// Ranges of the caller's values that the tree now owns.
     pub(crate) adopted: Vec<Range<usize>>,
+    /// With `pin`: the deepest node of the key the insert holds a pin on
+    /// (for the caller's lease), and the tokens root → it covers.
+    pub(crate) pinned: Option<(&'g Node, usize)>,
 }
 
 /// A leaf evicted from one device.
@@ -467,15 +470,24 @@ impl Tree {
 
     /// Inserts `tokens` with `values` on `d`. Returns the ranges of `values`
     /// the tree adopted; the rest are duplicates the caller keeps.
-    pub(crate) fn insert(
+    ///
+    /// With `pin`, the walk pins hand over hand: every node it passes,
+    /// adopts or creates is pinned on `d` in the same step (inside the
+    /// locked section for nodes it makes resident), and the previous pin is
+    /// released only after the next is held, so nothing the insert adopted
+    /// can be evicted before the caller holds the final pin. A walk that
+    /// restarts keeps its deepest pin until the new walk is done.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn insert<'g>(
         &self,
         ns: Option<&str>,
         tokens: &[u32],
         values: &[u32],
         d: usize,
         priority: i64,
-        guard: &Guard,
-    ) -> InsertWalk {
+        pin: bool,
+        guard: &'g Guard,
+    ) -> InsertWalk<'g> {
         if self.reclaimer.pending() > RECLAIM_AT {
             self.reclaimer.reclaim();
         }
@@ -484,6 +496,15 @@ impl Tree {
         let stamp = self.tick(d);
         let overlaps = |adopted: &[Range<usize>], r: Range<usize>| {
             adopted.iter().any(|a| a.start < r.end && r.start < a.end)
+        };
+        // Pins: `walk` is this pass's deepest pin, `kept` a pin kept across a
+        // restart (protecting the path adopted so far) until the end.
+        let mut walk: Option<(&'g Node, usize)> = None;
+        let mut kept: Option<(&'g Node, usize)> = None;
+        let take = |walk: &mut Option<(&'g Node, usize)>, n: &'g Node, depth: usize| {
+            if let Some((old, _)) = walk.replace((n, depth)) {
+                old.dev(d).residency.unpin();
+            }
         };
         'restart: loop {
             let root = self.root_or_create(ns, guard);
@@ -500,9 +521,16 @@ impl Tree {
                             // its values are no longer ours to hand out.
                             break 'restart;
                         }
-                        match self.attach_leaf(cur, d, rest, &values[pos..], priority, guard) {
-                            Ok(()) => {
+                        match self.attach_leaf(cur, d, rest, &values[pos..], priority, pin, guard) {
+                            Ok(leaf) => {
                                 push_range(&mut adopted, pos..len);
+                                #[cfg(radixkv_negative = "born_pinned")]
+                                if pin && leaf.dev(d).residency.try_pin(None).is_err() {
+                                    break 'restart;
+                                }
+                                if pin {
+                                    take(&mut walk, leaf, len);
+                                }
                                 break 'restart;
                             }
                             Err(Conflict) => {
@@ -531,13 +559,26 @@ impl Tree {
                                 break 'restart;
                             }
                             if self
-                                .adopt(cur, node, d, &values[pos..pos + k], priority, guard)
+                                .adopt(cur, node, d, &values[pos..pos + k], priority, pin, guard)
                                 .is_err()
                             {
                                 spin_wait();
+                                if let Some(w) = walk.take() {
+                                    keep_deeper(&mut kept, w, d);
+                                }
                                 continue 'restart;
                             }
                             push_range(&mut adopted, pos..pos + k);
+                        } else if pin && node.dev(d).residency.try_pin(None).is_err() {
+                            // Evicted since we looked: walk again.
+                            spin_wait();
+                            if let Some(w) = walk.take() {
+                                keep_deeper(&mut kept, w, d);
+                            }
+                            continue 'restart;
+                        }
+                        if pin {
+                            take(&mut walk, node, pos + k);
                         }
                         pos += k;
                         cur = node;
@@ -546,7 +587,16 @@ impl Tree {
             }
             break;
         }
-        InsertWalk { adopted }
+        // The kept pin protected the path while we walked again; the walk's
+        // own pin (deeper or equal) now does.
+        let pinned = match (walk, kept) {
+            (Some(w), Some((k, _))) => {
+                k.dev(d).residency.unpin();
+                Some(w)
+            }
+            (w, k) => w.or(k),
+        };
+        InsertWalk { adopted, pinned }
     }
 
     /// Splits `child` (whose image was `seen`) after `k` tokens: a new node
@@ -658,15 +708,17 @@ impl Tree {
         Ok(prefix.node_in(guard))
     }
 
-    fn attach_leaf(
+    #[allow(clippy::too_many_arguments)]
+    fn attach_leaf<'g>(
         &self,
         parent: &Node,
         d: usize,
         tokens: &[u32],
         values: &[u32],
         priority: i64,
-        guard: &Guard,
-    ) -> Result<(), Conflict> {
+        pin: bool,
+        guard: &'g Guard,
+    ) -> Result<&'g Node, Conflict> {
         let ps = self.page_size;
         let _pl = crate::sync::lock(&parent.lock);
         // The protecting step of race 2 (inserter side): attach only below a
@@ -702,12 +754,16 @@ impl Tree {
             .last_access
             .store(self.tick(d), Ordering::Relaxed);
         leaf.dev(d).created.store(self.tick(d), Ordering::Relaxed);
+        // The protecting step of the pinned-insert model: born pinned, so
+        // there is no moment in which the new leaf is evictable. The control
+        // pins it only after it is published.
+        #[cfg(not(radixkv_negative = "born_pinned"))]
+        if pin {
+            let _ = leaf.dev(d).residency.try_pin(None);
+        }
+        let leaf = NodePtr::link(leaf);
         let mut retired = Retired::default();
-        parent.publish_children(
-            children.with_added(hash, NodePtr::link(leaf)),
-            guard,
-            &mut retired,
-        );
+        parent.publish_children(children.with_added(hash, leaf), guard, &mut retired);
         self.reclaimer.retire(retired, guard);
         parent
             .dev(d)
@@ -715,9 +771,10 @@ impl Tree {
             .fetch_add(1, Ordering::SeqCst);
         self.resident_tokens[d].fetch_add(tokens.len() as u64, Ordering::SeqCst);
         self.live_nodes.fetch_add(1, Ordering::SeqCst);
-        Ok(())
+        Ok(leaf.node_in(guard))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn adopt(
         &self,
         parent: &Node,
@@ -725,6 +782,7 @@ impl Tree {
         d: usize,
         values: &[u32],
         priority: i64,
+        pin: bool,
         guard: &Guard,
     ) -> Result<(), Conflict> {
         let _pl = crate::sync::lock(&parent.lock);
@@ -761,6 +819,10 @@ impl Tree {
         // Values are published before RESIDENT is set, so a pinned reader
         // always finds them.
         node.dev(d).residency.make_resident();
+        if pin {
+            // Under the node's lock: no eviction can come between.
+            let _ = node.dev(d).residency.try_pin(None);
+        }
         node.dev(d)
             .last_access
             .store(self.tick(d), Ordering::Relaxed);
@@ -1072,6 +1134,18 @@ impl Tree {
         }
         Ok(())
     }
+}
+
+/// Keeps the deeper of two pins in `kept`, releasing the other.
+fn keep_deeper<'g>(kept: &mut Option<(&'g Node, usize)>, w: (&'g Node, usize), d: usize) {
+    let loser = match *kept {
+        Some(k) if k.1 >= w.1 => w,
+        _ => match kept.replace(w) {
+            Some(old) => old,
+            None => return,
+        },
+    };
+    loser.0.dev(d).residency.unpin();
 }
 
 /// Appends `r`, merging it into the last range when they touch.
