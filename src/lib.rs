@@ -43,6 +43,7 @@
 //! * [`sync`]: the std/loom shim every atomic goes through.
 //! * `reference`: a plain sequential model with the same semantics (tests, baselines).
 //! * `conformance`: the SGLang conformance runner behind `radixkv ops`.
+//! * `torture`: the randomized lifecycle run behind `radixkv stress`.
 
 pub mod alloc;
 pub mod cache;
@@ -52,6 +53,8 @@ pub mod device;
 #[cfg(not(loom))]
 pub mod reference;
 pub mod sync;
+#[cfg(not(loom))]
+pub mod torture;
 pub(crate) mod tree;
 
 pub use cache::{

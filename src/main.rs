@@ -29,6 +29,31 @@ enum Command {
         /// The trace file; standard input when absent.
         trace: Option<PathBuf>,
     },
+    /// Torture run: scheduler threads run request lifecycles at random under
+    /// memory pressure; then audit. Exits non-zero if anything is wrong.
+    Stress {
+        /// Devices.
+        #[arg(long, default_value_t = 4)]
+        devices: usize,
+        /// Pages per device (page 0 reserved).
+        #[arg(long, default_value_t = 4096)]
+        pages: usize,
+        /// Tokens per page.
+        #[arg(long, default_value_t = 16)]
+        page_size: usize,
+        /// Scheduler threads.
+        #[arg(long, default_value_t = 4)]
+        threads: usize,
+        /// Duration in seconds.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// PRNG seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Also write the report as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -59,6 +84,40 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                     runner.run(BufReader::new(f), out)?;
                 }
                 None => runner.run(io::stdin().lock(), out)?,
+            }
+            Ok(())
+        }
+        Command::Stress {
+            devices,
+            pages,
+            page_size,
+            threads,
+            seconds,
+            seed,
+            json,
+        } => {
+            if !(seconds.is_finite() && seconds >= 0.0) {
+                return Err(
+                    format!("--seconds must be a non-negative number, not {seconds}").into(),
+                );
+            }
+            let cfg = radixkv::torture::TortureConfig {
+                devices,
+                pages,
+                page_size,
+                threads: threads.max(1),
+                duration: std::time::Duration::from_secs_f64(seconds),
+                seed,
+            };
+            let report = radixkv::torture::run(&cfg)?;
+            let text = serde_json::to_string_pretty(&report)?;
+            println!("{text}");
+            if let Some(p) = json {
+                std::fs::write(&p, &text)
+                    .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+            }
+            if !report.ok() {
+                return Err("torture run found a problem (see the report)".into());
             }
             Ok(())
         }

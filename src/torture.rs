@@ -1,0 +1,184 @@
+//! The torture run behind `radixkv stress`: scheduler threads run request
+//! lifecycles at random on a cache that owns its pages, with pools small
+//! enough that eviction runs all the time, then the invariants are audited
+//! and every page is accounted for.
+
+use crate::{CacheError, DeviceId, RadixCache, TokenKey};
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Settings of a torture run.
+#[derive(Clone, Debug)]
+pub struct TortureConfig {
+    /// Devices (each with its own pool).
+    pub devices: usize,
+    /// Pages per device (page 0 reserved).
+    pub pages: usize,
+    /// Tokens per page.
+    pub page_size: usize,
+    /// Scheduler threads.
+    pub threads: usize,
+    /// How long to run.
+    pub duration: Duration,
+    /// PRNG seed.
+    pub seed: u64,
+}
+
+/// What a torture run did and found.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct TortureReport {
+    /// Requests started.
+    pub ops: u64,
+    /// Successful page allocations (`reserve` calls that allocated).
+    pub allocs: u64,
+    /// Pages returned to the allocators by eviction.
+    pub evicted_pages: u64,
+    /// Whether `RadixCache::check` passed at the end.
+    pub audit_ok: bool,
+    /// Pages neither free, nor in the tree, nor held by a request.
+    pub leaked_pages: u64,
+    /// Frees of pages that were already free.
+    pub double_frees: u64,
+    /// The longest `begin` (match and pin) took, in microseconds.
+    pub max_pin_wait_us: u64,
+    /// The audit's message when it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit_error: Option<String>,
+}
+
+impl TortureReport {
+    /// Whether the run found nothing wrong.
+    pub fn ok(&self) -> bool {
+        self.audit_ok && self.leaked_pages == 0 && self.double_frees == 0
+    }
+}
+
+/// A small xorshift PRNG: the run needs speed and repeatability, not quality.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// Runs the torture test.
+pub fn run(cfg: &TortureConfig) -> Result<TortureReport, CacheError> {
+    let cache = Arc::new(
+        RadixCache::builder()
+            .devices(cfg.devices)
+            .page_size(cfg.page_size)
+            .pages_per_device(cfg.pages)
+            .build()?,
+    );
+    let ops = AtomicU64::new(0);
+    let allocs = AtomicU64::new(0);
+    let evicted = AtomicU64::new(0);
+    let max_wait = AtomicU64::new(0);
+    let failures = AtomicUsize::new(0);
+    let deadline = Instant::now() + cfg.duration;
+    // Shared prompts make prefixes collide across threads and devices.
+    let mut rng = Rng(cfg.seed | 1);
+    let ps = cfg.page_size as u64;
+    let prompts: Vec<Vec<u32>> = (0..16)
+        .map(|_| {
+            (0..(ps * (1 + rng.below(12))))
+                .map(|_| rng.below(5000) as u32)
+                .collect()
+        })
+        .collect();
+    let evict_shortfall = |d: DeviceId, tokens: usize| -> Result<(), CacheError> {
+        let ev = cache.evict(d, tokens)?;
+        evicted.fetch_add(ev.pages as u64, Ordering::Relaxed);
+        Ok(())
+    };
+    std::thread::scope(|s| -> Result<(), CacheError> {
+        let handles: Vec<_> = (0..cfg.threads)
+            .map(|t| {
+                let (cache, prompts) = (&cache, &prompts);
+                let (ops, allocs, evicted, max_wait, failures) =
+                    (&ops, &allocs, &evicted, &max_wait, &failures);
+                let evict_shortfall = &evict_shortfall;
+                s.spawn(move || -> Result<(), CacheError> {
+                    let mut rng = Rng(cfg.seed.wrapping_mul(31).wrapping_add(t as u64 * 7919) | 1);
+                    while Instant::now() < deadline {
+                        let d = DeviceId(((t as u64 + rng.below(2)) % cfg.devices as u64) as u32);
+                        let mut key = prompts[rng.below(prompts.len() as u64) as usize].clone();
+                        key.extend(
+                            (0..1 + rng.below(3 * ps)).map(|_| 10_000 + rng.below(64) as u32),
+                        );
+                        let t0 = Instant::now();
+                        let mut r = cache.begin(TokenKey::new(&key), d)?;
+                        max_wait.fetch_max(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+                        ops.fetch_add(1, Ordering::Relaxed);
+                        let need = key.len() - r.cached_len();
+                        if r.reserve().is_err() {
+                            // Out of pages: evict the shortfall, retry once.
+                            evict_shortfall(d, need)?;
+                            if r.reserve().is_err() {
+                                failures.fetch_add(1, Ordering::Relaxed);
+                                continue; // abort: dropping returns everything
+                            }
+                        }
+                        allocs.fetch_add(1, Ordering::Relaxed);
+                        match rng.below(10) {
+                            0 => r.abort(),
+                            1..=4 => {
+                                r.commit_chunk(key.len() / 2)?;
+                                // Decoding goes on: a few more tokens.
+                                r.extend(&[1, 2, 3][..1 + rng.below(3) as usize]);
+                                if r.reserve().is_err() {
+                                    evict_shortfall(d, 3)?;
+                                    let _ = r.reserve();
+                                }
+                                r.finish()?;
+                            }
+                            _ => {
+                                r.finish()?;
+                            }
+                        }
+                        if rng.below(20) == 0 {
+                            let ev = cache.evict(d, rng.below(4 * ps) as usize + 1)?;
+                            evicted.fetch_add(ev.pages as u64, Ordering::Relaxed);
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join()
+                .map_err(|_| CacheError::InvalidConfig("a scheduler thread panicked".into()))??;
+        }
+        Ok(())
+    })?;
+    let audit = cache.check();
+    let mut leaked = 0u64;
+    let mut double_frees = 0u64;
+    for d in 0..cfg.devices {
+        let dev = DeviceId(d as u32);
+        let a = cache.allocator(dev).ok_or(CacheError::NoAllocator)?;
+        let in_tree = cache.sizes(dev)?.total / cfg.page_size;
+        let accounted = a.free_pages() + in_tree + a.pages_in_spans();
+        leaked += (cfg.pages - 1).saturating_sub(accounted) as u64;
+        double_frees += a.double_frees();
+    }
+    Ok(TortureReport {
+        ops: ops.load(Ordering::Relaxed),
+        allocs: allocs.load(Ordering::Relaxed),
+        evicted_pages: evicted.load(Ordering::Relaxed),
+        audit_ok: audit.is_ok(),
+        leaked_pages: leaked,
+        double_frees,
+        max_pin_wait_us: max_wait.load(Ordering::Relaxed),
+        audit_error: audit.err(),
+    })
+}
