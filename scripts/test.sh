@@ -19,6 +19,10 @@ cargo build --workspace --release --benches
 echo "== doctests"
 cargo test --workspace --doc
 
+echo "== --features cuda (cudarc loaded at run time: builds without a toolkit; GPU checks skip without a driver)"
+cargo build --release --features cuda
+cargo test --release --features cuda --test kvpool
+
 echo "== loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
 RUSTFLAGS="--cfg loom --cfg crossbeam_loom" LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" \
   RADIXKV_NEGATIVE= cargo test -p loom-tests --release --target-dir target/loom

@@ -40,6 +40,7 @@
 //! * [`alloc`]: per-device paged allocators and owned page spans.
 //! * [`cache`]: the public API ([`RadixCache`], [`Lease`], [`MatchResult`]).
 //! * [`device`]: device ids.
+//! * `kvpool`: KV memory per device (host; CUDA with feature `cuda`).
 //! * [`sync`]: the std/loom shim every atomic goes through.
 //! * `reference`: a plain sequential model with the same semantics (tests, baselines).
 //! * `conformance`: the SGLang conformance runner behind `radixkv ops`.
@@ -50,6 +51,8 @@ pub mod cache;
 #[cfg(not(loom))]
 pub mod conformance;
 pub mod device;
+#[cfg(not(loom))]
+pub mod kvpool;
 #[cfg(not(loom))]
 pub mod reference;
 pub mod sync;
