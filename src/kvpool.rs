@@ -54,6 +54,41 @@ impl KvLayout {
         ((layer * 2 + kv as usize) * self.slots + slot) * self.row
     }
 
+    /// Validates a write of `rows` floats to `slots` of `layer`.
+    fn check_rows(&self, layer: usize, slots: &[u32], rows: usize) -> Result<(), KvPoolError> {
+        self.check(layer, slots)?;
+        if rows != slots.len() * self.row {
+            return Err(KvPoolError::Shape {
+                got: rows,
+                slots: slots.len(),
+                row: self.row,
+            });
+        }
+        Ok(())
+    }
+
+    /// For every layer, K and V and page pair: the offsets of the source
+    /// run in `self` and the destination run in `dst` (`page_size` rows).
+    fn page_runs(
+        &self,
+        dst: &KvLayout,
+        pairs: &[(u32, u32)],
+        page_size: usize,
+    ) -> Vec<(usize, usize)> {
+        let mut v = Vec::with_capacity(self.layers * 2 * pairs.len());
+        for layer in 0..self.layers {
+            for kv in [Kv::K, Kv::V] {
+                for &(a, b) in pairs {
+                    v.push((
+                        self.offset(layer, kv, a as usize * page_size),
+                        dst.offset(layer, kv, b as usize * page_size),
+                    ));
+                }
+            }
+        }
+        v
+    }
+
     fn check(&self, layer: usize, slots: &[u32]) -> Result<(), KvPoolError> {
         if layer >= self.layers {
             return Err(KvPoolError::OutOfRange(format!(
@@ -153,14 +188,7 @@ impl KvPool for HostKvPool {
         rows: &[f32],
     ) -> Result<(), KvPoolError> {
         let l = self.layout;
-        l.check(layer, slots)?;
-        if rows.len() != slots.len() * l.row {
-            return Err(KvPoolError::Shape {
-                got: rows.len(),
-                slots: slots.len(),
-                row: l.row,
-            });
-        }
+        l.check_rows(layer, slots, rows.len())?;
         for (i, &s) in slots.iter().enumerate() {
             let o = l.offset(layer, kv, s as usize);
             self.data[o..o + l.row].copy_from_slice(&rows[i * l.row..(i + 1) * l.row]);
@@ -213,14 +241,8 @@ pub fn copy_pages(
     if let Some(s) = src.as_any().downcast_ref::<HostKvPool>() {
         if let Some(d) = dst.as_any_mut().downcast_mut::<HostKvPool>() {
             let n = page_size * ls.row;
-            for layer in 0..ls.layers {
-                for kv in [Kv::K, Kv::V] {
-                    for &(a, b) in pairs {
-                        let so = ls.offset(layer, kv, a as usize * page_size);
-                        let dof = ld.offset(layer, kv, b as usize * page_size);
-                        d.data[dof..dof + n].copy_from_slice(&s.data[so..so + n]);
-                    }
-                }
+            for (so, dof) in ls.page_runs(&ld, pairs, page_size) {
+                d.data[dof..dof + n].copy_from_slice(&s.data[so..so + n]);
             }
             return Ok(());
         }
@@ -318,14 +340,7 @@ mod cuda {
             rows: &[f32],
         ) -> Result<(), KvPoolError> {
             let l = self.layout;
-            l.check(layer, slots)?;
-            if rows.len() != slots.len() * l.row {
-                return Err(KvPoolError::Shape {
-                    got: rows.len(),
-                    slots: slots.len(),
-                    row: l.row,
-                });
-            }
+            l.check_rows(layer, slots, rows.len())?;
             for (i, &s) in slots.iter().enumerate() {
                 let o = l.offset(layer, kv, s as usize);
                 let mut dst = self.data.slice_mut(o..o + l.row);
@@ -368,20 +383,7 @@ mod cuda {
         pairs: &[(u32, u32)],
         page_size: usize,
     ) -> Result<Option<()>, KvPoolError> {
-        let runs = |ls: KvLayout, ld: KvLayout| {
-            let mut v = Vec::new();
-            for layer in 0..ls.layers {
-                for kv in [Kv::K, Kv::V] {
-                    for &(a, b) in pairs {
-                        v.push((
-                            ls.offset(layer, kv, a as usize * page_size),
-                            ld.offset(layer, kv, b as usize * page_size),
-                        ));
-                    }
-                }
-            }
-            v
-        };
+        let runs = |ls: KvLayout, ld: KvLayout| ls.page_runs(&ld, pairs, page_size);
         let host_src = src.as_any().downcast_ref::<super::HostKvPool>();
         let cuda_src = src.as_any().downcast_ref::<CudaKvPool>();
         if let (Some(h), Some(d)) = (host_src, dst.as_any_mut().downcast_mut::<CudaKvPool>()) {
@@ -419,16 +421,10 @@ mod cuda {
         let n = page_size * ls.row;
         // Order the destination's stream after everything on the source's.
         d.stream.join(&s.stream).map_err(err)?;
-        for layer in 0..ls.layers {
-            for kv in [Kv::K, Kv::V] {
-                for &(a, b) in pairs {
-                    let so = ls.offset(layer, kv, a as usize * page_size);
-                    let dof = ld.offset(layer, kv, b as usize * page_size);
-                    let from = s.data.slice(so..so + n);
-                    let mut to = d.data.slice_mut(dof..dof + n);
-                    d.stream.memcpy_dtod(&from, &mut to).map_err(err)?;
-                }
-            }
+        for (so, dof) in runs(ls, ld) {
+            let from = s.data.slice(so..so + n);
+            let mut to = d.data.slice_mut(dof..dof + n);
+            d.stream.memcpy_dtod(&from, &mut to).map_err(err)?;
         }
         d.synchronize()?;
         Ok(Some(()))
