@@ -13,7 +13,7 @@ use crate::device::DeviceId;
 use crate::sync::{Arc, AtomicU64, Ordering};
 use crate::tree::node::{arc_of, Node};
 use crate::tree::residency::PinRefused;
-use crate::tree::{clock::Clock, is_candidate, End, Tree};
+use crate::tree::{clock::Clock, is_candidate, is_leaf_on, End, Tree};
 use crossbeam_utils::CachePadded;
 use policy::LeafStats;
 use std::cmp::Reverse;
@@ -258,7 +258,15 @@ impl RadixCacheBuilder {
         Ok(RadixCache {
             allocators,
             id: NEXT_CACHE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            tree: Tree::new(self.page_size, self.devices, clock),
+            tree: Tree::new(
+                self.page_size,
+                self.devices,
+                clock,
+                self.policy.keys_only_grow(),
+            ),
+            candidates: (0..self.devices)
+                .map(|_| crate::sync::Mutex::new(Candidates::default()))
+                .collect(),
             policy: self.policy,
             leases: (0..self.devices)
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
@@ -418,6 +426,44 @@ pub struct Sizes {
     pub nodes: usize,
 }
 
+/// A node in a candidate heap, ordered by address (only to break exact key
+/// ties between two entries of the same node).
+#[derive(Debug)]
+struct ByAddr(Arc<Node>);
+
+impl PartialEq for ByAddr {
+    fn eq(&self, o: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &o.0)
+    }
+}
+impl Eq for ByAddr {}
+impl PartialOrd for ByAddr {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for ByAddr {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        Arc::as_ptr(&self.0).cmp(&Arc::as_ptr(&o.0))
+    }
+}
+
+/// The evictor's per-device candidates: a heap of (key when pushed, node)
+/// and the pinned leaves met on the last pass.
+///
+/// Lazy validation is exact for policies whose keys only grow while a node
+/// waits (lru, lfu, fifo, priority): a popped entry whose key grew is pushed
+/// back with its current key, so the first entry popped with an unchanged
+/// key is the true minimum. Entries of nodes that stopped being leaves are
+/// dropped; every transition into leafhood pushes again (an insert's new or
+/// adopted node through the tree's lock-free inbox, a parent whose last
+/// resident child was evicted here), so no candidate is ever missing.
+#[derive(Debug, Default)]
+struct Candidates {
+    heap: BinaryHeap<Reverse<(policy::EvictionKey, ByAddr)>>,
+    aside: Vec<Arc<Node>>,
+}
+
 /// A concurrent radix-tree prefix cache over token ids, with per-device
 /// residency. `Send + Sync`: share it with `Arc` between one scheduler
 /// thread per device and an evictor.
@@ -455,6 +501,8 @@ pub struct Sizes {
 #[derive(Debug)]
 pub struct RadixCache {
     allocators: Vec<Arc<PageAllocator>>,
+    /// Per device, the evictor's candidate heap (lru, lfu, fifo, priority).
+    candidates: Box<[crate::sync::Mutex<Candidates>]>,
     id: u64,
     tree: Tree,
     policy: EvictionPolicy,
@@ -688,6 +736,10 @@ impl RadixCache {
         // `tree::reclaim`), so that matching threads never do.
         self.tree.reclaim();
         let guard = crossbeam_epoch::pin();
+        if self.tree.tracks_leaves() {
+            self.evict_tracked(d, tokens, &mut out, &guard);
+            return Ok(out);
+        }
         let mut nodes: Vec<&Node> = self.tree.leaves(d, &guard);
         let mut heap: BinaryHeap<_> = nodes
             .iter()
@@ -701,20 +753,7 @@ impl RadixCache {
             let Some(ev) = self.tree.evict_leaf(nodes[i], d, &guard) else {
                 continue;
             };
-            let before = out.values.len();
-            ev.values.append_to(&mut out.values, self.page_size());
-            out.tokens += out.values.len() - before;
-            if let Some(a) = self.allocators.get(d) {
-                let ps = self.page_size();
-                let pages: Vec<u32> = out.values[before..]
-                    .iter()
-                    .step_by(ps)
-                    .map(|&slot| slot / ps as u32)
-                    .collect();
-                out.pages += pages.len();
-                a.give_back(&pages);
-                out.values.truncate(before);
-            }
+            self.account(&ev.values, d, &mut out);
             if is_candidate(ev.parent, d) {
                 heap.push(Reverse((self.key_of(ev.parent, d), nodes.len())));
                 nodes.push(ev.parent);
@@ -793,6 +832,80 @@ impl RadixCache {
     /// thread to return that memory sooner.
     pub fn reclaim(&self) {
         self.tree.reclaim();
+    }
+
+    /// Adds one evicted leaf's values to `out`; with page ownership, returns
+    /// its pages to the allocator instead of reporting the values.
+    fn account(&self, values: &crate::tree::node::Values, d: usize, out: &mut Evicted) {
+        let before = out.values.len();
+        values.append_to(&mut out.values, self.page_size());
+        out.tokens += out.values.len() - before;
+        if let Some(a) = self.allocators.get(d) {
+            let ps = self.page_size();
+            let pages: Vec<u32> = out.values[before..]
+                .iter()
+                .step_by(ps)
+                .map(|&slot| slot / ps as u32)
+                .collect();
+            out.pages += pages.len();
+            a.give_back(&pages);
+            out.values.truncate(before);
+        }
+    }
+
+    /// Eviction from the device's candidate heap: O(evicted · log leaves)
+    /// plus the leaves inserted since the last call.
+    fn evict_tracked(
+        &self,
+        d: usize,
+        tokens: usize,
+        out: &mut Evicted,
+        guard: &crossbeam_epoch::Guard,
+    ) {
+        let mut c = crate::sync::lock(&self.candidates[d]);
+        let c = &mut *c;
+        let push = |c: &mut Candidates, n: Arc<Node>| {
+            if is_leaf_on(&n, d) {
+                let k = self.key_of(&n, d);
+                c.heap.push(Reverse((k, ByAddr(n))));
+            }
+        };
+        // New leaves and the pinned ones set aside earlier, heapified in bulk.
+        let mut fresh = Vec::new();
+        let mut add = |n: Arc<Node>| {
+            if is_leaf_on(&n, d) {
+                fresh.push(Reverse((self.key_of(&n, d), ByAddr(n))));
+            }
+        };
+        self.tree.drain_leaves(d, &mut add);
+        std::mem::take(&mut c.aside).into_iter().for_each(&mut add);
+        c.heap.extend(fresh);
+        while out.tokens < tokens {
+            let Some(Reverse((stored, ByAddr(n)))) = c.heap.pop() else {
+                break;
+            };
+            if !is_leaf_on(&n, d) {
+                continue; // stale: evicted, unlinked or no longer a leaf
+            }
+            if n.dev(d).residency.load().pins() > 0 {
+                c.aside.push(n); // a candidate again once unpinned
+                continue;
+            }
+            let now = self.key_of(&n, d);
+            if now != stored {
+                c.heap.push(Reverse((now, ByAddr(n))));
+                continue;
+            }
+            // `n` was seen linked (not obsolete) under `guard` just above.
+            let Some(ev) = self.tree.evict_leaf(&n, d, guard) else {
+                c.aside.push(n); // lost a race with a pin or a new child
+                continue;
+            };
+            self.account(&ev.values, d, out);
+            if is_leaf_on(ev.parent, d) {
+                push(c, crate::tree::node::arc_of(ev.parent));
+            }
+        }
     }
 
     fn key_of(&self, n: &Node, d: usize) -> policy::EvictionKey {

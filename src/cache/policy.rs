@@ -63,6 +63,13 @@ impl EvictionPolicy {
         }
     }
 
+    /// Whether a waiting leaf's key can only grow (stamps, hit counts and
+    /// priorities only increase), which makes lazily validated candidate
+    /// heaps exact. Not so for mru and filo, which rank by a scan.
+    pub(crate) fn keys_only_grow(self) -> bool {
+        !matches!(self, EvictionPolicy::Mru | EvictionPolicy::Filo)
+    }
+
     /// The eviction key of a (node, device) with these statistics.
     pub(crate) fn key(self, s: &LeafStats) -> EvictionKey {
         // Order-preserving u64 encodings: `!x` reverses an order ("-x"), and

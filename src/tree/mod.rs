@@ -56,6 +56,33 @@ pub(crate) mod residency;
 use crate::sync::{spin_wait, Arc, AtomicU64, Ordering};
 use clock::Clock;
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
+
+/// A per-device inbox of nodes that may have become leaves: lock-free
+/// (crossbeam's `SegQueue`) normally; under loom a shim mutex, because loom
+/// cannot see the queue's own synchronization (as with arc-swap, BUILD.md).
+#[derive(Debug, Default)]
+pub(crate) struct LeafInbox {
+    #[cfg(not(loom))]
+    q: crossbeam_queue::SegQueue<Arc<Node>>,
+    #[cfg(loom)]
+    q: crate::sync::Mutex<Vec<Arc<Node>>>,
+}
+
+impl LeafInbox {
+    fn push(&self, n: Arc<Node>) {
+        #[cfg(not(loom))]
+        self.q.push(n);
+        #[cfg(loom)]
+        crate::sync::lock(&self.q).push(n);
+    }
+
+    fn pop(&self) -> Option<Arc<Node>> {
+        #[cfg(not(loom))]
+        return self.q.pop();
+        #[cfg(loom)]
+        return crate::sync::lock(&self.q).pop();
+    }
+}
 use crossbeam_utils::CachePadded;
 use node::{page_hash, ChildEntry, Children, Image, Node, NodePtr, ParentPtr, Values};
 use reclaim::{Reclaimer, Retired};
@@ -149,6 +176,10 @@ pub(crate) struct Tree {
     resident_tokens: Box<[CachePadded<AtomicU64>]>,
     live_nodes: AtomicU64,
     reclaimer: Arc<Reclaimer>,
+    /// Per device, nodes that may have become leaves (eviction candidates)
+    /// since the evictor last looked: pushed lock-free by inserts, drained
+    /// by the evictor. `None` when the policy ranks by a scan instead.
+    inbox: Option<Box<[LeafInbox]>>,
 }
 
 /// Length of the common prefix of `a` and `b` in whole pages.
@@ -168,7 +199,7 @@ pub(crate) fn common_prefix(a: &[u32], b: &[u32], page_size: usize) -> usize {
 }
 
 impl Tree {
-    pub(crate) fn new(page_size: usize, devices: usize, clock: Clock) -> Self {
+    pub(crate) fn new(page_size: usize, devices: usize, clock: Clock, track_leaves: bool) -> Self {
         Tree {
             page_size,
             devices,
@@ -180,6 +211,7 @@ impl Tree {
                 .collect(),
             live_nodes: AtomicU64::new(0),
             reclaimer: Arc::new(Reclaimer::default()),
+            inbox: track_leaves.then(|| (0..devices).map(|_| LeafInbox::default()).collect()),
         }
     }
 
@@ -198,6 +230,27 @@ impl Tree {
     fn new_id(&self) -> u64 {
         // Relaxed suffices: ids only need uniqueness, which any RMW gives.
         self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Records that `n` may now be a leaf on `d` (when leaves are tracked).
+    fn note_leaf(&self, n: &Node, d: usize) {
+        if let Some(inbox) = &self.inbox {
+            inbox[d].push(node::arc_of(n));
+        }
+    }
+
+    /// Hands every node noted since the last call to `f`.
+    pub(crate) fn drain_leaves(&self, d: usize, mut f: impl FnMut(Arc<Node>)) {
+        if let Some(inbox) = &self.inbox {
+            while let Some(n) = inbox[d].pop() {
+                f(n);
+            }
+        }
+    }
+
+    /// Whether leaves are tracked (for the evictor's candidate heaps).
+    pub(crate) fn tracks_leaves(&self) -> bool {
+        self.inbox.is_some()
     }
 
     /// Frees unlinked objects whose grace period has passed (the evictor
@@ -771,7 +824,9 @@ impl Tree {
             .fetch_add(1, Ordering::SeqCst);
         self.resident_tokens[d].fetch_add(tokens.len() as u64, Ordering::SeqCst);
         self.live_nodes.fetch_add(1, Ordering::SeqCst);
-        Ok(leaf.node_in(guard))
+        let leaf = leaf.node_in(guard);
+        self.note_leaf(leaf, d);
+        Ok(leaf)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -833,6 +888,7 @@ impl Tree {
             .resident_children
             .fetch_add(1, Ordering::SeqCst);
         self.resident_tokens[d].fetch_add(values.len() as u64, Ordering::SeqCst);
+        self.note_leaf(node, d);
         Ok(())
     }
 
@@ -1154,6 +1210,14 @@ fn push_range(v: &mut Vec<Range<usize>>, r: Range<usize>) {
         Some(last) if last.end == r.start => last.end = r.end,
         _ => v.push(r),
     }
+}
+
+/// Whether `n` is a leaf resident on `d`, pinned or not.
+pub(crate) fn is_leaf_on(n: &Node, d: usize) -> bool {
+    !n.is_root
+        && !n.obsolete.load(Ordering::SeqCst)
+        && n.dev(d).residency.load().resident()
+        && n.dev(d).resident_children.load(Ordering::SeqCst) == 0
 }
 
 /// Whether `n` is an unpinned leaf resident on `d`.
