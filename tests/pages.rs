@@ -138,3 +138,48 @@ fn page_mode_rejects_plain_values_and_foreign_spans() {
     ));
     c.audit();
 }
+
+#[test]
+fn allocation_evicts_exactly_the_shortfall_then_retries_once() {
+    let c = RadixCache::builder()
+        .page_size(2)
+        .pages_per_device(9)
+        .build()
+        .unwrap(); // 8 usable
+    let d = DeviceId(0);
+    for k in 0..4u32 {
+        let span = c.alloc(d, 4).unwrap(); // 2 pages each
+        c.insert_pages(TokenKey::new(&[k, 1, 2, 3]), span, 0)
+            .unwrap();
+    }
+    let a = c.allocator(d).unwrap();
+    assert_eq!(a.free_pages(), 0);
+    // 3 pages wanted, none free: the two least recently used leaves go.
+    let span = c.alloc(d, 6).unwrap();
+    assert_eq!(span.len(), 3);
+    assert_eq!(
+        c.sizes(d).unwrap().total,
+        8,
+        "two of the four 4-token entries were evicted"
+    );
+    assert_eq!(
+        a.free_pages(),
+        1,
+        "whole leaves: one page more than the shortfall"
+    );
+    drop(span);
+    // Everything pinned: the error says how many pages are missing.
+    let leases: Vec<_> = (0..4u32)
+        .map(|k| c.match_and_pin(TokenKey::new(&[k, 1, 2, 3]), d).unwrap())
+        .collect();
+    let err = c.alloc(d, 2 * 8).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CacheError::Alloc(radixkv::alloc::AllocError::OutOfPages { missing: 4, .. })
+        ),
+        "{err}"
+    );
+    drop(leases);
+    c.audit();
+}

@@ -767,11 +767,21 @@ impl RadixCache {
         self.allocators.get(device.index())
     }
 
-    /// Allocates pages for `tokens` tokens on `device`.
+    /// Allocates pages for `tokens` tokens on `device`. When the device is
+    /// short, evicts exactly the shortfall (whole unpinned leaves, in policy
+    /// order) and retries once; if that still cannot be met (everything
+    /// pinned, or another request took the pages), the error says how many
+    /// pages were missing.
     pub fn alloc(&self, device: DeviceId, tokens: usize) -> Result<PageSpan, CacheError> {
         let d = self.device(device)?;
         let a = self.allocators.get(d).ok_or(CacheError::NoAllocator)?;
-        Ok(a.alloc(tokens)?)
+        match a.alloc(tokens) {
+            Err(AllocError::OutOfPages { missing, .. }) => {
+                self.evict(device, missing * self.page_size())?;
+                Ok(a.alloc(tokens)?)
+            }
+            r => Ok(r?),
+        }
     }
 
     /// Caches `key` on the span's device with the span's pages (one page per
