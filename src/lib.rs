@@ -64,6 +64,8 @@ pub use cache::{
     CacheError, ClockKind, Evicted, EvictionPolicy, InsertResult, Lease, MatchResult, NodeHandle,
     RadixCache, RadixCacheBuilder, Request, Sizes, TokenKey,
 };
+#[cfg(not(loom))]
+pub use cache::{Evictor, EvictorStats};
 pub use device::DeviceId;
 
 /// The README's examples, compiled and run as doctests.

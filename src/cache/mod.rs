@@ -2,9 +2,13 @@
 //!
 //! See [`RadixCache`] for the operations and their concurrency guarantees.
 
+#[cfg(not(loom))]
+mod evictor;
 mod policy;
 mod request;
 
+#[cfg(not(loom))]
+pub use evictor::{Evictor, EvictorStats};
 pub use policy::{EvictionPolicy, UnknownPolicy};
 pub use request::Request;
 
@@ -170,6 +174,7 @@ pub struct RadixCacheBuilder {
     policy: EvictionPolicy,
     clock: ClockKind,
     pages_per_device: Option<usize>,
+    watermarks: Option<(usize, usize)>,
 }
 
 /// The largest supported page size in tokens.
@@ -185,6 +190,7 @@ impl Default for RadixCacheBuilder {
             policy: EvictionPolicy::Lru,
             clock: ClockKind::Logical,
             pages_per_device: None,
+            watermarks: None,
         }
     }
 }
@@ -226,6 +232,16 @@ impl RadixCacheBuilder {
         self
     }
 
+    /// Low and high watermarks in free pages per device (with
+    /// [`pages_per_device`](Self::pages_per_device)): when an allocation
+    /// takes a device below `low`, the background evictor
+    /// ([`RadixCache::start_evictor`]) evicts until `high` pages are free.
+    /// Default: none. Suggested: about 2 % and 5 % of the pages.
+    pub fn watermarks(mut self, low: usize, high: usize) -> Self {
+        self.watermarks = Some((low, high));
+        self
+    }
+
     /// Validates the settings and builds the cache.
     pub fn build(self) -> Result<RadixCache, CacheError> {
         if self.page_size == 0 || self.page_size > MAX_PAGE_SIZE {
@@ -249,13 +265,47 @@ impl RadixCacheBuilder {
         // atomic (not the shim's) because it is a process-wide static, not
         // part of any protocol.
         static NEXT_CACHE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let (signal_tx, signal_rx) = std::sync::mpsc::channel::<usize>();
+        let listener: Option<crate::alloc::WatermarkListener> =
+            match (self.watermarks, self.pages_per_device) {
+                (None, _) => None,
+                (Some(_), None) => {
+                    return Err(CacheError::InvalidConfig(
+                        "watermarks need pages_per_device".into(),
+                    ))
+                }
+                (Some((low, high)), Some(pages)) => {
+                    if low >= high || high >= pages {
+                        return Err(CacheError::InvalidConfig(format!(
+                            "watermarks need low < high < pages ({low}, {high}, {pages})"
+                        )));
+                    }
+                    let tx = std::sync::Mutex::new(signal_tx);
+                    Some(Arc::new(move |d: DeviceId, _free: usize| {
+                        if let Ok(tx) = tx.lock() {
+                            let _ = tx.send(d.index());
+                        }
+                    }))
+                }
+            };
+        let low = self.watermarks.map_or(0, |w| w.0);
         let allocators = match self.pages_per_device {
             None => Vec::new(),
             Some(pages) => (0..self.devices)
-                .map(|d| PageAllocator::new(DeviceId(d as u32), pages, self.page_size))
+                .map(|d| {
+                    PageAllocator::with_watermark(
+                        DeviceId(d as u32),
+                        pages,
+                        self.page_size,
+                        low,
+                        listener.clone(),
+                    )
+                })
                 .collect::<Result<Vec<_>, _>>()?,
         };
         Ok(RadixCache {
+            watermarks: self.watermarks,
+            evictor_signal: std::sync::Mutex::new(Some(signal_rx)),
             allocators,
             id: NEXT_CACHE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             tree: Tree::new(
@@ -501,6 +551,12 @@ struct Candidates {
 #[derive(Debug)]
 pub struct RadixCache {
     allocators: Vec<Arc<PageAllocator>>,
+    #[allow(dead_code)] // read only by the evictor, absent under loom
+    watermarks: Option<(usize, usize)>,
+    /// The allocators' low-watermark signal, until an evictor takes it. A
+    /// std mutex (not the shim's): touched once, by `start_evictor`.
+    #[allow(dead_code)] // read only by the evictor, absent under loom
+    evictor_signal: std::sync::Mutex<Option<std::sync::mpsc::Receiver<usize>>>,
     /// Per device, the evictor's candidate heap (lru, lfu, fifo, priority).
     candidates: Box<[crate::sync::Mutex<Candidates>]>,
     id: u64,

@@ -1,0 +1,127 @@
+//! The background evictor: woken by the low watermark, it restores the high
+//! watermark; it stops cleanly when dropped mid-eviction or when the cache
+//! goes away; misconfiguration is a typed error.
+
+use radixkv::{CacheError, DeviceId, RadixCache, TokenKey};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn cache() -> Arc<RadixCache> {
+    Arc::new(
+        RadixCache::builder()
+            .devices(2)
+            .page_size(4)
+            .pages_per_device(129)
+            .watermarks(16, 32)
+            .build()
+            .unwrap(),
+    )
+}
+
+fn fill(c: &RadixCache, d: DeviceId, from: u32, n: u32) {
+    for k in from..from + n {
+        let span = c.alloc(d, 8).unwrap();
+        c.insert_pages(TokenKey::new(&[k, k, 1, 2, 3, 4, 5, 6]), span, 0)
+            .unwrap();
+    }
+}
+
+#[test]
+fn background_evictor_restores_the_high_watermark() {
+    let c = cache();
+    let ev = c.start_evictor().unwrap();
+    for d in [DeviceId(0), DeviceId(1)] {
+        fill(&c, d, 0, 60); // 120 of 128 pages: below the low watermark
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline
+        && [0, 1]
+            .iter()
+            .any(|&d| c.allocator(DeviceId(d)).unwrap().free_pages() < 32)
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for d in 0..2 {
+        assert!(
+            c.allocator(DeviceId(d)).unwrap().free_pages() >= 32,
+            "device {d} back at the high watermark"
+        );
+    }
+    assert!(ev.stats().wakeups() >= 1 && ev.stats().evicted_pages() > 0);
+    drop(ev);
+    c.audit();
+}
+
+#[test]
+fn dropping_the_evictor_mid_eviction_stops_it_cleanly() {
+    let c = cache();
+    let ev = c.start_evictor().unwrap();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut k = 0;
+            while !stop.load(Ordering::Relaxed) {
+                fill(&c, DeviceId(k % 2), 1000 + k, 1);
+                k += 1;
+            }
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let t = Instant::now();
+        drop(ev); // joins the thread, whatever it was doing
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "the evictor took {:?} to stop",
+            t.elapsed()
+        );
+        stop.store(true, Ordering::Relaxed);
+    });
+    c.audit();
+    // With the evictor gone, allocations still succeed by evicting the
+    // shortfall themselves.
+    fill(&c, DeviceId(0), 50_000, 100);
+    c.audit();
+}
+
+#[test]
+fn dropping_the_cache_ends_the_evictor() {
+    let c = cache();
+    let ev = c.start_evictor().unwrap();
+    fill(&c, DeviceId(1), 0, 60);
+    drop(c); // the thread holds only a weak reference
+    let t = Instant::now();
+    drop(ev);
+    assert!(t.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn evictor_misconfiguration_is_a_typed_error() {
+    let plain = Arc::new(RadixCache::builder().pages_per_device(64).build().unwrap());
+    assert!(matches!(
+        plain.start_evictor(),
+        Err(CacheError::InvalidConfig(_))
+    ));
+    let c = cache();
+    let _ev = c.start_evictor().unwrap();
+    assert!(
+        matches!(c.start_evictor(), Err(CacheError::InvalidConfig(m)) if m.contains("already"))
+    );
+    assert!(matches!(
+        RadixCache::builder().watermarks(1, 2).build(),
+        Err(CacheError::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        RadixCache::builder()
+            .pages_per_device(64)
+            .watermarks(10, 5)
+            .build(),
+        Err(CacheError::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        RadixCache::builder()
+            .pages_per_device(64)
+            .watermarks(10, 64)
+            .build(),
+        Err(CacheError::InvalidConfig(_))
+    ));
+}
