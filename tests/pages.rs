@@ -183,3 +183,36 @@ fn allocation_evicts_exactly_the_shortfall_then_retries_once() {
     drop(leases);
     c.audit();
 }
+
+/// Issue 6: with candidate heaps, the work of evicting a fixed number of
+/// tokens does not grow with the tree.
+#[test]
+fn eviction_work_does_not_grow_with_the_tree() {
+    let work = |leaves: u32| {
+        let c = RadixCache::builder().build().unwrap(); // lru: candidate heaps
+        for k in 0..leaves {
+            let key = [k / 100, k, 7, 7];
+            c.insert(TokenKey::new(&key), DeviceId(0), &[1, 2, 3, 4], 0)
+                .unwrap();
+        }
+        c.evict(DeviceId(0), 1).unwrap(); // takes in the leaves inserted so far
+        let ev = c.evict(DeviceId(0), 30).unwrap();
+        assert!(ev.tokens >= 30);
+        ev.examined
+    };
+    let (small, large) = (work(1_000), work(50_000));
+    assert!(
+        large <= small + 4,
+        "examined {small} candidates on 1,000 leaves, {large} on 50,000"
+    );
+    // The scan policies, by contrast, look at every leaf.
+    let c = RadixCache::builder()
+        .eviction_policy(radixkv::EvictionPolicy::Mru)
+        .build()
+        .unwrap();
+    for k in 0..1_000u32 {
+        c.insert(TokenKey::new(&[k, 1]), DeviceId(0), &[1, 2], 0)
+            .unwrap();
+    }
+    assert_eq!(c.evict(DeviceId(0), 1).unwrap().examined, 1_000);
+}

@@ -461,6 +461,10 @@ pub struct Evicted {
     /// Pages returned to the device's allocator (when the cache owns its
     /// pages).
     pub pages: usize,
+    /// Candidates the call looked at: newly inserted leaves taken in, heap
+    /// entries popped, or, for the policies that rank by a scan (mru,
+    /// filo), every leaf of the device. A measure of the call's work.
+    pub examined: usize,
 }
 
 /// Cached token counts on one device.
@@ -797,6 +801,7 @@ impl RadixCache {
             return Ok(out);
         }
         let mut nodes: Vec<&Node> = self.tree.leaves(d, &guard);
+        out.examined = nodes.len();
         let mut heap: BinaryHeap<_> = nodes
             .iter()
             .enumerate()
@@ -945,11 +950,13 @@ impl RadixCache {
         };
         self.tree.drain_leaves(d, &mut add);
         std::mem::take(&mut c.aside).into_iter().for_each(&mut add);
+        out.examined += fresh.len();
         c.heap.extend(fresh);
         while out.tokens < tokens {
             let Some(Reverse((stored, ByAddr(n)))) = c.heap.pop() else {
                 break;
             };
+            out.examined += 1;
             if !is_leaf_on(&n, d) {
                 continue; // stale: evicted, unlinked or no longer a leaf
             }
