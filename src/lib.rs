@@ -45,12 +45,15 @@
 //! * `reference`: a plain sequential model with the same semantics (tests, baselines).
 //! * `conformance`: the SGLang conformance runner behind `radixkv ops`.
 //! * `torture`: the randomized lifecycle run behind `radixkv stress`.
+//! * `hitrate`: trace replay and Belady's bound behind `radixkv hitrate`.
 
 pub mod alloc;
 pub mod cache;
 #[cfg(not(loom))]
 pub mod conformance;
 pub mod device;
+#[cfg(not(loom))]
+pub mod hitrate;
 #[cfg(not(loom))]
 pub mod kvpool;
 #[cfg(not(loom))]

@@ -29,6 +29,26 @@ enum Command {
         /// The trace file; standard input when absent.
         trace: Option<PathBuf>,
     },
+    /// Hit rates of a request trace per eviction policy and capacity, with
+    /// Belady's MIN as the offline bound.
+    Hitrate {
+        /// A Mooncake trace (.jsonl or .jsonl.zst), or `gsp` for the built-in
+        /// generated-shared-prefix workload (64 groups x 16, 2048 + 128).
+        #[arg(long)]
+        trace: String,
+        /// Capacities as shares of the trace's distinct tokens.
+        #[arg(long, value_delimiter = ',', default_value = "0.1,0.25,0.5")]
+        capacity: Vec<f64>,
+        /// Policies (default: all).
+        #[arg(long, value_delimiter = ',')]
+        policy: Vec<String>,
+        /// Tokens per page.
+        #[arg(long, default_value_t = 16)]
+        page_size: usize,
+        /// Also write the rows as JSON to this file.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Torture run: scheduler threads run request lifecycles at random under
     /// memory pressure; then audit. Exits non-zero if anything is wrong.
     Stress {
@@ -84,6 +104,50 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                     runner.run(BufReader::new(f), out)?;
                 }
                 None => runner.run(io::stdin().lock(), out)?,
+            }
+            Ok(())
+        }
+        Command::Hitrate {
+            trace,
+            capacity,
+            policy,
+            page_size,
+            json,
+        } => {
+            use radixkv::hitrate;
+            let policies: Vec<EvictionPolicy> = if policy.is_empty() {
+                EvictionPolicy::ALL.to_vec()
+            } else {
+                policy.iter().map(|p| p.parse()).collect::<Result<_, _>>()?
+            };
+            let t = if trace == "gsp" {
+                hitrate::gsp(64, 16, 2048, 128, 1)
+            } else {
+                hitrate::read_mooncake(std::path::Path::new(&trace))?
+            };
+            let rows = hitrate::evaluate(&t, &policies, &capacity, page_size)?;
+            println!(
+                "{} ({} requests, {} distinct tokens, page size {page_size})",
+                t.name,
+                t.requests.len(),
+                t.distinct_tokens(page_size)
+            );
+            println!(
+                "{:<10} {:>9} {:>10} {:>16}",
+                "policy", "capacity", "hit rate", "evicted tokens"
+            );
+            for r in &rows {
+                println!(
+                    "{:<10} {:>8.0}% {:>9.1}% {:>16}",
+                    r.policy,
+                    r.capacity * 100.0,
+                    r.hit_rate_tokens * 100.0,
+                    r.evicted_tokens
+                );
+            }
+            if let Some(p) = json {
+                std::fs::write(&p, serde_json::to_string_pretty(&rows)?)
+                    .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
             }
             Ok(())
         }
