@@ -429,6 +429,16 @@ pub struct InsertResult {
 }
 
 impl InsertResult {
+    /// The result of an insert of `len` tokens in which the tree adopted
+    /// `adopted`: `prefix_len` is where the first adopted range starts.
+    pub(crate) fn from_adopted(adopted: Vec<Range<usize>>, len: usize) -> Self {
+        InsertResult {
+            prefix_len: adopted.first().map_or(len, |r| r.start),
+            adopted,
+            len,
+        }
+    }
+
     /// Ranges of the caller's values that the cache did **not** take (the
     /// caller frees them): `0..prefix_len`, plus, when another scheduler
     /// inserted the same new prefix at the same moment, the ranges it won.
@@ -757,11 +767,7 @@ impl RadixCache {
             });
         }
         if len == 0 {
-            return Ok(InsertResult {
-                prefix_len: 0,
-                adopted: Vec::new(),
-                len,
-            });
+            return Ok(InsertResult::from_adopted(Vec::new(), 0));
         }
         let guard = crossbeam_epoch::pin();
         let w = self.tree.insert(
@@ -773,12 +779,7 @@ impl RadixCache {
             false,
             &guard,
         );
-        let prefix_len = w.adopted.first().map_or(len, |r| r.start);
-        Ok(InsertResult {
-            prefix_len,
-            adopted: w.adopted,
-            len,
-        })
+        Ok(InsertResult::from_adopted(w.adopted, len))
     }
 
     /// Evicts whole unpinned leaves of `device` in policy order until at
@@ -871,28 +872,9 @@ impl RadixCache {
         span: PageSpan,
         priority: i64,
     ) -> Result<InsertResult, CacheError> {
-        let d = self.device(span.device())?;
-        let a = self.allocators.get(d).ok_or(CacheError::NoAllocator)?;
-        if !Arc::ptr_eq(a, span.allocator()) {
-            return Err(CacheError::ForeignSpan);
-        }
-        if key.tokens.len() != span.tokens() {
-            return Err(CacheError::LengthMismatch {
-                tokens: key.tokens.len(),
-                values: span.tokens(),
-            });
-        }
-        let slots: Vec<u32> = span.slots().collect();
-        let r = self.insert_values(key, d, &slots, priority)?;
-        let pages = span.into_owned_pages();
-        let ps = self.page_size();
-        let dups: Vec<u32> = r
-            .duplicates()
-            .into_iter()
-            .flat_map(|range| pages[range.start / ps..range.end / ps].iter().copied())
-            .collect();
-        a.give_back(&dups);
-        Ok(r)
+        // The general chunk insert with no borrowed prefix and no pin.
+        self.insert_chunk_pinned(key, span.device(), &[], span, priority, false)
+            .map(|(r, _, _)| r)
     }
 
     /// Frees the nodes, images and arrays that earlier changes unlinked

@@ -165,11 +165,7 @@ impl Request {
         let ps = self.cache.page_size();
         let aligned = upto.min(self.backed_len()).min(self.tokens.len()) / ps * ps;
         if aligned <= self.cached_len {
-            return Ok(InsertResult {
-                prefix_len: aligned,
-                adopted: Vec::new(),
-                len: aligned,
-            });
+            return Ok(InsertResult::from_adopted(Vec::new(), aligned));
         }
         let own = self.own.take().ok_or(CacheError::NoAllocator)?;
         let mut chunk = own;
@@ -180,6 +176,7 @@ impl Request {
             self.device,
             &self.cached_slots,
             chunk,
+            0,
             keep,
         )?;
         if let Some(lease) = lease {
@@ -194,15 +191,17 @@ impl Request {
 
 impl RadixCache {
     /// Inserts `key` whose first `borrowed.len()` tokens are the request's
-    /// pinned cached prefix and the rest are `chunk`'s pages; returns the
-    /// insert's result and, with `pin`, a lease on the new end and the path's
-    /// values (read after the pin).
+    /// pinned cached prefix and the rest are `chunk`'s pages (duplicate
+    /// pages go back to the allocator); returns the insert's result and,
+    /// with `pin`, a lease on the new end and the path's values (read after
+    /// the pin). `insert_pages` is the case without a borrowed prefix or pin.
     pub(crate) fn insert_chunk_pinned(
         &self,
         key: TokenKey<'_>,
         device: DeviceId,
         borrowed: &[u32],
         chunk: PageSpan,
+        priority: i64,
         pin: bool,
     ) -> Result<(InsertResult, Option<Lease>, Vec<u32>), CacheError> {
         let d = self.device(device)?;
@@ -217,21 +216,20 @@ impl RadixCache {
                 values: borrowed.len() + chunk.tokens(),
             });
         }
+        if len == 0 {
+            return Ok((InsertResult::from_adopted(Vec::new(), 0), None, Vec::new()));
+        }
         let mut values = borrowed.to_vec();
         values.extend(chunk.slots());
         let guard = crossbeam_epoch::pin();
         let w = self
             .tree
-            .insert(key.namespace, key.tokens, &values, d, 0, pin, &guard);
+            .insert(key.namespace, key.tokens, &values, d, priority, pin, &guard);
         let pages = chunk.into_owned_pages();
         let ps = self.page_size();
         let base = borrowed.len();
         let mut dups = Vec::new();
-        let r = InsertResult {
-            prefix_len: w.adopted.first().map_or(len, |r| r.start),
-            adopted: w.adopted,
-            len,
-        };
+        let r = InsertResult::from_adopted(w.adopted, len);
         for range in r.duplicates() {
             // The borrowed prefix is pinned, so the tree never adopts it:
             // only the request's own pages can be duplicates to free.
