@@ -5,7 +5,7 @@
 
 use crate::{CacheError, DeviceId, RadixCache, TokenKey};
 use serde::Serialize;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,8 @@ pub struct TortureReport {
     pub ops: u64,
     /// Successful page allocations (`reserve` calls that allocated).
     pub allocs: u64,
-    /// Pages returned to the allocators by eviction.
+    /// Pages evicted (by the caller or the cache's allocation fallback):
+    /// pages the tree adopted from requests minus pages still cached.
     pub evicted_pages: u64,
     /// Whether `RadixCache::check` passed at the end.
     pub audit_ok: bool,
@@ -81,9 +82,11 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport, CacheError> {
     );
     let ops = AtomicU64::new(0);
     let allocs = AtomicU64::new(0);
-    let evicted = AtomicU64::new(0);
+    // Tokens the tree adopted from requests; whatever of them is no longer
+    // cached at the end was evicted, by whichever path (the caller, the
+    // cache's own allocation fallback).
+    let adopted = AtomicU64::new(0);
     let max_wait = AtomicU64::new(0);
-    let failures = AtomicUsize::new(0);
     let deadline = Instant::now() + cfg.duration;
     // Shared prompts make prefixes collide across threads and devices.
     let mut rng = Rng(cfg.seed | 1);
@@ -95,18 +98,15 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport, CacheError> {
                 .collect()
         })
         .collect();
-    let evict_shortfall = |d: DeviceId, tokens: usize| -> Result<(), CacheError> {
-        let ev = cache.evict(d, tokens)?;
-        evicted.fetch_add(ev.pages as u64, Ordering::Relaxed);
-        Ok(())
-    };
     std::thread::scope(|s| -> Result<(), CacheError> {
         let handles: Vec<_> = (0..cfg.threads)
             .map(|t| {
                 let (cache, prompts) = (&cache, &prompts);
-                let (ops, allocs, evicted, max_wait, failures) =
-                    (&ops, &allocs, &evicted, &max_wait, &failures);
-                let evict_shortfall = &evict_shortfall;
+                let (ops, allocs, adopted, max_wait) = (&ops, &allocs, &adopted, &max_wait);
+                let took = |r: crate::InsertResult| {
+                    let n: usize = r.adopted.iter().map(|a| a.len()).sum();
+                    adopted.fetch_add(n as u64, Ordering::Relaxed);
+                };
                 s.spawn(move || -> Result<(), CacheError> {
                     let mut rng = Rng(cfg.seed.wrapping_mul(31).wrapping_add(t as u64 * 7919) | 1);
                     while Instant::now() < deadline {
@@ -122,9 +122,8 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport, CacheError> {
                         let need = key.len() - r.cached_len();
                         if r.reserve().is_err() {
                             // Out of pages: evict the shortfall, retry once.
-                            evict_shortfall(d, need)?;
+                            cache.evict(d, need)?;
                             if r.reserve().is_err() {
-                                failures.fetch_add(1, Ordering::Relaxed);
                                 continue; // abort: dropping returns everything
                             }
                         }
@@ -132,22 +131,19 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport, CacheError> {
                         match rng.below(10) {
                             0 => r.abort(),
                             1..=4 => {
-                                r.commit_chunk(key.len() / 2)?;
+                                took(r.commit_chunk(key.len() / 2)?);
                                 // Decoding goes on: a few more tokens.
                                 r.extend(&[1, 2, 3][..1 + rng.below(3) as usize]);
                                 if r.reserve().is_err() {
-                                    evict_shortfall(d, 3)?;
+                                    cache.evict(d, 3)?;
                                     let _ = r.reserve();
                                 }
-                                r.finish()?;
+                                took(r.finish()?);
                             }
-                            _ => {
-                                r.finish()?;
-                            }
+                            _ => took(r.finish()?),
                         }
                         if rng.below(20) == 0 {
-                            let ev = cache.evict(d, rng.below(4 * ps) as usize + 1)?;
-                            evicted.fetch_add(ev.pages as u64, Ordering::Relaxed);
+                            cache.evict(d, rng.below(4 * ps) as usize + 1)?;
                         }
                     }
                     Ok(())
@@ -163,10 +159,13 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport, CacheError> {
     let audit = cache.check();
     let mut leaked = 0u64;
     let mut double_frees = 0u64;
+    let mut cached_tokens = 0u64;
     for d in 0..cfg.devices {
         let dev = DeviceId(d as u32);
         let a = cache.allocator(dev).ok_or(CacheError::NoAllocator)?;
-        let in_tree = cache.sizes(dev)?.total / cfg.page_size;
+        let total = cache.sizes(dev)?.total;
+        cached_tokens += total as u64;
+        let in_tree = total / cfg.page_size;
         let accounted = a.free_pages() + in_tree + a.pages_in_spans();
         leaked += (cfg.pages - 1).saturating_sub(accounted) as u64;
         double_frees += a.double_frees();
@@ -174,7 +173,10 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport, CacheError> {
     Ok(TortureReport {
         ops: ops.load(Ordering::Relaxed),
         allocs: allocs.load(Ordering::Relaxed),
-        evicted_pages: evicted.load(Ordering::Relaxed),
+        evicted_pages: adopted
+            .load(Ordering::Relaxed)
+            .saturating_sub(cached_tokens)
+            / cfg.page_size as u64,
         audit_ok: audit.is_ok(),
         leaked_pages: leaked,
         double_frees,
