@@ -302,6 +302,21 @@ pub fn evaluate(
         return Err(HitrateError::Invalid("page size must be at least 1".into()));
     }
     let distinct = trace.distinct_tokens(page_size);
+    evaluate_sized(trace, policies, capacities, page_size, distinct)
+}
+
+/// Like [`evaluate`], for a caller that already knows
+/// [`Trace::distinct_tokens`] at this page size.
+pub fn evaluate_sized(
+    trace: &Trace,
+    policies: &[EvictionPolicy],
+    capacities: &[f64],
+    page_size: usize,
+    distinct: usize,
+) -> Result<Vec<HitRow>, HitrateError> {
+    if page_size == 0 {
+        return Err(HitrateError::Invalid("page size must be at least 1".into()));
+    }
     let mut rows = Vec::new();
     for &c in capacities {
         if !(c > 0.0 && c.is_finite()) {

@@ -125,12 +125,16 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             } else {
                 hitrate::read_mooncake(std::path::Path::new(&trace))?
             };
-            let rows = hitrate::evaluate(&t, &policies, &capacity, page_size)?;
-            println!(
-                "{} ({} requests, {} distinct tokens, page size {page_size})",
-                t.name,
-                t.requests.len(),
+            let distinct = if page_size == 0 {
+                0
+            } else {
                 t.distinct_tokens(page_size)
+            };
+            let rows = hitrate::evaluate_sized(&t, &policies, &capacity, page_size, distinct)?;
+            println!(
+                "{} ({} requests, {distinct} distinct tokens, page size {page_size})",
+                t.name,
+                t.requests.len()
             );
             println!(
                 "{:<10} {:>9} {:>10} {:>16}",
