@@ -54,6 +54,20 @@ impl KvLayout {
         ((layer * 2 + kv as usize) * self.slots + slot) * self.row
     }
 
+    /// For each of `slots`, in order: the range of its row in a rows
+    /// buffer, and the range of its row in the pool's (`layer`, `kv`).
+    fn row_ranges<'a>(
+        &'a self,
+        layer: usize,
+        kv: Kv,
+        slots: &'a [u32],
+    ) -> impl Iterator<Item = (std::ops::Range<usize>, std::ops::Range<usize>)> + 'a {
+        slots.iter().enumerate().map(move |(i, &s)| {
+            let o = self.offset(layer, kv, s as usize);
+            (i * self.row..(i + 1) * self.row, o..o + self.row)
+        })
+    }
+
     /// Validates a write of `rows` floats to `slots` of `layer`.
     fn check_rows(&self, layer: usize, slots: &[u32], rows: usize) -> Result<(), KvPoolError> {
         self.check(layer, slots)?;
@@ -189,9 +203,8 @@ impl KvPool for HostKvPool {
     ) -> Result<(), KvPoolError> {
         let l = self.layout;
         l.check_rows(layer, slots, rows.len())?;
-        for (i, &s) in slots.iter().enumerate() {
-            let o = l.offset(layer, kv, s as usize);
-            self.data[o..o + l.row].copy_from_slice(&rows[i * l.row..(i + 1) * l.row]);
+        for (buf, pool) in l.row_ranges(layer, kv, slots) {
+            self.data[pool].copy_from_slice(&rows[buf]);
         }
         Ok(())
     }
@@ -199,10 +212,9 @@ impl KvPool for HostKvPool {
     fn read_rows(&self, layer: usize, kv: Kv, slots: &[u32]) -> Result<Vec<f32>, KvPoolError> {
         let l = self.layout;
         l.check(layer, slots)?;
-        let mut out = Vec::with_capacity(slots.len() * l.row);
-        for &s in slots {
-            let o = l.offset(layer, kv, s as usize);
-            out.extend_from_slice(&self.data[o..o + l.row]);
+        let mut out = vec![0.0f32; slots.len() * l.row];
+        for (buf, pool) in l.row_ranges(layer, kv, slots) {
+            out[buf].copy_from_slice(&self.data[pool]);
         }
         Ok(out)
     }
@@ -341,12 +353,9 @@ mod cuda {
         ) -> Result<(), KvPoolError> {
             let l = self.layout;
             l.check_rows(layer, slots, rows.len())?;
-            for (i, &s) in slots.iter().enumerate() {
-                let o = l.offset(layer, kv, s as usize);
-                let mut dst = self.data.slice_mut(o..o + l.row);
-                self.stream
-                    .memcpy_htod(&rows[i * l.row..(i + 1) * l.row], &mut dst)
-                    .map_err(err)?;
+            for (buf, pool) in l.row_ranges(layer, kv, slots) {
+                let mut dst = self.data.slice_mut(pool);
+                self.stream.memcpy_htod(&rows[buf], &mut dst).map_err(err)?;
             }
             self.synchronize()
         }
@@ -355,12 +364,9 @@ mod cuda {
             let l = self.layout;
             l.check(layer, slots)?;
             let mut out = vec![0.0f32; slots.len() * l.row];
-            for (i, &s) in slots.iter().enumerate() {
-                let o = l.offset(layer, kv, s as usize);
-                let src = self.data.slice(o..o + l.row);
-                self.stream
-                    .memcpy_dtoh(&src, &mut out[i * l.row..(i + 1) * l.row])
-                    .map_err(err)?;
+            for (buf, pool) in l.row_ranges(layer, kv, slots) {
+                let src = self.data.slice(pool);
+                self.stream.memcpy_dtoh(&src, &mut out[buf]).map_err(err)?;
             }
             self.synchronize()?;
             Ok(out)
