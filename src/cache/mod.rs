@@ -565,11 +565,11 @@ struct Candidates {
 #[derive(Debug)]
 pub struct RadixCache {
     allocators: Vec<Arc<PageAllocator>>,
-    #[allow(dead_code)] // read only by the evictor, absent under loom
+    #[cfg_attr(loom, allow(dead_code))] // read only by the evictor, absent under loom
     watermarks: Option<(usize, usize)>,
     /// The allocators' low-watermark signal, until an evictor takes it. A
     /// std mutex (not the shim's): touched once, by `start_evictor`.
-    #[allow(dead_code)] // read only by the evictor, absent under loom
+    #[cfg_attr(loom, allow(dead_code))] // read only by the evictor, absent under loom
     evictor_signal: std::sync::Mutex<Option<std::sync::mpsc::Receiver<usize>>>,
     /// Per device, the evictor's candidate heap (lru, lfu, fifo, priority).
     candidates: Box<[crate::sync::Mutex<Candidates>]>,
