@@ -41,10 +41,15 @@
 //! * [`cache`]: the public API ([`RadixCache`], [`Lease`], [`MatchResult`]).
 //! * [`device`]: device ids.
 //! * `kvpool`: KV memory per device (host; CUDA with feature `cuda`).
+//! * [`metrics`]: counters and latency histograms (eviction metrics per device).
 //! * [`sync`]: the std/loom shim every atomic goes through.
 //! * `reference`: a plain sequential model with the same semantics (tests, baselines).
 //! * `conformance`: the SGLang conformance runner behind `radixkv ops`.
 //! * `torture`: the randomized lifecycle run behind `radixkv stress`.
+//! * `sched`: per-device scheduling (waiting-queue policies, the scheduler loop).
+//! * `engine`: schedulers on threads, the router and model backends.
+//! * `replay`: the main job, `radixkv replay`: a workload through the engine, summarized.
+//! * `workload`: request generators for the replay (GSP, chat, tree of thought).
 //! * `hitrate`: trace replay and Belady's bound behind `radixkv hitrate`.
 
 pub mod alloc;
@@ -53,15 +58,24 @@ pub mod cache;
 pub mod conformance;
 pub mod device;
 #[cfg(not(loom))]
+pub mod engine;
+#[cfg(not(loom))]
 pub mod hitrate;
 #[cfg(not(loom))]
 pub mod kvpool;
+pub mod metrics;
 #[cfg(not(loom))]
 pub mod reference;
+#[cfg(not(loom))]
+pub mod replay;
+#[cfg(not(loom))]
+pub mod sched;
 pub mod sync;
 #[cfg(not(loom))]
 pub mod torture;
 pub(crate) mod tree;
+#[cfg(not(loom))]
+pub mod workload;
 
 pub use cache::{
     CacheError, ClockKind, Evicted, EvictionPolicy, InsertResult, Lease, MatchResult, NodeHandle,

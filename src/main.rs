@@ -17,6 +17,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The main job: replay a workload through the multi-device engine
+    /// (simulated GPUs) and summarize what prefix caching bought. With no
+    /// flags: SGLang's generated-shared-prefix workload (64 groups x 16
+    /// prompts, 2048 + 128 tokens, 256 output tokens, seed 42) on 4
+    /// devices, cache-aware routing, lpm scheduling.
+    Replay(ReplayArgs),
     /// Replay an op trace (SGLang conformance format) on one device and print
     /// one JSON line per op.
     Ops {
@@ -32,19 +38,37 @@ enum Command {
     /// Hit rates of a request trace per eviction policy and capacity, with
     /// Belady's MIN as the offline bound.
     Hitrate {
-        /// A Mooncake trace (.jsonl or .jsonl.zst), or `gsp` for the built-in
-        /// generated-shared-prefix workload (64 groups x 16, 2048 + 128).
+        /// The trace: a file (Mooncake requests or agentic conversations,
+        /// JSONL, plain or zstd-compressed; the first line tells which),
+        /// `gsp` for the built-in generated-shared-prefix workload (64
+        /// groups x 16 prompts, 2048 + 128 tokens), or `chat` for the
+        /// built-in multi-turn chat (64 conversations x 8 turns, a shared
+        /// 1024-token system prompt, 128-token user messages, 256-token
+        /// replies).
         #[arg(long)]
         trace: String,
-        /// Capacities as shares of the trace's distinct tokens.
-        #[arg(long, value_delimiter = ',', default_value = "0.1,0.25,0.5")]
+        /// Capacities as shares of the trace's distinct tokens (default
+        /// 0.1,0.25,0.5; not with --pages).
+        #[arg(long, value_delimiter = ',')]
         capacity: Vec<f64>,
+        /// Capacities as pool sizes in pages (not with --capacity); rows
+        /// report the share pages x page size / distinct tokens.
+        #[arg(long, value_delimiter = ',')]
+        pages: Vec<usize>,
         /// Policies (default: all).
         #[arg(long, value_delimiter = ',')]
         policy: Vec<String>,
         /// Tokens per page.
         #[arg(long, default_value_t = 16)]
         page_size: usize,
+        /// Seed of the generators and of the agentic conversations' start
+        /// times.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Agentic traces: mean gap in seconds between the starts of the
+        /// merged conversations (a Poisson process).
+        #[arg(long, default_value_t = radixkv::hitrate::AGENTIC_MEAN_GAP_S)]
+        gap_s: f64,
         /// Also write the rows as JSON to this file.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -76,6 +100,155 @@ enum Command {
     },
 }
 
+/// `radixkv replay` options.
+#[derive(clap::Args, Debug)]
+struct ReplayArgs {
+    /// The workload: `gsp`, `chat` or `tot` (built-in generators), or a
+    /// trace file (Mooncake or agentic JSONL, plain or zstd-compressed).
+    #[arg(long, default_value = "gsp")]
+    workload: String,
+    /// GSP: groups (system prompts).
+    #[arg(long, default_value_t = 64)]
+    gsp_groups: usize,
+    /// GSP: prompts per group.
+    #[arg(long, default_value_t = 16)]
+    gsp_prompts: usize,
+    /// GSP: system prompt tokens.
+    #[arg(long, default_value_t = 2048)]
+    gsp_system: usize,
+    /// GSP: question tokens.
+    #[arg(long, default_value_t = 128)]
+    gsp_question: usize,
+    /// Output tokens per request (generators; traces bring their own).
+    #[arg(long, default_value_t = 256)]
+    output_len: usize,
+    /// Seed of the generators and of Poisson arrivals.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Devices (simulated GPUs), one scheduler thread each.
+    #[arg(long, default_value_t = 4)]
+    devices: usize,
+    /// Tokens per KV page.
+    #[arg(long, default_value_t = 16)]
+    page_size: usize,
+    /// KV pages per device (default: enough for the whole workload).
+    #[arg(long)]
+    pages_per_device: Option<usize>,
+    /// Router: cache-aware, round-robin, least-loaded or private.
+    #[arg(long, default_value = "cache-aware")]
+    router: String,
+    /// Waiting-queue policy: fcfs, lof, random, lpm or dfs-weight.
+    #[arg(long, default_value = "lpm")]
+    schedule_policy: String,
+    /// Eviction policy of the tree.
+    #[arg(long, default_value = "lru")]
+    eviction: String,
+    /// Model time per wall time of the simulated GPUs.
+    #[arg(long, default_value_t = 4.0)]
+    speedup: f64,
+    /// Requests per second (Poisson, model time) instead of the workload's
+    /// arrival times; `inf` sends everything at once.
+    #[arg(long)]
+    request_rate: Option<f64>,
+    /// Run the workload under several routers and print them side by side
+    /// (default when given without a list: all four).
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_missing_value = "cache-aware,round-robin,least-loaded,private")]
+    compare: Option<Vec<String>>,
+    /// Write the summary (a list with --compare) as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// No progress output.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// Set by Ctrl-C: the replay stops and prints what it has.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn replay_cmd(a: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
+    use radixkv::engine::router::RouterKind;
+    use radixkv::replay::{format_summaries, replay, ReplayConfig};
+    use radixkv::sched::policy::SchedulePolicy;
+    let w = match a.workload.as_str() {
+        "gsp" => radixkv::workload::gsp(
+            a.gsp_groups,
+            a.gsp_prompts,
+            a.gsp_system,
+            a.gsp_question,
+            a.output_len,
+            a.seed,
+        ),
+        "chat" => radixkv::workload::chat(
+            &radixkv::workload::ChatShape {
+                assistant: a.output_len,
+                ..Default::default()
+            },
+            a.seed,
+        ),
+        "tot" => radixkv::workload::tree_of_thought(
+            &radixkv::workload::TreeShape {
+                output: a.output_len,
+                ..Default::default()
+            },
+            a.seed,
+        ),
+        path => {
+            radixkv::workload::from_trace_file(std::path::Path::new(path), a.seed, a.output_len)?
+        }
+    };
+    if w.requests.is_empty() {
+        return Err(format!("workload {} has no requests", w.name).into());
+    }
+    let routers: Vec<RouterKind> = match &a.compare {
+        Some(list) => list.iter().map(|r| r.parse()).collect::<Result<_, _>>()?,
+        None => vec![a.router.parse()?],
+    };
+    let mut cfg = ReplayConfig {
+        speedup: a.speedup,
+        request_rate: a.request_rate,
+        seed: a.seed,
+        progress: !a.quiet,
+        ..ReplayConfig::default()
+    };
+    cfg.engine.devices = a.devices;
+    cfg.engine.page_size = a.page_size;
+    cfg.engine.eviction_policy = a.eviction.parse()?;
+    cfg.engine.scheduler.policy.policy = a.schedule_policy.parse::<SchedulePolicy>()?;
+    cfg.engine.pages_per_device = match a.pages_per_device {
+        Some(p) => p,
+        None => {
+            // Every request's prompt and output, once: no eviction needed.
+            let tokens: usize = w
+                .requests
+                .iter()
+                .map(|r| r.tokens.len() + r.output_len)
+                .sum();
+            (tokens / a.page_size.max(1) + 2).min(1 << 22)
+        }
+    };
+    let _ = ctrlc::set_handler(|| {
+        INTERRUPTED.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let mut runs = Vec::new();
+    for r in routers {
+        cfg.engine.router.kind = r;
+        runs.push(replay(&w, &cfg, &INTERRUPTED)?);
+        if INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed) {
+            break;
+        }
+    }
+    print!("{}", format_summaries(&runs));
+    if let Some(p) = a.json {
+        let text = if a.compare.is_some() {
+            serde_json::to_string_pretty(&runs)?
+        } else {
+            serde_json::to_string_pretty(&runs[0])?
+        };
+        std::fs::write(&p, text).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -89,6 +262,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
+        Command::Replay(a) => replay_cmd(a),
         Command::Ops {
             page_size,
             policy,
@@ -110,41 +284,63 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Hitrate {
             trace,
             capacity,
+            pages,
             policy,
             page_size,
+            seed,
+            gap_s,
             json,
         } => {
             use radixkv::hitrate;
+            if !capacity.is_empty() && !pages.is_empty() {
+                return Err("give --capacity (shares) or --pages (pool sizes), not both".into());
+            }
+            if pages.contains(&0) {
+                return Err("--pages must be at least 1".into());
+            }
+            if page_size == 0 {
+                return Err("--page-size must be at least 1".into());
+            }
+            if !(gap_s.is_finite() && gap_s >= 0.0) {
+                return Err(format!("--gap-s must be a non-negative number, not {gap_s}").into());
+            }
             let policies: Vec<EvictionPolicy> = if policy.is_empty() {
                 EvictionPolicy::ALL.to_vec()
             } else {
                 policy.iter().map(|p| p.parse()).collect::<Result<_, _>>()?
             };
-            let t = if trace == "gsp" {
-                hitrate::gsp(64, 16, 2048, 128, 1)
-            } else {
-                hitrate::read_mooncake(std::path::Path::new(&trace))?
+            let t = match trace.as_str() {
+                "gsp" => hitrate::gsp(64, 16, 2048, 128, seed),
+                "chat" => hitrate::chat(64, 8, 1024, 128, 256, seed),
+                path => hitrate::read_trace(std::path::Path::new(path), seed, gap_s)?,
             };
-            let distinct = if page_size == 0 {
-                0
-            } else {
-                t.distinct_tokens(page_size)
-            };
-            let rows = hitrate::evaluate_sized(&t, &policies, &capacity, page_size, distinct)?;
+            let distinct = t.distinct_tokens(page_size);
             println!(
-                "{} ({} requests, {distinct} distinct tokens, page size {page_size})",
+                "{} ({} requests, {} input tokens, {distinct} distinct tokens, page size {page_size})",
                 t.name,
-                t.requests.len()
+                t.requests.len(),
+                t.input_tokens()
             );
+            let rows = if pages.is_empty() {
+                let capacity = if capacity.is_empty() {
+                    vec![0.1, 0.25, 0.5]
+                } else {
+                    capacity
+                };
+                hitrate::evaluate_sized(&t, &policies, &capacity, page_size, distinct)?
+            } else {
+                hitrate::evaluate_pages(&t, &policies, &pages, page_size, distinct)?
+            };
             println!(
-                "{:<10} {:>9} {:>10} {:>16}",
-                "policy", "capacity", "hit rate", "evicted tokens"
+                "{:<10} {:>9} {:>12} {:>10} {:>16}",
+                "policy", "capacity", "pages", "hit rate", "evicted tokens"
             );
             for r in &rows {
                 println!(
-                    "{:<10} {:>8.0}% {:>9.1}% {:>16}",
+                    "{:<10} {:>8.1}% {:>12} {:>9.1}% {:>16}",
                     r.policy,
                     r.capacity * 100.0,
+                    r.pages,
                     r.hit_rate_tokens * 100.0,
                     r.evicted_tokens
                 );

@@ -386,6 +386,11 @@ impl SequentialCache {
             EvictionPolicy::Mru => (-la, 0),
             EvictionPolicy::Filo => (-cr, 0),
             EvictionPolicy::Priority => (n.priority as i128, la),
+            EvictionPolicy::Slru => (i128::from(n.hits[d] > 0), la),
+            // Sieve's hand is the evictor's state, not a leaf's: the model
+            // ranks sieve in creation order (what the hand does when no leaf
+            // was hit); `EvictionPolicy::is_stateless` says so.
+            EvictionPolicy::Sieve => (cr, 0),
         };
         (a, b, cr, n.id)
     }

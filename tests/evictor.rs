@@ -50,6 +50,15 @@ fn background_evictor_restores_the_high_watermark() {
     }
     assert!(ev.stats().wakeups() >= 1 && ev.stats().evicted_pages() > 0);
     drop(ev);
+    // The metrics module saw the same, per device.
+    for d in 0..2 {
+        let m = c.eviction_metrics(DeviceId(d)).unwrap();
+        assert!(m.evictor_wakeups >= 1, "device {d}: {m:?}");
+        assert!(m.evict_calls >= 1 && m.evicted_pages > 0 && m.evicted_leaves > 0);
+        assert_eq!(m.evicted_tokens, m.evicted_pages * 4);
+        assert!(m.time_below_low_watermark > std::time::Duration::ZERO);
+        assert_eq!(m.latency.count, m.evict_calls);
+    }
     c.audit();
 }
 

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Counters of a background evictor.
 #[derive(Debug, Default)]
@@ -86,7 +86,7 @@ impl RadixCache {
     /// per cache). The thread holds only a weak reference: dropping the
     /// cache ends it too.
     pub fn start_evictor(self: &Arc<Self>) -> Result<Evictor, CacheError> {
-        let (_, high) = self.watermarks.ok_or_else(|| {
+        let (low, high) = self.watermarks.ok_or_else(|| {
             CacheError::InvalidConfig(
                 "no watermarks: build the cache with .watermarks(low, high)".into(),
             )
@@ -104,7 +104,7 @@ impl RadixCache {
             let (stop, stats) = (Arc::clone(&stop), Arc::clone(&stats));
             std::thread::Builder::new()
                 .name("radixkv-evictor".into())
-                .spawn(move || run(weak, rx, high, &stop, &stats))
+                .spawn(move || run(weak, rx, (low, high), &stop, &stats))
                 .map_err(|e| {
                     CacheError::InvalidConfig(format!("cannot start the evictor thread: {e}"))
                 })?
@@ -117,32 +117,59 @@ impl RadixCache {
     }
 }
 
+/// Per device, since when the evictor has seen it below the low watermark
+/// without accounting the time yet.
+struct BelowLow(Vec<Option<Instant>>);
+
+impl BelowLow {
+    /// Accounts the time since the last look at device `d` (if it was
+    /// below) and notes whether it is below now.
+    fn look(&mut self, cache: &RadixCache, d: usize, below: bool, wakeup: bool) {
+        let now = Instant::now();
+        let spent = self.0[d].map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+        self.0[d] = below.then_some(now);
+        if wakeup || !spent.is_zero() {
+            cache.record_evictor(d, wakeup, spent);
+        }
+    }
+}
+
 fn run(
     cache: Weak<RadixCache>,
     signal: Receiver<usize>,
-    high: usize,
+    (low, high): (usize, usize),
     stop: &AtomicBool,
     stats: &EvictorStats,
 ) {
+    let mut below = BelowLow(Vec::new());
     loop {
-        match signal.recv_timeout(POLL) {
-            Ok(_) => {
+        let woken = match signal.recv_timeout(POLL) {
+            Ok(d) => {
                 stats.wakeups.fetch_add(1, Ordering::Relaxed);
+                Some(d)
             }
-            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Timeout) => None,
             Err(RecvTimeoutError::Disconnected) => return,
-        }
+        };
         if stop.load(Ordering::Relaxed) {
             return;
         }
         let Some(cache) = cache.upgrade() else {
             return;
         };
+        below.0.resize(cache.devices(), None);
         for d in 0..cache.devices() {
             let dev = DeviceId(d as u32);
             let Some(a) = cache.allocator(dev) else {
                 continue;
             };
+            // The signal is sent as the allocation crosses the watermark,
+            // so a woken device has been below since about now.
+            let wakeup = woken == Some(d);
+            if wakeup && below.0[d].is_none() {
+                below.0[d] = Some(Instant::now());
+            }
+            below.look(&cache, d, a.free_pages() < low, wakeup);
             while !stop.load(Ordering::Relaxed) {
                 let free = a.free_pages();
                 if free >= high {
@@ -159,6 +186,7 @@ fn run(
                     break; // everything left is pinned
                 }
             }
+            below.look(&cache, d, a.free_pages() < low, false);
         }
     }
 }

@@ -175,6 +175,7 @@ pub struct RadixCacheBuilder {
     clock: ClockKind,
     pages_per_device: Option<usize>,
     watermarks: Option<(usize, usize)>,
+    replica_aware: bool,
 }
 
 /// The largest supported page size in tokens.
@@ -191,6 +192,7 @@ impl Default for RadixCacheBuilder {
             clock: ClockKind::Logical,
             pages_per_device: None,
             watermarks: None,
+            replica_aware: false,
         }
     }
 }
@@ -239,6 +241,27 @@ impl RadixCacheBuilder {
     /// Default: none. Suggested: about 2 % and 5 % of the pages.
     pub fn watermarks(mut self, low: usize, high: usize) -> Self {
         self.watermarks = Some((low, high));
+        self
+    }
+
+    /// Replica-aware eviction (default off): among the next few candidates
+    /// in policy order (up to 8), evict first a leaf whose tokens are also
+    /// resident on another device, so that the fleet keeps one copy of a
+    /// prefix longer than it keeps a second. Needs a policy ranked by a
+    /// candidate heap (every policy but mru and filo; with those it has no
+    /// effect) and matters only with two or more devices.
+    ///
+    /// ```
+    /// use radixkv::{DeviceId, RadixCache, TokenKey};
+    /// let c = RadixCache::builder().devices(2).replica_aware(true).build().unwrap();
+    /// c.insert(TokenKey::new(&[1, 1]), DeviceId(0), &[1, 2], 0).unwrap(); // older
+    /// c.insert(TokenKey::new(&[2, 2]), DeviceId(0), &[3, 4], 0).unwrap();
+    /// c.insert(TokenKey::new(&[2, 2]), DeviceId(1), &[3, 4], 0).unwrap(); // a replica
+    /// // lru alone would evict [1, 1]; its only copy is kept instead:
+    /// assert_eq!(c.evict(DeviceId(0), 2).unwrap().values, vec![3, 4]);
+    /// ```
+    pub fn replica_aware(mut self, on: bool) -> Self {
+        self.replica_aware = on;
         self
     }
 
@@ -318,6 +341,7 @@ impl RadixCacheBuilder {
                 .map(|_| crate::sync::Mutex::new(Candidates::default()))
                 .collect(),
             policy: self.policy,
+            replica_aware: self.replica_aware,
             leases: (0..self.devices)
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
@@ -465,6 +489,8 @@ impl InsertResult {
 pub struct Evicted {
     /// Tokens evicted (whole leaves, so possibly more than asked).
     pub tokens: usize,
+    /// Leaves evicted.
+    pub leaves: usize,
     /// Their values, in eviction order (external-value mode; empty when the
     /// cache owns its pages, which it has already returned).
     pub values: Vec<u32>,
@@ -522,11 +548,25 @@ impl Ord for ByAddr {
 /// dropped; every transition into leafhood pushes again (an insert's new or
 /// adopted node through the tree's lock-free inbox, a parent whose last
 /// resident child was evicted here), so no candidate is ever missing.
+///
+/// For sieve the heap holds the hand's order instead (see
+/// [`EvictionPolicy`]): keys are (round, creation stamp, stamp the visited
+/// bit is judged against), which only the evictor changes, and `hand` is
+/// the position of the last leaf evicted.
+///
+/// The same lock keeps the device's eviction metrics.
 #[derive(Debug, Default)]
 struct Candidates {
     heap: BinaryHeap<Reverse<(policy::EvictionKey, ByAddr)>>,
     aside: Vec<Arc<Node>>,
+    /// Sieve: (round, creation stamp) of the last leaf evicted.
+    hand: (u64, u64),
+    metrics: crate::metrics::EvictionRecorder,
 }
+
+/// Replica-aware eviction looks at this many candidates in policy order
+/// and takes the first one also resident on another device.
+const REPLICA_WINDOW: usize = 8;
 
 /// A concurrent radix-tree prefix cache over token ids, with per-device
 /// residency. `Send + Sync`: share it with `Arc` between one scheduler
@@ -576,6 +616,7 @@ pub struct RadixCache {
     id: u64,
     tree: Tree,
     policy: EvictionPolicy,
+    replica_aware: bool,
     leases: Arc<[CachePadded<AtomicU64>]>,
 }
 
@@ -793,12 +834,16 @@ impl RadixCache {
         if tokens == 0 {
             return Ok(out);
         }
+        let start = std::time::Instant::now();
         // The evictor frees what earlier changes unlinked (see
         // `tree::reclaim`), so that matching threads never do.
         self.tree.reclaim();
         let guard = crossbeam_epoch::pin();
         if self.tree.tracks_leaves() {
-            self.evict_tracked(d, tokens, &mut out, &guard);
+            let mut c = crate::sync::lock(&self.candidates[d]);
+            self.evict_tracked(&mut c, d, tokens, &mut out, &guard);
+            c.metrics
+                .record_evict(out.leaves, out.tokens, out.pages, start.elapsed());
             return Ok(out);
         }
         let mut nodes: Vec<&Node> = self.tree.leaves(d, &guard);
@@ -821,7 +866,45 @@ impl RadixCache {
                 nodes.push(ev.parent);
             }
         }
+        crate::sync::lock(&self.candidates[d]).metrics.record_evict(
+            out.leaves,
+            out.tokens,
+            out.pages,
+            start.elapsed(),
+        );
         Ok(out)
+    }
+
+    /// What eviction did on `device` since the cache was built: calls,
+    /// leaves, tokens and pages evicted, the latency histogram of `evict`
+    /// calls, and the background evictor's wake-ups and time below the low
+    /// watermark. Waits for an eviction in progress on that device.
+    ///
+    /// ```
+    /// use radixkv::{DeviceId, RadixCache, TokenKey};
+    /// let c = RadixCache::builder().build().unwrap();
+    /// c.insert(TokenKey::new(&[1, 2, 3]), DeviceId(0), &[4, 5, 6], 0).unwrap();
+    /// c.evict(DeviceId(0), 1).unwrap();
+    /// let m = c.eviction_metrics(DeviceId(0)).unwrap();
+    /// assert_eq!((m.evict_calls, m.evicted_leaves, m.evicted_tokens), (1, 1, 3));
+    /// assert_eq!(m.latency.count, 1);
+    /// ```
+    pub fn eviction_metrics(
+        &self,
+        device: DeviceId,
+    ) -> Result<crate::metrics::EvictionMetrics, CacheError> {
+        let d = self.device(device)?;
+        Ok(crate::sync::lock(&self.candidates[d]).metrics.metrics())
+    }
+
+    /// The background evictor's observations of device `d`.
+    #[cfg(not(loom))]
+    pub(crate) fn record_evictor(&self, d: usize, wakeup: bool, below_low: std::time::Duration) {
+        let mut c = crate::sync::lock(&self.candidates[d]);
+        if wakeup {
+            c.metrics.record_wakeup();
+        }
+        c.metrics.add_time_below_low(below_low);
     }
 
     /// The page allocator of `device`, when the cache owns its pages.
@@ -893,6 +976,7 @@ impl RadixCache {
         let before = out.values.len();
         values.append_to(&mut out.values, self.page_size());
         out.tokens += out.values.len() - before;
+        out.leaves += 1;
         if let Some(a) = self.allocators.get(d) {
             let ps = self.page_size();
             let pages: Vec<u32> = out.values[before..]
@@ -910,34 +994,87 @@ impl RadixCache {
     /// plus the leaves inserted since the last call.
     fn evict_tracked(
         &self,
+        c: &mut Candidates,
         d: usize,
         tokens: usize,
         out: &mut Evicted,
         guard: &crossbeam_epoch::Guard,
     ) {
-        let mut c = crate::sync::lock(&self.candidates[d]);
-        let c = &mut *c;
-        let push = |c: &mut Candidates, n: Arc<Node>| {
-            if is_leaf_on(&n, d) {
-                let k = self.key_of(&n, d);
-                c.heap.push(Reverse((k, ByAddr(n))));
-            }
-        };
         // New leaves and the pinned ones set aside earlier, heapified in bulk.
         let mut fresh = Vec::new();
-        let mut add = |n: Arc<Node>| {
-            if is_leaf_on(&n, d) {
-                fresh.push(Reverse((self.key_of(&n, d), ByAddr(n))));
-            }
-        };
-        self.tree.drain_leaves(d, &mut add);
-        std::mem::take(&mut c.aside).into_iter().for_each(&mut add);
+        {
+            let mut add = |n: Arc<Node>| {
+                if is_leaf_on(&n, d) {
+                    fresh.push(Reverse((self.entry_key(c.hand, &n, d), ByAddr(n))));
+                }
+            };
+            self.tree.drain_leaves(d, &mut add);
+            std::mem::take(&mut c.aside).into_iter().for_each(&mut add);
+        }
         out.examined += fresh.len();
         c.heap.extend(fresh);
+        let replicas = self.replica_aware && self.devices() > 1;
         while out.tokens < tokens {
-            let Some(Reverse((stored, ByAddr(n)))) = c.heap.pop() else {
+            let Some(first) = self.next_candidate(c, d, out) else {
                 break;
             };
+            let (stored, n) = if replicas && !self.replicated(&first.1, d) {
+                // Look a few candidates further for one with a replica; the
+                // others go back unchanged (they were just validated).
+                let mut window = vec![first];
+                while window.len() < REPLICA_WINDOW {
+                    let Some(next) = self.next_candidate(c, d, out) else {
+                        break;
+                    };
+                    let found = self.replicated(&next.1, d);
+                    window.push(next);
+                    if found {
+                        break;
+                    }
+                }
+                let pick = if self.replicated(&window[window.len() - 1].1, d) {
+                    window.len() - 1
+                } else {
+                    0
+                };
+                let chosen = window.swap_remove(pick);
+                for (k, n) in window {
+                    c.heap.push(Reverse((k, ByAddr(n))));
+                }
+                chosen
+            } else {
+                first
+            };
+            // `n` was seen linked (not obsolete) under `guard` just above.
+            let Some(ev) = self.tree.evict_leaf(&n, d, guard) else {
+                c.aside.push(n); // lost a race with a pin or a new child
+                continue;
+            };
+            if self.policy == EvictionPolicy::Sieve {
+                let (round, created, _) = stored.sieve_parts();
+                c.hand = (round, created);
+            }
+            self.account(&ev.values, d, out);
+            if is_leaf_on(ev.parent, d) {
+                let p = arc_of(ev.parent);
+                let k = self.entry_key(c.hand, &p, d);
+                c.heap.push(Reverse((k, ByAddr(p))));
+            }
+        }
+    }
+
+    /// The next valid candidate of the heap in policy order: a leaf on `d`,
+    /// unpinned, whose key is current. Stale entries are dropped, pinned
+    /// leaves set aside, grown keys pushed back; for sieve, a leaf hit since
+    /// the hand last passed it gets its second chance here.
+    fn next_candidate(
+        &self,
+        c: &mut Candidates,
+        d: usize,
+        out: &mut Evicted,
+    ) -> Option<(policy::EvictionKey, Arc<Node>)> {
+        loop {
+            let Reverse((stored, ByAddr(n))) = c.heap.pop()?;
             out.examined += 1;
             if !is_leaf_on(&n, d) {
                 continue; // stale: evicted, unlinked or no longer a leaf
@@ -946,21 +1083,46 @@ impl RadixCache {
                 c.aside.push(n); // a candidate again once unpinned
                 continue;
             }
+            if self.policy == EvictionPolicy::Sieve {
+                let (round, created, seen) = stored.sieve_parts();
+                let s = n.dev(d);
+                if s.created.load(Ordering::Relaxed) != created {
+                    continue; // evicted and cached again: a newer entry exists
+                }
+                let last = s.last_access.load(Ordering::Relaxed);
+                if last > seen {
+                    // Visited: clear the bit, wait for the next round.
+                    let k = policy::EvictionKey::sieve(round + 1, created, last, n.id);
+                    c.heap.push(Reverse((k, ByAddr(n))));
+                    continue;
+                }
+                return Some((stored, n));
+            }
             let now = self.key_of(&n, d);
             if now != stored {
                 c.heap.push(Reverse((now, ByAddr(n))));
                 continue;
             }
-            // `n` was seen linked (not obsolete) under `guard` just above.
-            let Some(ev) = self.tree.evict_leaf(&n, d, guard) else {
-                c.aside.push(n); // lost a race with a pin or a new child
-                continue;
-            };
-            self.account(&ev.values, d, out);
-            if is_leaf_on(ev.parent, d) {
-                push(c, crate::tree::node::arc_of(ev.parent));
-            }
+            return Some((stored, n));
         }
+    }
+
+    /// Whether `n`'s tokens are also resident on a device other than `d`.
+    fn replicated(&self, n: &Node, d: usize) -> bool {
+        (0..self.devices()).any(|e| e != d && n.dev(e).residency.load().resident())
+    }
+
+    /// The heap key of a leaf joining the candidates: its policy key, or for
+    /// sieve its place relative to the hand (this round if the hand has not
+    /// passed its creation stamp yet, otherwise the next).
+    fn entry_key(&self, hand: (u64, u64), n: &Node, d: usize) -> policy::EvictionKey {
+        let k = self.key_of(n, d);
+        if self.policy != EvictionPolicy::Sieve {
+            return k;
+        }
+        let (_, created, seen) = k.sieve_parts();
+        let round = if created > hand.1 { hand.0 } else { hand.0 + 1 };
+        policy::EvictionKey::sieve(round, created, seen, n.id)
     }
 
     fn key_of(&self, n: &Node, d: usize) -> policy::EvictionKey {

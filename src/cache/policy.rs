@@ -13,9 +13,41 @@ use std::str::FromStr;
 /// | `mru` | − last access |
 /// | `filo` | − creation stamp |
 /// | `priority` | (priority, last access) |
+/// | `slru` | (segment, last access): probation (never hit since cached) before protected |
+/// | `sieve` | (hand round, creation stamp), with one second chance per round for a leaf hit since the hand last passed it |
 ///
 /// Ties (possible only with a wall clock) are broken by creation stamp,
-/// then node id.
+/// then node id. The first six are SGLang's (its conformance vectors pin
+/// their behaviour); `slru` and `sieve` are scan-resistant: a burst of
+/// one-off requests cannot flush prefixes that are being reused.
+///
+/// **How the scan-resistant policies map onto a tree.** Only leaves can
+/// be evicted, and a node's statistics belong to the node (a split copies
+/// them to both halves), so both policies rank leaves, never whole
+/// requests:
+///
+/// * `slru` — segmented LRU by hit count. A node enters the probation
+///   segment when it is cached; the first match that consumes or ends on
+///   it (a later request reusing it) promotes it to the protected segment.
+///   Probation leaves go first, in LRU order; protected leaves go, in LRU
+///   order, only when no probation leaf is left. A shared prefix is
+///   protected as soon as a second request uses it, so when its one-off
+///   suffixes are evicted and it becomes a leaf, it outlives every
+///   never-reused leaf. There is no size limit on the protected segment
+///   (a limit would demote leaves, i.e. lower their keys, which the lazily
+///   validated candidate heap cannot follow); a cold protected prefix
+///   still leaves in LRU order once probation is empty.
+/// * `sieve` — SIEVE (Zhang et al., NSDI '24) over leaves: the queue is
+///   creation order, the hand walks from the oldest leaf to the newest,
+///   and a leaf hit since the hand last passed it gets its bit cleared
+///   and waits for the next round instead of being evicted. A node that
+///   becomes a leaf (its last child evicted) joins at its creation
+///   position: in the current round if the hand has not passed that
+///   position yet, otherwise in the next. Interior nodes are never in the
+///   queue, so their visited bit is judged by any hit since their
+///   creation when they become leaves. Not modelled by
+///   [`SequentialCache`](crate::reference::SequentialCache) (the hand is
+///   the evictor's state): the differential tests cover the other seven.
 ///
 /// ```
 /// use radixkv::EvictionPolicy;
@@ -38,11 +70,28 @@ pub enum EvictionPolicy {
     Filo,
     /// Lowest priority first, then least recently used.
     Priority,
+    /// Segmented LRU: leaves never hit since they were cached, then the rest, each in LRU order.
+    Slru,
+    /// SIEVE over leaves in creation order: a leaf hit since the hand last passed gets one more round.
+    Sieve,
 }
 
 impl EvictionPolicy {
     /// Every policy, in documentation order.
-    pub const ALL: [EvictionPolicy; 6] = [
+    pub const ALL: [EvictionPolicy; 8] = [
+        EvictionPolicy::Lru,
+        EvictionPolicy::Lfu,
+        EvictionPolicy::Fifo,
+        EvictionPolicy::Mru,
+        EvictionPolicy::Filo,
+        EvictionPolicy::Priority,
+        EvictionPolicy::Slru,
+        EvictionPolicy::Sieve,
+    ];
+
+    /// SGLang 0.5.9's six policies, whose behaviour the conformance
+    /// vectors fix.
+    pub const SGLANG: [EvictionPolicy; 6] = [
         EvictionPolicy::Lru,
         EvictionPolicy::Lfu,
         EvictionPolicy::Fifo,
@@ -50,6 +99,15 @@ impl EvictionPolicy {
         EvictionPolicy::Filo,
         EvictionPolicy::Priority,
     ];
+
+    /// Whether the eviction order is a function of each leaf's own
+    /// statistics (every policy but `sieve`, whose order also depends on
+    /// the evictor's hand), so that
+    /// [`SequentialCache`](crate::reference::SequentialCache) reproduces it
+    /// exactly.
+    pub fn is_stateless(self) -> bool {
+        self != EvictionPolicy::Sieve
+    }
 
     /// The policy's name as accepted by `FromStr`.
     pub fn name(self) -> &'static str {
@@ -60,17 +118,23 @@ impl EvictionPolicy {
             EvictionPolicy::Mru => "mru",
             EvictionPolicy::Filo => "filo",
             EvictionPolicy::Priority => "priority",
+            EvictionPolicy::Slru => "slru",
+            EvictionPolicy::Sieve => "sieve",
         }
     }
 
     /// Whether a waiting leaf's key can only grow (stamps, hit counts and
     /// priorities only increase), which makes lazily validated candidate
-    /// heaps exact. Not so for mru and filo, which rank by a scan.
+    /// heaps exact. Not so for mru and filo, which rank by a scan. (For
+    /// sieve, the heap holds the hand's order, which only the evictor
+    /// changes.)
     pub(crate) fn keys_only_grow(self) -> bool {
         !matches!(self, EvictionPolicy::Mru | EvictionPolicy::Filo)
     }
 
-    /// The eviction key of a (node, device) with these statistics.
+    /// The eviction key of a (node, device) with these statistics. For
+    /// sieve, the key of a leaf joining the queue in round 0 with its visited
+    /// bit judged from its creation; the evictor places it by its hand.
     pub(crate) fn key(self, s: &LeafStats) -> EvictionKey {
         // Order-preserving u64 encodings: `!x` reverses an order ("-x"), and
         // flipping the sign bit maps i64 onto u64 monotonically.
@@ -82,6 +146,8 @@ impl EvictionPolicy {
             EvictionPolicy::Mru => (!s.last_access, 0),
             EvictionPolicy::Filo => (!s.created, 0),
             EvictionPolicy::Priority => (prio, s.last_access),
+            EvictionPolicy::Slru => (u64::from(s.hits > 0), s.last_access),
+            EvictionPolicy::Sieve => return EvictionKey(0, s.created, s.created, s.id),
         };
         EvictionKey(a, b, s.created, s.id)
     }
@@ -101,9 +167,24 @@ pub(crate) struct LeafStats {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct EvictionKey(u64, u64, u64, u64);
 
+impl EvictionKey {
+    /// Sieve: (round, creation stamp), the stamp the leaf's visited bit is
+    /// judged against, and the node id.
+    pub(crate) fn sieve(round: u64, created: u64, seen: u64, id: u64) -> Self {
+        EvictionKey(round, created, seen, id)
+    }
+
+    /// Sieve: the key's (round, creation stamp, seen stamp).
+    pub(crate) fn sieve_parts(&self) -> (u64, u64, u64) {
+        (self.0, self.1, self.2)
+    }
+}
+
 /// An unknown policy name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown eviction policy {0:?} (expected one of lru, lfu, fifo, mru, filo, priority)")]
+#[error(
+    "unknown eviction policy {0:?} (expected one of lru, lfu, fifo, mru, filo, priority, slru, sieve)"
+)]
 pub struct UnknownPolicy(pub String);
 
 impl FromStr for EvictionPolicy {

@@ -1,0 +1,1 @@
+//! The tiny candle transformer backend (being written).

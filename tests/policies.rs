@@ -1,0 +1,267 @@
+//! The scan-resistant policies (slru, sieve), replica-aware eviction and
+//! the eviction metrics.
+
+use radixkv::{DeviceId, EvictionPolicy, RadixCache, TokenKey};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+const D0: DeviceId = DeviceId(0);
+
+fn cache(policy: EvictionPolicy) -> RadixCache {
+    RadixCache::builder()
+        .eviction_policy(policy)
+        .build()
+        .unwrap()
+}
+
+/// Caches `[k, k]` with values `[10k, 10k + 1]`.
+fn put(c: &RadixCache, k: u32) {
+    c.insert(TokenKey::new(&[k, k]), D0, &[10 * k, 10 * k + 1], 0)
+        .unwrap();
+}
+
+fn hit(c: &RadixCache, k: u32) {
+    assert_eq!(c.match_prefix(TokenKey::new(&[k, k]), D0).unwrap().len, 2);
+}
+
+/// The keys evicted, in order, by one-leaf evictions until the cache is empty.
+fn eviction_order(c: &RadixCache) -> Vec<u32> {
+    let mut order = Vec::new();
+    loop {
+        let ev = c.evict(D0, 1).unwrap();
+        if ev.leaves == 0 {
+            return order;
+        }
+        assert_eq!(ev.leaves, 1);
+        order.push(ev.values[0] / 10);
+    }
+}
+
+#[test]
+fn slru_evicts_never_reused_leaves_before_reused_ones() {
+    for (policy, expected) in [
+        // lru: the reused leaf 1 is the least recently used after the scan.
+        (EvictionPolicy::Lru, vec![1, 2, 3, 4, 5]),
+        // slru: the scan (never hit) goes first, then the protected leaf.
+        (EvictionPolicy::Slru, vec![2, 3, 4, 5, 1]),
+    ] {
+        let c = cache(policy);
+        put(&c, 1);
+        hit(&c, 1);
+        for k in 2..=5 {
+            put(&c, k); // a scan of one-off requests
+        }
+        assert_eq!(eviction_order(&c), expected, "{policy}");
+        c.check().unwrap();
+    }
+}
+
+#[test]
+fn slru_protects_a_shared_prefix_once_it_becomes_a_leaf() {
+    let c = cache(EvictionPolicy::Slru);
+    // Two requests share the prefix [7, 7]: the second one's match hits it.
+    c.insert(TokenKey::new(&[7, 7, 1]), D0, &[70, 71, 1], 0)
+        .unwrap();
+    let m = c.match_prefix(TokenKey::new(&[7, 7, 2]), D0).unwrap();
+    assert_eq!(m.len, 2);
+    c.insert(TokenKey::new(&[7, 7, 2]), D0, &[70, 71, 2], 0)
+        .unwrap();
+    for k in 20..24 {
+        put(&c, k);
+    }
+    // Evicting everything but two tokens: the suffixes and the scan go, the
+    // shared prefix (hit once) stays.
+    let ev = c.evict(D0, 2 + 8).unwrap();
+    assert_eq!(ev.tokens, 10);
+    assert_eq!(c.peek(TokenKey::new(&[7, 7])), vec![2]);
+    c.check().unwrap();
+}
+
+#[test]
+fn sieve_gives_a_visited_leaf_one_more_round() {
+    let c = cache(EvictionPolicy::Sieve);
+    for k in 1..=3 {
+        put(&c, k);
+    }
+    hit(&c, 1);
+    // The hand passes 1 (visited: bit cleared), evicts 2 and 3, then comes
+    // back to 1 in the next round.
+    assert_eq!(eviction_order(&c), vec![2, 3, 1]);
+    // Against fifo, which evicts in creation order regardless of hits.
+    let f = cache(EvictionPolicy::Fifo);
+    for k in 1..=3 {
+        put(&f, k);
+    }
+    hit(&f, 1);
+    assert_eq!(eviction_order(&f), vec![1, 2, 3]);
+}
+
+#[test]
+fn sieve_new_leaves_join_behind_the_hand_and_a_second_hit_renews_the_chance() {
+    let c = cache(EvictionPolicy::Sieve);
+    for k in 1..=4 {
+        put(&c, k);
+    }
+    hit(&c, 1);
+    hit(&c, 3);
+    // Hand: passes 1 (clear), evicts 2.
+    assert_eq!(c.evict(D0, 1).unwrap().values, vec![20, 21]);
+    put(&c, 5); // newest: after 4 in this round
+    hit(&c, 1); // visited again since the hand passed it
+                // Round 0 continues: 3 (clear), 4 evicted, 5 evicted; round 1: 1
+                // (visited again: clear), 3 evicted, round 2: 1.
+    assert_eq!(eviction_order(&c), vec![4, 5, 3, 1]);
+    c.check().unwrap();
+}
+
+/// Hits of a hot request reused every third step among one-off requests,
+/// with room for six leaves.
+fn hot_hits(policy: EvictionPolicy) -> usize {
+    let c = cache(policy);
+    put(&c, 1);
+    let mut hits = 0;
+    for (step, next) in (0..60).zip(100..) {
+        if step % 3 == 0 {
+            if c.match_prefix(TokenKey::new(&[1, 1]), D0).unwrap().len == 2 {
+                hits += 1;
+            } else {
+                put(&c, 1);
+            }
+        }
+        put(&c, next);
+        let total = c.sizes(D0).unwrap().total;
+        if total > 12 {
+            c.evict(D0, total - 12).unwrap();
+        }
+        c.check().unwrap();
+    }
+    hits
+}
+
+#[test]
+fn sieve_keeps_a_reused_prefix_through_a_scan() {
+    assert_eq!(hot_hits(EvictionPolicy::Sieve), 20, "hit on every visit");
+    assert_eq!(hot_hits(EvictionPolicy::Slru), 20, "hit on every visit");
+    // fifo drops it every six insertions, hits or not.
+    assert!(hot_hits(EvictionPolicy::Fifo) < 15);
+}
+
+#[test]
+fn sieve_and_slru_keep_the_invariants_under_random_operations() {
+    for policy in [EvictionPolicy::Sieve, EvictionPolicy::Slru] {
+        for seed in 0..40u64 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let devices = rng.random_range(1..=3usize);
+            let c = RadixCache::builder()
+                .devices(devices)
+                .eviction_policy(policy)
+                .replica_aware(seed % 2 == 0)
+                .build()
+                .unwrap();
+            let mut leases = Vec::new();
+            let mut cached: Vec<Vec<u32>> = Vec::new();
+            for _ in 0..120 {
+                let d = DeviceId(rng.random_range(0..devices) as u32);
+                let len = rng.random_range(1..8);
+                let key: Vec<u32> = (0..len).map(|_| rng.random_range(0..3)).collect();
+                match rng.random_range(0..10) {
+                    0..=3 => {
+                        let vals: Vec<u32> = key.iter().map(|t| t + 100).collect();
+                        c.insert(TokenKey::new(&key), d, &vals, 0).unwrap();
+                        cached.push(key);
+                    }
+                    4..=5 => {
+                        let m = c.match_and_pin(TokenKey::new(&key), d).unwrap();
+                        leases.push((d, m.len, key.clone(), m.lease));
+                    }
+                    6 => {
+                        if !leases.is_empty() {
+                            let i = rng.random_range(0..leases.len());
+                            leases.swap_remove(i);
+                        }
+                    }
+                    _ => {
+                        let n = rng.random_range(1..10);
+                        c.evict(d, n).unwrap();
+                    }
+                }
+                c.check()
+                    .unwrap_or_else(|e| panic!("{policy} seed {seed}: {e}"));
+                // A pinned prefix is still resident on its device.
+                for (d, len, key, _) in &leases {
+                    let held = c.peek(TokenKey::new(key))[d.index()];
+                    assert!(held >= *len, "{policy} seed {seed}: pinned prefix lost");
+                }
+            }
+            drop(leases);
+            for d in 0..devices {
+                c.evict(DeviceId(d as u32), usize::MAX).unwrap();
+                assert_eq!(c.sizes(DeviceId(d as u32)).unwrap().total, 0);
+            }
+            c.check().unwrap();
+        }
+    }
+}
+
+#[test]
+fn replica_aware_prefers_replicated_leaves_within_its_window() {
+    for aware in [false, true] {
+        let c = RadixCache::builder()
+            .devices(2)
+            .replica_aware(aware)
+            .build()
+            .unwrap();
+        // Ten single-copy leaves, then (newest in lru order) one replicated.
+        for k in 1..=10 {
+            put(&c, k);
+        }
+        put(&c, 11);
+        c.insert(TokenKey::new(&[11, 11]), DeviceId(1), &[0, 1], 0)
+            .unwrap();
+        put(&c, 12);
+        c.insert(TokenKey::new(&[12, 12]), DeviceId(1), &[0, 1], 0)
+            .unwrap();
+        // Candidates in lru order: 1..=10 (one copy), 11, 12 (replicated).
+        // With a window of 8, the replicas are preferred once 11 is among
+        // the next 8 candidates: after 1, 2 and 3 have gone.
+        let expected = if aware {
+            vec![1, 2, 3, 11, 12, 4, 5, 6, 7, 8, 9, 10]
+        } else {
+            (1..=12).collect()
+        };
+        assert_eq!(eviction_order(&c), expected, "replica_aware({aware})");
+        c.check().unwrap();
+    }
+}
+
+#[test]
+fn eviction_metrics_count_calls_leaves_tokens_and_latency() {
+    for policy in EvictionPolicy::ALL {
+        let c = RadixCache::builder()
+            .devices(2)
+            .eviction_policy(policy)
+            .build()
+            .unwrap();
+        for k in 1..=5 {
+            put(&c, k);
+        }
+        c.evict(D0, 3).unwrap(); // two leaves, four tokens
+        c.evict(D0, 0).unwrap(); // not a call: nothing asked
+        c.evict(D0, 100).unwrap(); // the other three
+        let m = c.eviction_metrics(D0).unwrap();
+        assert_eq!(
+            (
+                m.evict_calls,
+                m.evicted_leaves,
+                m.evicted_tokens,
+                m.evicted_pages
+            ),
+            (2, 5, 10, 0),
+            "{policy}"
+        );
+        assert_eq!(m.latency.count, 2);
+        assert!(m.latency.max_ns > 0 && m.latency.p50_ns <= m.latency.max_ns);
+        let other = c.eviction_metrics(DeviceId(1)).unwrap();
+        assert_eq!(other.evict_calls, 0);
+        assert!(c.eviction_metrics(DeviceId(2)).is_err());
+    }
+}
