@@ -21,7 +21,7 @@ cargo test --workspace --doc
 
 echo "== --features cuda (cudarc loaded at run time: builds without a toolkit; GPU checks skip without a driver)"
 cargo build --release --features cuda
-cargo test --release --features cuda --test kvpool
+cargo test --release --features cuda --test kvpool --test tiny
 
 echo "== loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
 RUSTFLAGS="--cfg loom --cfg crossbeam_loom" LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" \

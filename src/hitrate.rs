@@ -81,6 +81,8 @@ pub enum Prompt {
 pub struct TraceRequest {
     /// Arrival time in milliseconds.
     pub time: f64,
+    /// Output tokens the trace records (0 when it does not say).
+    pub output: u32,
     /// Input tokens.
     pub prompt: Prompt,
 }
@@ -173,6 +175,7 @@ impl Trace {
                 .into_iter()
                 .map(|(time, t)| TraceRequest {
                     time,
+                    output: 0,
                     prompt: Prompt::Tokens(t),
                 })
                 .collect(),
@@ -430,6 +433,8 @@ pub fn read_mooncake(path: &Path) -> Result<Trace, HitrateError> {
     struct Line {
         timestamp: f64,
         input_length: usize,
+        #[serde(default)]
+        output_length: u32,
         hash_ids: Vec<u64>,
     }
     const BLOCK: u64 = 512;
@@ -465,6 +470,7 @@ pub fn read_mooncake(path: &Path) -> Result<Trace, HitrateError> {
         }
         requests.push(TraceRequest {
             time: l.timestamp,
+            output: l.output_length,
             prompt: Prompt::Tokens(tokens),
         });
         Ok(())
@@ -533,6 +539,8 @@ pub fn read_agentic_with_gap(
         kind: String,
         #[serde(rename = "in")]
         input: Option<u64>,
+        #[serde(default)]
+        out: Option<u64>,
         hash_ids: Option<Vec<u64>>,
         duration_ms: Option<f64>,
         requests: Option<Vec<Entry>>,
@@ -596,6 +604,7 @@ pub fn read_agentic_with_gap(
                 }
                 self.requests.push(TraceRequest {
                     time: (start_s + e.t) * 1000.0,
+                    output: e.out.map_or(0, |o| o.min(u64::from(u32::MAX)) as u32),
                     prompt: Prompt::Blocks {
                         last,
                         blocks: hash_ids.len() as u32,
@@ -1218,6 +1227,7 @@ mod tests {
             requests: vec![
                 TraceRequest {
                     time: 0.0,
+                    output: 0,
                     prompt: Prompt::Blocks {
                         last: Some(b),
                         blocks: 2,
@@ -1227,6 +1237,7 @@ mod tests {
                 },
                 TraceRequest {
                     time: 1.0,
+                    output: 0,
                     prompt: Prompt::Blocks {
                         last: Some(c),
                         blocks: 2,

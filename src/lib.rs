@@ -41,6 +41,7 @@
 //! * [`cache`]: the public API ([`RadixCache`], [`Lease`], [`MatchResult`]).
 //! * [`device`]: device ids.
 //! * `kvpool`: KV memory per device (host; CUDA with feature `cuda`).
+//! * `rng`: the seeded generator of workloads, policies and model weights.
 //! * [`metrics`]: counters and latency histograms (eviction metrics per device).
 //! * [`sync`]: the std/loom shim every atomic goes through.
 //! * `reference`: a plain sequential model with the same semantics (tests, baselines).
@@ -69,7 +70,11 @@ pub mod reference;
 #[cfg(not(loom))]
 pub mod replay;
 #[cfg(not(loom))]
+pub mod rng;
+#[cfg(not(loom))]
 pub mod sched;
+#[cfg(not(loom))]
+pub mod server;
 pub mod sync;
 #[cfg(not(loom))]
 pub mod torture;

@@ -98,6 +98,114 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Serve the engine over HTTP: POST /v1/completions (OpenAI-style),
+    /// GET /metrics (Prometheus), /stats (JSON), /health. Stops on
+    /// SIGINT/SIGTERM after draining in-flight requests.
+    Serve(ServeArgs),
+}
+
+/// `radixkv serve` options.
+#[derive(clap::Args, Debug)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: std::net::IpAddr,
+    /// Port (0: an ephemeral port, printed at start).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Model backend: `sim` (the cost-model simulator) or `tiny` (the tiny
+    /// candle transformer on the CPU, K/V in host pools). Pools default to
+    /// 16,384 pages per device, or 4,096 tokens' worth with `tiny`.
+    #[arg(long, default_value = "sim")]
+    model: String,
+    /// Model time per wall time of the simulated GPUs (`--model sim`).
+    #[arg(long, default_value_t = 50.0)]
+    speedup: f64,
+    /// Requests admitted at once (queued, running or streaming); more are
+    /// answered 429 with Retry-After.
+    #[arg(long, default_value_t = 256)]
+    max_queue: usize,
+    /// Largest max_tokens a request may ask for.
+    #[arg(long, default_value_t = 4096)]
+    max_tokens_limit: usize,
+    /// Largest request body in bytes (larger: 413).
+    #[arg(long, default_value_t = 4 << 20)]
+    max_body_bytes: usize,
+    /// Seconds a shutdown waits for in-flight requests before stopping them.
+    #[arg(long, default_value_t = 30.0)]
+    drain_timeout_s: f64,
+}
+
+fn serve_cmd(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    use radixkv::engine::backend::{CostModel, ModelBackend, SimulatedBackend};
+    use radixkv::engine::{Engine, EngineConfig};
+    use radixkv::server::{shutdown_signal, Server, ServerConfig};
+    if !(a.drain_timeout_s.is_finite() && a.drain_timeout_s >= 0.0) {
+        return Err(format!(
+            "--drain-timeout-s must be a non-negative number, not {}",
+            a.drain_timeout_s
+        )
+        .into());
+    }
+    let tiny = a.model == "tiny";
+    let e = &a.engine;
+    let pages_per_device = e.pages_per_device.unwrap_or(if tiny {
+        4096 / e.page_size.max(1) + 1
+    } else {
+        16_384
+    });
+    let mut cfg = EngineConfig {
+        pages_per_device,
+        ..EngineConfig::default()
+    };
+    e.apply(&mut cfg)?;
+    let backend: std::sync::Arc<dyn ModelBackend> = match a.model.as_str() {
+        "sim" | "simulated" => {
+            std::sync::Arc::new(SimulatedBackend::new(CostModel::default(), a.speedup))
+        }
+        "tiny" => {
+            use radixkv::engine::tiny::{TinyBackend, TinyBackendConfig};
+            std::sync::Arc::new(TinyBackend::new(TinyBackendConfig::for_engine(&cfg))?)
+        }
+        other => return Err(format!("unknown --model {other} (sim or tiny)").into()),
+    };
+    let scfg = ServerConfig {
+        max_queue: a.max_queue,
+        max_tokens_limit: a.max_tokens_limit,
+        max_body_bytes: a.max_body_bytes,
+        drain_timeout: std::time::Duration::from_secs_f64(a.drain_timeout_s),
+        model_name: format!("radixkv-{}", a.model),
+        ..ServerConfig::default()
+    };
+    let engine = Engine::start(cfg, backend)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("radixkv-http")
+        .build()?;
+    let report = rt.block_on(async move {
+        let server = Server::bind(std::net::SocketAddr::new(a.host, a.port), engine, scfg).await?;
+        let addr = server.local_addr()?;
+        {
+            use std::io::Write as _;
+            let mut out = io::stdout().lock();
+            writeln!(out, "radixkv serve: listening on http://{addr}")?;
+            out.flush()?;
+        }
+        let report = server.run(shutdown_signal()).await?;
+        Ok::<_, Box<dyn std::error::Error>>(report)
+    })?;
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    if report.drained {
+        eprintln!("radixkv serve: shut down, all in-flight requests finished");
+    } else {
+        eprintln!(
+            "radixkv serve: shut down, drain timed out; {} requests stopped",
+            report.abandoned
+        );
+    }
+    Ok(())
 }
 
 /// `radixkv replay` options.
@@ -119,30 +227,19 @@ struct ReplayArgs {
     /// GSP: question tokens.
     #[arg(long, default_value_t = 128)]
     gsp_question: usize,
-    /// Output tokens per request (generators; traces bring their own).
+    /// Output tokens per request (generators; traces bring their own and
+    /// use this only where they record none).
     #[arg(long, default_value_t = 256)]
     output_len: usize,
+    /// Trace files: replay only the first N requests.
+    #[arg(long)]
+    max_requests: Option<usize>,
     /// Seed of the generators and of Poisson arrivals.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Devices (simulated GPUs), one scheduler thread each.
-    #[arg(long, default_value_t = 4)]
-    devices: usize,
-    /// Tokens per KV page.
-    #[arg(long, default_value_t = 16)]
-    page_size: usize,
-    /// KV pages per device (default: enough for the whole workload).
-    #[arg(long)]
-    pages_per_device: Option<usize>,
-    /// Router: cache-aware, round-robin, least-loaded or private.
-    #[arg(long, default_value = "cache-aware")]
-    router: String,
-    /// Waiting-queue policy: fcfs, lof, random, lpm or dfs-weight.
-    #[arg(long, default_value = "lpm")]
-    schedule_policy: String,
-    /// Eviction policy of the tree.
-    #[arg(long, default_value = "lru")]
-    eviction: String,
+    /// The engine (pools default to enough for the whole workload).
+    #[command(flatten)]
+    engine: EngineArgs,
     /// Model time per wall time of the simulated GPUs.
     #[arg(long, default_value_t = 4.0)]
     speedup: f64,
@@ -160,6 +257,60 @@ struct ReplayArgs {
     /// No progress output.
     #[arg(long)]
     quiet: bool,
+    /// The model behind the engine: `simulated` (a cost model) or `tiny` (a
+    /// small candle transformer computing for real on the CPU, its KV in
+    /// per-device pools at the slots the cache allocates). With `tiny` and
+    /// the default gsp sizes and pool, a smaller workload runs: 256
+    /// requests of 64 + 16 tokens, 4 output tokens, 512 KV tokens per
+    /// device (prefixes get evicted and inserted again).
+    #[arg(long, default_value = "simulated")]
+    model: String,
+    /// With --model tiny: check every computed position against a dense
+    /// recomputation; the command fails if any mismatches.
+    #[arg(long)]
+    verify: bool,
+    /// With --model tiny: where the KV pools live, `host` or `cuda` (GPU
+    /// memory; needs a build with --features cuda and a CUDA driver).
+    #[arg(long, default_value = "host")]
+    kv_pool: String,
+}
+
+/// The engine's options, shared by `serve` and `replay`.
+#[derive(clap::Args, Debug)]
+struct EngineArgs {
+    /// Devices (simulated GPUs), one scheduler thread each.
+    #[arg(long, default_value_t = 4)]
+    devices: usize,
+    /// Tokens per KV page.
+    #[arg(long, default_value_t = 16)]
+    page_size: usize,
+    /// KV pages per device, page 0 reserved (default: see the command).
+    #[arg(long)]
+    pages_per_device: Option<usize>,
+    /// Router: cache-aware, round-robin, least-loaded or private.
+    #[arg(long, default_value = "cache-aware")]
+    router: String,
+    /// Waiting-queue policy: fcfs, lof, random, lpm or dfs-weight.
+    #[arg(long, default_value = "lpm")]
+    schedule_policy: String,
+    /// Eviction policy of the tree.
+    #[arg(long, default_value = "lru")]
+    eviction: String,
+}
+
+impl EngineArgs {
+    /// Sets everything but the pool size, validating the names.
+    fn apply(
+        &self,
+        cfg: &mut radixkv::engine::EngineConfig,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        cfg.devices = self.devices;
+        cfg.page_size = self.page_size;
+        cfg.eviction_policy = self.eviction.parse()?;
+        cfg.router.kind = self.router.parse()?;
+        cfg.scheduler.policy.policy = self.schedule_policy.parse()?;
+        Ok(())
+    }
 }
 
 /// Set by Ctrl-C: the replay stops and prints what it has.
@@ -168,8 +319,20 @@ static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 fn replay_cmd(a: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
     use radixkv::engine::router::RouterKind;
     use radixkv::replay::{format_summaries, replay, ReplayConfig};
-    use radixkv::sched::policy::SchedulePolicy;
+    let tiny = match a.model.as_str() {
+        "simulated" | "sim" => false,
+        "tiny" => true,
+        m => return Err(format!("unknown model {m:?} (simulated or tiny)").into()),
+    };
+    if a.verify && !tiny {
+        return Err("--verify needs --model tiny".into());
+    }
+    // The default gsp sizes with the tiny model: its own, smaller workload.
+    let gsp_sizes = (a.gsp_groups, a.gsp_prompts, a.gsp_system, a.gsp_question);
+    let tiny_default =
+        tiny && a.workload == "gsp" && gsp_sizes == (64, 16, 2048, 128) && a.output_len == 256;
     let w = match a.workload.as_str() {
+        "gsp" if tiny_default => radixkv::engine::tiny::default_workload(a.seed),
         "gsp" => radixkv::workload::gsp(
             a.gsp_groups,
             a.gsp_prompts,
@@ -192,16 +355,25 @@ fn replay_cmd(a: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
             },
             a.seed,
         ),
-        path => {
-            radixkv::workload::from_trace_file(std::path::Path::new(path), a.seed, a.output_len)?
-        }
+        path => radixkv::workload::from_trace_file(
+            std::path::Path::new(path),
+            a.seed,
+            a.output_len,
+            a.max_requests,
+        )?,
     };
     if w.requests.is_empty() {
         return Err(format!("workload {} has no requests", w.name).into());
     }
+    if let Some(r) = a.request_rate {
+        // `inf` is allowed (everything at once); 0, negative and NaN are not.
+        if r.is_nan() || r <= 0.0 {
+            return Err(format!("--request-rate must be positive (or inf), not {r}").into());
+        }
+    }
     let routers: Vec<RouterKind> = match &a.compare {
         Some(list) => list.iter().map(|r| r.parse()).collect::<Result<_, _>>()?,
-        None => vec![a.router.parse()?],
+        None => vec![a.engine.router.parse()?],
     };
     let mut cfg = ReplayConfig {
         speedup: a.speedup,
@@ -210,12 +382,17 @@ fn replay_cmd(a: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
         progress: !a.quiet,
         ..ReplayConfig::default()
     };
-    cfg.engine.devices = a.devices;
-    cfg.engine.page_size = a.page_size;
-    cfg.engine.eviction_policy = a.eviction.parse()?;
-    cfg.engine.scheduler.policy.policy = a.schedule_policy.parse::<SchedulePolicy>()?;
-    cfg.engine.pages_per_device = match a.pages_per_device {
+    a.engine.apply(&mut cfg.engine)?;
+    if tiny {
+        cfg.model = radixkv::replay::ReplayModel::Tiny {
+            model: radixkv::engine::tiny::TinyConfig::default(),
+            pool: a.kv_pool.parse()?,
+            verify: a.verify,
+        };
+    }
+    cfg.engine.pages_per_device = match a.engine.pages_per_device {
         Some(p) => p,
+        None if tiny_default => radixkv::engine::tiny::default_pages_per_device(a.engine.page_size),
         None => {
             // Every request's prompt and output, once: no eviction needed.
             let tokens: usize = w
@@ -223,7 +400,7 @@ fn replay_cmd(a: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
                 .iter()
                 .map(|r| r.tokens.len() + r.output_len)
                 .sum();
-            (tokens / a.page_size.max(1) + 2).min(1 << 22)
+            (tokens / a.engine.page_size.max(1) + 2).min(1 << 22)
         }
     };
     let _ = ctrlc::set_handler(|| {
@@ -246,6 +423,10 @@ fn replay_cmd(a: ReplayArgs) -> Result<(), Box<dyn std::error::Error>> {
         };
         std::fs::write(&p, text).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
     }
+    let mismatches: u64 = runs.iter().map(|r| r.mismatches).sum();
+    if mismatches > 0 {
+        return Err(format!("{mismatches} requests mismatched the dense reference").into());
+    }
     Ok(())
 }
 
@@ -263,6 +444,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
         Command::Replay(a) => replay_cmd(a),
+        Command::Serve(a) => serve_cmd(a),
         Command::Ops {
             page_size,
             policy,

@@ -2,8 +2,8 @@
 //! from the rest of the crate).
 //!
 //! * [`LatencyHistogram`]: an hdrhistogram of durations in nanoseconds
-//!   (1 ns to 60 s, two significant digits: every recorded value is within
-//!   1 % of its bucket), summarized as a [`LatencySummary`].
+//!   (1 ns to 1 hour, two significant digits: every recorded value is
+//!   within 1 % of its bucket), summarized as a [`LatencySummary`].
 //! * [`EvictionRecorder`] / [`EvictionMetrics`]: what eviction did on one
 //!   device. The cache keeps one recorder per device (see
 //!   [`RadixCache::eviction_metrics`](crate::RadixCache::eviction_metrics))
@@ -26,10 +26,11 @@
 use hdrhistogram::Histogram;
 use std::time::Duration;
 
-/// The largest recordable duration; longer ones are recorded as this.
-const MAX_NS: u64 = 60_000_000_000;
+/// The largest recordable duration (one hour); longer ones are recorded
+/// as this.
+const MAX_NS: u64 = 3_600_000_000_000;
 
-/// A histogram of durations (nanoseconds, 1 ns to 60 s, 1 % precision).
+/// A histogram of durations (nanoseconds, 1 ns to 1 hour, 1 % precision).
 #[derive(Clone, Debug)]
 pub struct LatencyHistogram {
     h: Histogram<u64>,
@@ -51,7 +52,7 @@ impl LatencyHistogram {
         LatencyHistogram { h }
     }
 
-    /// Records one duration (clamped to 1 ns..=60 s).
+    /// Records one duration (clamped to 1 ns..=1 hour).
     pub fn record(&mut self, d: Duration) {
         let ns = u64::try_from(d.as_nanos()).unwrap_or(MAX_NS);
         self.h.saturating_record(ns.clamp(1, MAX_NS));

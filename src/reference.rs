@@ -34,6 +34,7 @@ struct SeqNode {
     last_access: Vec<u64>,
     created: Vec<u64>,
     hits: Vec<u64>,
+    hits_base: Vec<u64>,
     gens: Vec<u64>,
     pins: Vec<u64>,
     priority: i64,
@@ -126,6 +127,7 @@ impl SequentialCache {
             last_access: vec![0; n],
             created: vec![0; n],
             hits: vec![0; n],
+            hits_base: vec![0; n],
             gens: vec![0; n],
             pins: vec![0; n],
             priority,
@@ -165,6 +167,7 @@ impl SequentialCache {
             pn.last_access = c.last_access.clone();
             pn.created = c.created.clone();
             pn.hits = c.hits.clone();
+            pn.hits_base = c.hits_base.clone();
             pn.gens = c.values.iter().map(|v| u64::from(v.is_some())).collect();
             pn.children.insert(c.key[k..k + self.ps].to_vec(), child);
         }
@@ -386,7 +389,7 @@ impl SequentialCache {
             EvictionPolicy::Mru => (-la, 0),
             EvictionPolicy::Filo => (-cr, 0),
             EvictionPolicy::Priority => (n.priority as i128, la),
-            EvictionPolicy::Slru => (i128::from(n.hits[d] > 0), la),
+            EvictionPolicy::Slru => (i128::from(n.hits[d] > n.hits_base[d]), la),
             // Sieve's hand is the evictor's state, not a leaf's: the model
             // ranks sieve in creation order (what the hand does when no leaf
             // was hit); `EvictionPolicy::is_stateless` says so.
@@ -410,6 +413,20 @@ impl SequentialCache {
             let vals = self.nodes[i].values[d].take().unwrap_or_default();
             freed += vals.len();
             out.extend(vals);
+            // A parent left with no resident child here is a leaf again: its
+            // hits so far were passes through (slru's probation mark).
+            if let Some(p) = self.nodes[i].parent {
+                let pn = &self.nodes[p];
+                let leaf = !pn.is_root
+                    && pn.values[d].is_some()
+                    && pn
+                        .children
+                        .values()
+                        .all(|&c| self.nodes[c].values[d].is_none());
+                if leaf {
+                    self.nodes[p].hits_base[d] = self.nodes[p].hits[d];
+                }
+            }
             let n = &self.nodes[i];
             if n.values.iter().all(Option::is_none) && n.children.is_empty() {
                 let page = n.key[..self.ps].to_vec();

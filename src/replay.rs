@@ -49,6 +49,29 @@ pub struct ReplayConfig {
     pub seed: u64,
     /// Show progress on stderr (a bar on a terminal, else a line per 10 %).
     pub progress: bool,
+    /// The model behind the engine (default: the simulator).
+    pub model: ReplayModel,
+}
+
+/// Which model runs the engine's passes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum ReplayModel {
+    /// The simulated GPU ([`SimulatedBackend`], sleeping for the cost
+    /// model's time / `speedup`).
+    #[default]
+    Simulated,
+    /// The tiny candle transformer ([`crate::engine::tiny::TinyBackend`]):
+    /// real compute with its KV in per-device pools sized like the cache
+    /// (the pool, model, device count and slots come from the engine's
+    /// configuration). Times are wall time: `speedup` is taken as 1.
+    Tiny {
+        /// The model.
+        model: crate::engine::tiny::TinyConfig,
+        /// Host or GPU pools.
+        pool: crate::engine::tiny::PoolKind,
+        /// Check every computed position against the dense reference.
+        verify: bool,
+    },
 }
 
 impl Default for ReplayConfig {
@@ -60,6 +83,7 @@ impl Default for ReplayConfig {
             request_rate: None,
             seed: 42,
             progress: false,
+            model: ReplayModel::Simulated,
         }
     }
 }
@@ -125,6 +149,12 @@ pub struct ReplaySummary {
     pub pool_use_per_device: Vec<f64>,
     /// Wall-clock seconds the replay took.
     pub wall_s: f64,
+    /// Requests whose computed positions a verifying model checked against
+    /// a recomputation (0 without one; a retracted request counts once per
+    /// admission).
+    pub verified_requests: u64,
+    /// Of which mismatched (must be 0).
+    pub mismatches: u64,
 }
 
 struct Progress {
@@ -184,19 +214,13 @@ fn arrivals(w: &Workload, rate: Option<f64>, seed: u64) -> Vec<f64> {
         None => w.requests.iter().map(|r| r.arrival_ms).collect(),
         Some(r) if !r.is_finite() || r <= 0.0 => vec![0.0; w.requests.len()],
         Some(r) => {
-            let mut x = seed | 1;
+            let mut rng = crate::rng::SplitMix64::new(seed);
             let mut t = 0.0;
             w.requests
                 .iter()
                 .map(|_| {
-                    // xorshift64*: a uniform in (0, 1) for the exponential gap.
-                    x ^= x >> 12;
-                    x ^= x << 25;
-                    x ^= x >> 27;
-                    let u = ((x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 + 0.5)
-                        / (1u64 << 53) as f64;
                     let at = t;
-                    t += -u.ln() / r * 1000.0;
+                    t += rng.exp(1000.0 / r);
                     at
                 })
                 .collect()
@@ -217,8 +241,27 @@ pub fn replay(
             cfg.speedup
         )));
     }
-    let backend = Arc::new(SimulatedBackend::new(cfg.cost, cfg.speedup));
-    let engine = Engine::start(cfg.engine.clone(), backend)?;
+    let mut cfg = cfg.clone();
+    let backend: Arc<dyn crate::sched::batch::ModelBackend> = match &cfg.model {
+        ReplayModel::Simulated => Arc::new(SimulatedBackend::new(cfg.cost, cfg.speedup)),
+        ReplayModel::Tiny {
+            model,
+            pool,
+            verify,
+        } => {
+            use crate::engine::tiny::{TinyBackend, TinyBackendConfig};
+            cfg.speedup = 1.0; // real compute: model time is wall time
+            let t = TinyBackendConfig {
+                model: model.clone(),
+                pool: *pool,
+                verify: *verify,
+                ..TinyBackendConfig::for_engine(&cfg.engine)
+            };
+            Arc::new(TinyBackend::new(t).map_err(|e| EngineError::InvalidConfig(e.to_string()))?)
+        }
+    };
+    let cfg = &cfg;
+    let engine = Engine::start(cfg.engine.clone(), Arc::clone(&backend))?;
     let wall = Instant::now();
     let at = arrivals(w, cfg.request_rate, cfg.seed);
     let n = w.requests.len();
@@ -312,6 +355,7 @@ pub fn replay(
     }
     progress.finish();
     let report = engine.shutdown();
+    let verification = backend.verification().unwrap_or_default();
     let first_arrival = at.iter().copied().fold(f64::INFINITY, f64::min);
     let first_arrival = if first_arrival.is_finite() {
         first_arrival
@@ -374,6 +418,8 @@ pub fn replay(
             .map(|d| ratio(d.used_pages, d.pool_pages))
             .collect(),
         wall_s: wall.elapsed().as_secs_f64(),
+        verified_requests: verification.verified,
+        mismatches: verification.mismatches,
     })
 }
 
@@ -402,7 +448,7 @@ pub fn format_summaries(runs: &[ReplaySummary]) -> String {
         first.infinite_cache_hit_rate * 100.0
     );
     type Row = (&'static str, fn(&ReplaySummary) -> String);
-    let rows: [Row; 18] = [
+    let rows: [Row; 20] = [
         ("router", |r| r.router.clone()),
         ("finished", |r| r.finished.to_string()),
         ("failed / rejected", |r| {
@@ -457,6 +503,8 @@ pub fn format_summaries(runs: &[ReplaySummary]) -> String {
             }
         }),
         ("devices", |r| r.devices.to_string()),
+        ("verified requests", |r| r.verified_requests.to_string()),
+        ("mismatches", |r| r.mismatches.to_string()),
     ];
     for (name, f) in rows {
         let _ = write!(s, "{name:<24}");

@@ -21,6 +21,7 @@
 
 use crate::cache::{RadixCache, TokenKey};
 use crate::device::DeviceId;
+use crate::rng::SplitMix64;
 use std::sync::Arc;
 
 /// One request of a workload.
@@ -56,7 +57,7 @@ impl Workload {
     /// request finish before the next one arrives: each request reuses the
     /// longest whole-page prefix (never its last token) of the earlier
     /// requests' prompts and outputs (outputs count only where the
-    /// workload fixes their ids).
+    /// workload fixes their ids), cached in whole pages.
     pub fn infinite_cache_hit_rate(&self, page_size: usize) -> f64 {
         let Ok(cache) = RadixCache::builder().page_size(page_size.max(1)).build() else {
             return 0.0;
@@ -73,6 +74,8 @@ impl Workload {
             if let Some(o) = &r.output_tokens {
                 all.extend_from_slice(o);
             }
+            // Whole pages only, as a request caches them.
+            all.truncate(all.len() / page_size.max(1) * page_size.max(1));
             let values = vec![0u32; all.len()];
             let _ = cache.insert(TokenKey::new(&all), DeviceId(0), &values, 0);
         }
@@ -93,79 +96,92 @@ impl Workload {
     }
 }
 
-/// The requests of a trace file (Mooncake or agentic JSONL, plain or
-/// zstd; see [`crate::hitrate::read_trace`]), expanded to tokens, each
-/// with `output_len` output tokens (the traces' own output lengths are not
-/// read yet). `seed` places the agentic conversations' starts.
+/// Why a trace cannot be replayed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    /// The trace could not be read.
+    #[error(transparent)]
+    Trace(#[from] crate::hitrate::HitrateError),
+    /// Expanding the trace would take too much memory.
+    #[error(
+        "the first {requests} requests of the trace hold {tokens} prompt tokens, more than the \
+         {limit} a replay expands in memory: replay fewer with --max-requests"
+    )]
+    TooLarge {
+        /// Requests asked for.
+        requests: usize,
+        /// Their prompt tokens.
+        tokens: u64,
+        /// The limit.
+        limit: u64,
+    },
+}
+
+/// Prompt tokens a replay expands in memory at most (4 bytes each).
+pub const MAX_TRACE_TOKENS: u64 = 500_000_000;
+
+/// The first `max_requests` requests of a trace file (Mooncake or agentic
+/// JSONL, plain or zstd; see [`crate::hitrate::read_trace`]), expanded to
+/// tokens, with the output lengths the trace records (`default_output`
+/// where it records none). `seed` places the agentic conversations' starts.
 pub fn from_trace_file(
     path: &std::path::Path,
     seed: u64,
-    output_len: usize,
-) -> Result<Workload, crate::hitrate::HitrateError> {
+    default_output: usize,
+    max_requests: Option<usize>,
+) -> Result<Workload, WorkloadError> {
     let t = crate::hitrate::read_trace(path, seed, crate::hitrate::AGENTIC_MEAN_GAP_S)?;
-    Ok(from_trace(&t, output_len))
+    from_trace(&t, default_output, max_requests)
 }
 
-/// A [`Trace`](crate::hitrate::Trace)'s requests as a workload (arrival
-/// times kept), each with `output_len` output tokens.
-pub fn from_trace(t: &crate::hitrate::Trace, output_len: usize) -> Workload {
-    let requests = (0..t.requests.len())
+/// A [`Trace`](crate::hitrate::Trace)'s first `max_requests` requests as a
+/// workload (arrival times and recorded output lengths kept; requests with
+/// an empty prompt dropped).
+pub fn from_trace(
+    t: &crate::hitrate::Trace,
+    default_output: usize,
+    max_requests: Option<usize>,
+) -> Result<Workload, WorkloadError> {
+    let n = max_requests.unwrap_or(usize::MAX).min(t.requests.len());
+    let tokens: u64 = (0..n).map(|i| t.input_len(i) as u64).sum();
+    if tokens > MAX_TRACE_TOKENS {
+        return Err(WorkloadError::TooLarge {
+            requests: n,
+            tokens,
+            limit: MAX_TRACE_TOKENS,
+        });
+    }
+    let requests = (0..n)
         .map(|i| WorkloadRequest {
             arrival_ms: t.requests[i].time,
             tokens: t.tokens(i).into(),
-            output_len: output_len.max(1),
+            output_len: match t.requests[i].output {
+                0 => default_output.max(1),
+                o => o as usize,
+            },
             output_tokens: None,
         })
         .filter(|r| !r.tokens.is_empty())
         .collect();
-    Workload {
+    Ok(Workload {
         name: t.name.clone(),
         requests,
-    }
+    })
 }
 
-/// A small seeded generator (splitmix64): workloads must be reproducible
-/// from their seed alone.
-#[derive(Clone, Debug)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-
+/// Prompt tokens from the seeded generator.
+trait PromptTokens {
     /// A prompt token (below 2³¹).
-    fn token(&mut self) -> u32 {
-        (self.next() >> 33) as u32
-    }
-
+    fn token(&mut self) -> u32;
+    /// `n` prompt tokens.
     fn tokens(&mut self, n: usize) -> Vec<u32> {
         (0..n).map(|_| self.token()).collect()
     }
+}
 
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = self.below(i as u64 + 1) as usize;
-            v.swap(i, j);
-        }
-    }
-
-    /// An exponential variate with the given mean.
-    fn exp(&mut self, mean: f64) -> f64 {
-        let u = ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-        -mean * u.ln()
+impl PromptTokens for SplitMix64 {
+    fn token(&mut self) -> u32 {
+        (self.next_u64() >> 33) as u32
     }
 }
 
@@ -182,7 +198,7 @@ pub fn gsp(
     output: usize,
     seed: u64,
 ) -> Workload {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     let mut requests = Vec::with_capacity(groups * prompts);
     for _ in 0..groups {
         let sys = rng.tokens(system);
@@ -245,7 +261,7 @@ impl Default for ChatShape {
 /// its predecessor finished, as in real traffic).
 pub fn chat(shape: &ChatShape, seed: u64) -> Workload {
     let c = shape;
-    let mut rng = Rng(seed ^ 0xC4A7);
+    let mut rng = SplitMix64::new(seed ^ 0xC4A7);
     let mut requests = Vec::new();
     let mut start = 0.0;
     for _ in 0..c.conversations {
@@ -312,7 +328,7 @@ impl Default for TreeShape {
 /// to it), issued level by level.
 pub fn tree_of_thought(shape: &TreeShape, seed: u64) -> Workload {
     let t = shape;
-    let mut rng = Rng(seed ^ 0x7077);
+    let mut rng = SplitMix64::new(seed ^ 0x7077);
     let mut requests = Vec::new();
     for p in 0..t.problems {
         let t0 = p as f64 * t.gap_ms;
@@ -355,6 +371,28 @@ mod tests {
         // Shuffled, but the same for the same seed.
         assert_eq!(w, gsp(64, 16, 2048, 128, 256, 42));
         assert_ne!(w.requests[0], gsp(64, 16, 2048, 128, 256, 43).requests[0]);
+    }
+
+    #[test]
+    fn unaligned_prompts_count_their_whole_pages() {
+        // Two 20-token prompts sharing 18 tokens: one whole page of 16 hits.
+        let a: Vec<u32> = (0..20).collect();
+        let mut b: Vec<u32> = (0..18).collect();
+        b.extend([98, 99]);
+        let w = Workload {
+            name: "t".into(),
+            requests: [a, b]
+                .into_iter()
+                .map(|t| WorkloadRequest {
+                    arrival_ms: 0.0,
+                    tokens: t.into(),
+                    output_len: 1,
+                    output_tokens: None,
+                })
+                .collect(),
+        };
+        assert!((w.infinite_cache_hit_rate(16) - 16.0 / 40.0).abs() < 1e-12);
+        assert!((w.infinite_cache_hit_rate(1) - 18.0 / 40.0).abs() < 1e-12);
     }
 
     #[test]

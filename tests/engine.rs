@@ -231,6 +231,12 @@ fn impossible_requests_are_rejected_and_stop_ends_everything() {
 }
 
 #[test]
+fn the_engine_can_be_shared_between_threads() {
+    fn shared<T: Send + Sync>() {}
+    shared::<Engine>();
+}
+
+#[test]
 fn bad_engine_configuration_is_an_error() {
     for cfg in [
         EngineConfig {

@@ -56,23 +56,28 @@ fn slru_evicts_never_reused_leaves_before_reused_ones() {
 }
 
 #[test]
-fn slru_protects_a_shared_prefix_once_it_becomes_a_leaf() {
+fn slru_puts_a_prefix_whose_children_were_evicted_back_on_probation() {
     let c = cache(EvictionPolicy::Slru);
-    // Two requests share the prefix [7, 7]: the second one's match hits it.
+    // A conversation: every turn passes through the history [7, 7].
     c.insert(TokenKey::new(&[7, 7, 1]), D0, &[70, 71, 1], 0)
         .unwrap();
-    let m = c.match_prefix(TokenKey::new(&[7, 7, 2]), D0).unwrap();
-    assert_eq!(m.len, 2);
-    c.insert(TokenKey::new(&[7, 7, 2]), D0, &[70, 71, 2], 0)
-        .unwrap();
-    for k in 20..24 {
-        put(&c, k);
+    for turn in 2..5 {
+        let key = [7, 7, turn];
+        assert_eq!(c.match_prefix(TokenKey::new(&key), D0).unwrap().len, 2);
+        c.insert(TokenKey::new(&key), D0, &[70, 71, turn], 0)
+            .unwrap();
     }
-    // Evicting everything but two tokens: the suffixes and the scan go, the
-    // shared prefix (hit once) stays.
-    let ev = c.evict(D0, 2 + 8).unwrap();
-    assert_eq!(ev.tokens, 10);
+    // A leaf reused while it is a leaf: protected.
+    put(&c, 9);
+    hit(&c, 9);
+    // The turns' tails go first (never reused); then [7, 7], now a leaf
+    // whose hits were all passes through to them, is on probation and goes
+    // before the protected leaf 9.
+    let ev = c.evict(D0, 4).unwrap();
+    assert_eq!(ev.tokens, 4);
     assert_eq!(c.peek(TokenKey::new(&[7, 7])), vec![2]);
+    assert_eq!(c.evict(D0, 1).unwrap().values, vec![70, 71]);
+    assert_eq!(c.evict(D0, 1).unwrap().values, vec![90, 91]);
     c.check().unwrap();
 }
 

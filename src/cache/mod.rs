@@ -861,6 +861,11 @@ impl RadixCache {
                 continue;
             };
             self.account(&ev.values, d, &mut out);
+            if is_leaf_on(ev.parent, d) {
+                // Relaxed: as in `evict_tracked` (one evictor per device).
+                let hits = ev.parent.dev(d).hits.load(Ordering::Relaxed);
+                ev.parent.dev(d).hits_base.store(hits, Ordering::Relaxed);
+            }
             if is_candidate(ev.parent, d) {
                 heap.push(Reverse((self.key_of(ev.parent, d), nodes.len())));
                 nodes.push(ev.parent);
@@ -1051,13 +1056,25 @@ impl RadixCache {
                 continue;
             };
             if self.policy == EvictionPolicy::Sieve {
-                let (round, created, _) = stored.sieve_parts();
-                c.hand = (round, created);
+                let (round, order, _) = stored.sieve_parts();
+                c.hand = (round, order);
             }
             self.account(&ev.values, d, out);
             if is_leaf_on(ev.parent, d) {
                 let p = arc_of(ev.parent);
-                let k = self.entry_key(c.hand, &p, d);
+                // Relaxed: written and read by this device's evictor, under
+                // the candidates lock.
+                let hits = p.dev(d).hits.load(Ordering::Relaxed);
+                p.dev(d).hits_base.store(hits, Ordering::Relaxed);
+                let mut k = self.entry_key(c.hand, &p, d);
+                if self.policy == EvictionPolicy::Sieve {
+                    // Its hits so far were passes through to the children
+                    // just evicted: it joins right at the hand (the next
+                    // candidate, like its coldest descendants) with its
+                    // visited bit clear.
+                    let last = p.dev(d).last_access.load(Ordering::Relaxed);
+                    k = policy::EvictionKey::sieve(c.hand.0, c.hand.1, last, p.id);
+                }
                 c.heap.push(Reverse((k, ByAddr(p))));
             }
         }
@@ -1084,15 +1101,14 @@ impl RadixCache {
                 continue;
             }
             if self.policy == EvictionPolicy::Sieve {
-                let (round, created, seen) = stored.sieve_parts();
-                let s = n.dev(d);
-                if s.created.load(Ordering::Relaxed) != created {
-                    continue; // evicted and cached again: a newer entry exists
-                }
-                let last = s.last_access.load(Ordering::Relaxed);
+                // An entry of a node evicted and cached again meanwhile is
+                // older than its new one: harmless, it only offers the node
+                // to the hand once more.
+                let (round, order, seen) = stored.sieve_parts();
+                let last = n.dev(d).last_access.load(Ordering::Relaxed);
                 if last > seen {
                     // Visited: clear the bit, wait for the next round.
-                    let k = policy::EvictionKey::sieve(round + 1, created, last, n.id);
+                    let k = policy::EvictionKey::sieve(round + 1, order, last, n.id);
                     c.heap.push(Reverse((k, ByAddr(n))));
                     continue;
                 }
@@ -1131,6 +1147,7 @@ impl RadixCache {
             last_access: s.last_access.load(Ordering::Relaxed),
             created: s.created.load(Ordering::Relaxed),
             hits: s.hits.load(Ordering::Relaxed),
+            hits_base: s.hits_base.load(Ordering::Relaxed),
             priority: n.priority.load(Ordering::Relaxed),
             id: n.id,
         })

@@ -13,7 +13,7 @@ use std::str::FromStr;
 /// | `mru` | − last access |
 /// | `filo` | − creation stamp |
 /// | `priority` | (priority, last access) |
-/// | `slru` | (segment, last access): probation (never hit since cached) before protected |
+/// | `slru` | (segment, last access): probation (not hit since it became a leaf) before protected |
 /// | `sieve` | (hand round, creation stamp), with one second chance per round for a leaf hit since the hand last passed it |
 ///
 /// Ties (possible only with a wall clock) are broken by creation stamp,
@@ -27,25 +27,28 @@ use std::str::FromStr;
 /// requests:
 ///
 /// * `slru` — segmented LRU by hit count. A node enters the probation
-///   segment when it is cached; the first match that consumes or ends on
-///   it (a later request reusing it) promotes it to the protected segment.
+///   segment when it is cached; a match that consumes or ends on it (a
+///   later request reusing it) promotes it to the protected segment.
 ///   Probation leaves go first, in LRU order; protected leaves go, in LRU
-///   order, only when no probation leaf is left. A shared prefix is
-///   protected as soon as a second request uses it, so when its one-off
-///   suffixes are evicted and it becomes a leaf, it outlives every
-///   never-reused leaf. There is no size limit on the protected segment
-///   (a limit would demote leaves, i.e. lower their keys, which the lazily
-///   validated candidate heap cannot follow); a cold protected prefix
-///   still leaves in LRU order once probation is empty.
+///   order, only when no probation leaf is left. A node that becomes a
+///   leaf again because its children were evicted re-enters probation:
+///   its hits so far were passes through to those children (a finished
+///   conversation's history is hit by every turn, then never again), and
+///   only hits after that promote it. There is no size limit on the
+///   protected segment (a limit would demote leaves while they wait, which
+///   the lazily validated candidate heap cannot follow; re-entering
+///   probation happens as the node is pushed afresh, which it can).
 /// * `sieve` — SIEVE (Zhang et al., NSDI '24) over leaves: the queue is
 ///   creation order, the hand walks from the oldest leaf to the newest,
 ///   and a leaf hit since the hand last passed it gets its bit cleared
 ///   and waits for the next round instead of being evicted. A node that
-///   becomes a leaf (its last child evicted) joins at its creation
-///   position: in the current round if the hand has not passed that
-///   position yet, otherwise in the next. Interior nodes are never in the
-///   queue, so their visited bit is judged by any hit since their
-///   creation when they become leaves. Not modelled by
+///   becomes a leaf because its last child was evicted joins right at the
+///   hand, with its visited bit clear: its hits so far were passes through
+///   to the children just evicted, which say nothing about the prefix
+///   alone, and it is as cold as they were (a dead conversation's history
+///   goes up the chain, as under fifo). Other leaves joining (new ones, or
+///   pinned ones set aside) take their creation position: in the current
+///   round if the hand has not passed it yet, otherwise in the next. Not modelled by
 ///   [`SequentialCache`](crate::reference::SequentialCache) (the hand is
 ///   the evictor's state): the differential tests cover the other seven.
 ///
@@ -146,7 +149,7 @@ impl EvictionPolicy {
             EvictionPolicy::Mru => (!s.last_access, 0),
             EvictionPolicy::Filo => (!s.created, 0),
             EvictionPolicy::Priority => (prio, s.last_access),
-            EvictionPolicy::Slru => (u64::from(s.hits > 0), s.last_access),
+            EvictionPolicy::Slru => (u64::from(s.hits > s.hits_base), s.last_access),
             EvictionPolicy::Sieve => return EvictionKey(0, s.created, s.created, s.id),
         };
         EvictionKey(a, b, s.created, s.id)
@@ -159,6 +162,8 @@ pub(crate) struct LeafStats {
     pub(crate) last_access: u64,
     pub(crate) created: u64,
     pub(crate) hits: u64,
+    /// `hits` when the node last became a leaf by eviction of its children.
+    pub(crate) hits_base: u64,
     pub(crate) priority: i64,
     pub(crate) id: u64,
 }
@@ -168,13 +173,13 @@ pub(crate) struct LeafStats {
 pub(crate) struct EvictionKey(u64, u64, u64, u64);
 
 impl EvictionKey {
-    /// Sieve: (round, creation stamp), the stamp the leaf's visited bit is
-    /// judged against, and the node id.
-    pub(crate) fn sieve(round: u64, created: u64, seen: u64, id: u64) -> Self {
-        EvictionKey(round, created, seen, id)
+    /// Sieve: (round, position in the queue: a creation stamp), the stamp
+    /// the leaf's visited bit is judged against, and the node id.
+    pub(crate) fn sieve(round: u64, order: u64, seen: u64, id: u64) -> Self {
+        EvictionKey(round, order, seen, id)
     }
 
-    /// Sieve: the key's (round, creation stamp, seen stamp).
+    /// Sieve: the key's (round, position, seen stamp).
     pub(crate) fn sieve_parts(&self) -> (u64, u64, u64) {
         (self.0, self.1, self.2)
     }

@@ -249,7 +249,7 @@ pub struct Engine {
     shared: Arc<Shared>,
     inboxes: Vec<Sender<Inbox>>,
     threads: Vec<JoinHandle<SchedulerStats>>,
-    completions: Receiver<Completion>,
+    completions: Mutex<Receiver<Completion>>,
     next_id: AtomicU64,
     stop: Arc<AtomicBool>,
     evictor: Vec<crate::cache::Evictor>,
@@ -339,7 +339,7 @@ impl Engine {
             shared,
             inboxes,
             threads,
-            completions: done_rx,
+            completions: Mutex::new(done_rx),
             next_id: AtomicU64::new(0),
             stop,
             evictor,
@@ -515,9 +515,14 @@ impl Engine {
         Ok(id)
     }
 
-    /// Finished (or failed) requests, in completion order.
-    pub fn completions(&self) -> &Receiver<Completion> {
-        &self.completions
+    /// Finished (or failed) requests, in completion order. The receiver is
+    /// behind a lock (so that the engine is `Sync`): hold the guard only
+    /// while receiving.
+    pub fn completions(&self) -> std::sync::MutexGuard<'_, Receiver<Completion>> {
+        // A panic while holding the guard leaves the receiver intact.
+        self.completions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Outstanding requests per device, as the router counts them.

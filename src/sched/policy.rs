@@ -54,6 +54,7 @@
 //! ties go to the sibling whose first request comes first in the queue.
 
 use crate::reference::SequentialCache;
+use crate::rng::SplitMix64;
 use crate::{CacheError, DeviceId, EvictionPolicy, RadixCache, TokenKey};
 use std::cmp::{Ordering, Reverse};
 use std::collections::HashMap;
@@ -293,7 +294,7 @@ pub struct QueueOrderer {
 impl QueueOrderer {
     /// An orderer with settings `cfg`.
     pub fn new(cfg: PolicyConfig) -> Self {
-        let rng = SplitMix64(cfg.seed);
+        let rng = SplitMix64::new(cfg.seed);
         QueueOrderer { cfg, rng }
     }
 
@@ -535,33 +536,6 @@ fn dfs_weight_order(queue: &[Waiting]) -> Vec<usize> {
     out
 }
 
-/// SplitMix64: a small seeded generator for the `random` policy.
-#[derive(Clone, Debug)]
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A value in `0..n` (`n` ≥ 1), by multiply-shift (bias below n/2^64).
-    fn below(&mut self, n: usize) -> usize {
-        ((u128::from(self.next_u64()) * n as u128) >> 64) as usize
-    }
-
-    /// Fisher–Yates, the same walk as Python's `random.shuffle`.
-    fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            let j = self.below(i + 1);
-            items.swap(i, j);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -618,8 +592,8 @@ mod tests {
     fn shuffle_is_a_seeded_permutation() {
         let mut a: Vec<u32> = (0..50).collect();
         let mut b = a.clone();
-        SplitMix64(7).shuffle(&mut a);
-        SplitMix64(7).shuffle(&mut b);
+        SplitMix64::new(7).shuffle(&mut a);
+        SplitMix64::new(7).shuffle(&mut b);
         assert_eq!(a, b);
         assert_ne!(a, (0..50).collect::<Vec<_>>());
         let mut s = a.clone();

@@ -574,10 +574,14 @@ impl Scheduler {
             let tok = next_token(&r.entry, sampled.get(&r.entry.job.id).copied());
             emit(&r.entry, tok);
             r.entry.generated.push(tok);
-            r.req.extend(&[tok]);
             r.entry.first_token.get_or_insert(now);
             if r.entry.generated.len() >= r.entry.job.output_len {
+                // The last token is never fed back, so it has no KV: it must
+                // not join the request's tokens, or `finish` would cache a
+                // slot nothing wrote.
                 done.push(i);
+            } else {
+                r.req.extend(&[tok]);
             }
         }
         self.finish(done)
@@ -667,9 +671,10 @@ impl Scheduler {
             let tok = next_token(&r.entry, sampled.get(&r.entry.job.id).copied());
             emit(&r.entry, tok);
             r.entry.generated.push(tok);
-            r.req.extend(&[tok]);
             if r.entry.generated.len() >= r.entry.job.output_len {
-                done.push(i);
+                done.push(i); // the last token has no KV: not cached (above)
+            } else {
+                r.req.extend(&[tok]);
             }
         }
         self.finish(done)
@@ -680,8 +685,8 @@ impl Scheduler {
         let now = Instant::now();
         for i in done.into_iter().rev() {
             let r = self.running.remove(i);
-            // The last generated token has no KV (it was never fed back):
-            // `finish` caches the backed, page-aligned tokens only.
+            // Prompt and every generated token but the last (which has no
+            // KV), in whole pages.
             let t = Instant::now();
             let result = r.req.finish();
             self.events
@@ -745,10 +750,13 @@ impl Scheduler {
     }
 
     fn complete(&self, e: &Entry, c: Completion) {
-        if let Some(s) = &e.job.stream {
-            let _ = s.send(StreamEvent::Done(c.clone()));
-        }
+        // The engine's accounting first: a client that sees `Done` sees the
+        // request no longer outstanding.
+        let done = e.job.stream.as_ref().map(|s| (s, c.clone()));
         self.events.completed(&e.job, c);
+        if let Some((s, c)) = done {
+            let _ = s.send(StreamEvent::Done(c));
+        }
     }
 }
 

@@ -717,6 +717,8 @@ impl Tree {
                 .store(c.created.load(Ordering::Relaxed), Ordering::Relaxed);
             slot.hits
                 .store(c.hits.load(Ordering::Relaxed), Ordering::Relaxed);
+            slot.hits_base
+                .store(c.hits_base.load(Ordering::Relaxed), Ordering::Relaxed);
             if img.values[e].is_some() {
                 slot.resident_children.store(1, Ordering::Relaxed);
             }

@@ -433,6 +433,11 @@ pub(crate) struct DevSlot {
     pub(crate) created: AtomicU64,
     /// Matches on this device that consumed or ended on this node.
     pub(crate) hits: AtomicU64,
+    /// `hits` when the node last became a leaf on this device because its
+    /// last resident child there was evicted: the hits since are the
+    /// prefix's own (slru's promotion test). Written by that device's
+    /// evictor only.
+    pub(crate) hits_base: AtomicU64,
     /// Children resident on this device. Changed only under this node's lock.
     pub(crate) resident_children: AtomicU32,
 }
@@ -459,6 +464,7 @@ impl DevSlot {
             last_access: AtomicU64::new(0),
             created: AtomicU64::new(0),
             hits: AtomicU64::new(0),
+            hits_base: AtomicU64::new(0),
             resident_children: AtomicU32::new(0),
         }
     }

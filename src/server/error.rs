@@ -1,0 +1,108 @@
+//! Errors: what the HTTP API answers ([`ApiError`], an OpenAI-style JSON
+//! error body) and what starting or running the server can fail with
+//! ([`ServerError`]).
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+/// An error answered to a client, as
+/// `{"error": {"message", "type", "code"}}` with the matching status.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 400: malformed JSON, wrong types, out-of-range values, a prompt that
+    /// cannot fit a device's pool.
+    #[error("{0}")]
+    BadRequest(String),
+    /// 404: unknown path.
+    #[error("no route for {0}")]
+    NotFound(String),
+    /// 405: known path, wrong method.
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// 413: the body is larger than the server accepts.
+    #[error("request body too large (limit {limit} bytes)")]
+    PayloadTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// 429: the admission queue is full; retry after the given seconds.
+    #[error("server busy: {in_flight} requests in flight (limit {limit}); retry later")]
+    Busy {
+        /// Requests admitted and not finished.
+        in_flight: usize,
+        /// The admission queue's capacity.
+        limit: usize,
+        /// Seconds for `Retry-After`.
+        retry_after_s: u64,
+    },
+    /// 503: the server is shutting down or the engine stopped.
+    #[error("{0}")]
+    Unavailable(String),
+    /// 500: the engine failed the request.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// OpenAI's `error.type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest(_) | ApiError::PayloadTooLarge { .. } => "invalid_request_error",
+            ApiError::NotFound(_) | ApiError::MethodNotAllowed => "not_found_error",
+            ApiError::Busy { .. } => "rate_limit_error",
+            ApiError::Unavailable(_) | ApiError::Internal(_) => "server_error",
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": {
+                "message": self.to_string(),
+                "type": self.kind(),
+                "code": self.status().as_u16(),
+            }
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = super::json_response(self.status(), &self.body());
+        if let ApiError::Busy { retry_after_s, .. } = self {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
+        }
+        r
+    }
+}
+
+/// Why the server could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Binding or serving the socket failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A bad server setting.
+    #[error("invalid server configuration: {0}")]
+    Config(String),
+}
