@@ -303,6 +303,26 @@ fn tiny_backend(cfg: &EngineConfig, verify: bool) -> Arc<TinyBackend> {
 
 /// Submits `prompts` in waves (each wave completes before the next), and
 /// returns the prompt tokens the cache served.
+/// Starts an engine with `backend`, runs `waves` of the grouped prompts
+/// (6 groups × 4 of a 64-token prefix + 10 tokens) with 3 output tokens,
+/// shuts it down; returns (cached tokens, evicted tokens).
+fn run_grouped_waves(
+    cfg: EngineConfig,
+    backend: Arc<TinyBackend>,
+    waves: impl Fn(&[Vec<u32>]) -> Vec<Vec<Vec<u32>>>,
+) -> (usize, u64) {
+    let engine = Engine::start(cfg, backend).unwrap();
+    let prompts = shared_prompts(6, 4, 64, 10);
+    let cached = run_engine(&engine, &waves(&prompts), 3);
+    let report = engine.shutdown();
+    let evicted = report
+        .devices
+        .iter()
+        .map(|d| d.eviction.evicted_tokens)
+        .sum();
+    (cached, evicted)
+}
+
 fn run_engine(engine: &Engine, waves: &[Vec<Vec<u32>>], out: usize) -> usize {
     let mut cached = 0;
     for wave in waves {
@@ -325,21 +345,14 @@ fn the_engine_reuses_prefixes_exactly_on_several_devices_with_evictions() {
         // prefixes do not fit, so prefixes are evicted and come back.
         let cfg = engine_cfg(2, ps, 256);
         let backend = tiny_backend(&cfg, true);
-        let engine = Engine::start(cfg, backend.clone()).unwrap();
-        let prompts = shared_prompts(6, 4, 64, 10);
-        let waves: Vec<Vec<Vec<u32>>> = vec![
-            prompts[..12].to_vec(),
-            prompts[12..].to_vec(),
-            prompts[..12].to_vec(), // evicted by now: inserted again
-            prompts.clone(),
-        ];
-        let cached = run_engine(&engine, &waves, 3);
-        let report = engine.shutdown();
-        let evicted: u64 = report
-            .devices
-            .iter()
-            .map(|d| d.eviction.evicted_tokens)
-            .sum();
+        let (cached, evicted) = run_grouped_waves(cfg, backend.clone(), |p| {
+            vec![
+                p[..12].to_vec(),
+                p[12..].to_vec(),
+                p[..12].to_vec(), // evicted by now: inserted again
+                p.to_vec(),
+            ]
+        });
         let s = backend.stats();
         assert!(cached > 0, "page size {ps}: no reuse");
         assert!(evicted > 0, "page size {ps}: no eviction");
@@ -702,20 +715,9 @@ mod cuda {
             let Some(backend) = gpu_backend(&cfg) else {
                 return;
             };
-            let engine = Engine::start(cfg, backend.clone()).unwrap();
-            let prompts = shared_prompts(6, 4, 64, 10);
-            let waves = vec![
-                prompts[..12].to_vec(),
-                prompts[12..].to_vec(),
-                prompts.clone(),
-            ];
-            let cached = run_engine(&engine, &waves, 3);
-            let report = engine.shutdown();
-            let evicted: u64 = report
-                .devices
-                .iter()
-                .map(|d| d.eviction.evicted_tokens)
-                .sum();
+            let (cached, evicted) = run_grouped_waves(cfg, backend.clone(), |p| {
+                vec![p[..12].to_vec(), p[12..].to_vec(), p.to_vec()]
+            });
             let s = backend.stats();
             println!(
                 "GPU pools, engine, page size {ps}: cached {cached}, evicted {evicted}, {s:?}"

@@ -215,6 +215,9 @@ struct Family<'a> {
     out: &'a mut String,
 }
 
+/// One per-device reading of a metric.
+type Reading = dyn Fn(&DeviceStats) -> u64;
+
 impl Family<'_> {
     fn head(&mut self, name: &str, kind: &str, help: &str) {
         let _ = writeln!(self.out, "# HELP {name} {help}");
@@ -223,6 +226,24 @@ impl Family<'_> {
 
     fn line(&mut self, name: &str, labels: &str, v: impl std::fmt::Display) {
         let _ = writeln!(self.out, "{name}{{{labels}}} {v}");
+    }
+
+    /// One family split by device and by a second label: `(value of
+    /// label, reading)` pairs.
+    fn per_device_split(
+        &mut self,
+        (name, kind, help): (&str, &str, &str),
+        devices: &[DeviceStats],
+        label: &str,
+        parts: &[(&str, &Reading)],
+    ) {
+        self.head(name, kind, help);
+        for d in devices {
+            for (value, f) in parts {
+                let labels = format!("device=\"{}\",{label}=\"{value}\"", d.metrics.device);
+                self.line(name, &labels, f(d));
+            }
+        }
     }
 
     fn per_device<T: std::fmt::Display>(
@@ -301,24 +322,19 @@ impl Family<'_> {
 pub fn prometheus(devices: &[DeviceStats], server: &ServerStats, http: &HttpStats) -> String {
     let mut out = String::new();
     let mut f = Family { out: &mut out };
-    f.head(
-        "radixkv_requests_total",
-        "counter",
-        "Requests the engine finished or failed (including cancelled), per device.",
+    f.per_device_split(
+        (
+            "radixkv_requests_total",
+            "counter",
+            "Requests the engine finished or failed (including cancelled), per device.",
+        ),
+        devices,
+        "outcome",
+        &[
+            ("finished", &|d| d.metrics.finished),
+            ("failed", &|d| d.metrics.failed),
+        ],
     );
-    for d in devices {
-        let dev = d.metrics.device;
-        f.line(
-            "radixkv_requests_total",
-            &format!("device=\"{dev}\",outcome=\"finished\""),
-            d.metrics.finished,
-        );
-        f.line(
-            "radixkv_requests_total",
-            &format!("device=\"{dev}\",outcome=\"failed\""),
-            d.metrics.failed,
-        );
-    }
     f.per_device(
         "radixkv_prompt_tokens_total",
         "counter",
@@ -354,24 +370,19 @@ pub fn prometheus(devices: &[DeviceStats], server: &ServerStats, http: &HttpStat
         devices,
         |d| d.metrics.outstanding,
     );
-    f.head(
-        "radixkv_pool_pages",
-        "gauge",
-        "KV pool pages per device, free or used (cached or held by requests).",
+    f.per_device_split(
+        (
+            "radixkv_pool_pages",
+            "gauge",
+            "KV pool pages per device, free or used (cached or held by requests).",
+        ),
+        devices,
+        "state",
+        &[
+            ("free", &|d| d.metrics.pages_free as u64),
+            ("used", &|d| d.metrics.pages_used as u64),
+        ],
     );
-    for d in devices {
-        let dev = d.metrics.device;
-        f.line(
-            "radixkv_pool_pages",
-            &format!("device=\"{dev}\",state=\"free\""),
-            d.metrics.pages_free,
-        );
-        f.line(
-            "radixkv_pool_pages",
-            &format!("device=\"{dev}\",state=\"used\""),
-            d.metrics.pages_used,
-        );
-    }
     f.per_device(
         "radixkv_pinned_tokens",
         "gauge",
