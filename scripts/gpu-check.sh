@@ -12,23 +12,22 @@
 # driver" and skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin="${1:-}"
-if [ -z "$bin" ]; then
-  bin=$(ls -t target/release/deps/kvpool-* 2>/dev/null | grep -v '\.d$' | head -n 1 || true)
-fi
-if [ -z "$bin" ] || [ ! -x "$bin" ]; then
-  echo "gpu-check: no test binary; build it with: cargo test --release --features cuda --test kvpool --no-run" >&2
-  exit 2
-fi
+# test_binary NAME [PATH]: PATH, or the newest built binary of test NAME;
+# exits with a build hint when there is none.
+test_binary() {
+  local b="${2:-}"
+  if [ -z "$b" ]; then
+    b=$(ls -t target/release/deps/"$1"-* 2>/dev/null | grep -v '\.d$' | head -n 1 || true)
+  fi
+  if [ -z "$b" ] || [ ! -x "$b" ]; then
+    echo "gpu-check: no $1 test binary; build it with: cargo test --release --features cuda --test $1 --no-run" >&2
+    exit 2
+  fi
+  echo "$b"
+}
+bin=$(test_binary kvpool "${1:-}")
+tiny=$(test_binary tiny "${2:-}")
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo "(nvidia-smi not available)"
-tiny="${2:-}"
-if [ -z "$tiny" ]; then
-  tiny=$(ls -t target/release/deps/tiny-* 2>/dev/null | grep -v '\.d$' | head -n 1 || true)
-fi
-if [ -z "$tiny" ] || [ ! -x "$tiny" ]; then
-  echo "gpu-check: no tiny test binary; build it with: cargo test --release --features cuda --test tiny --no-run" >&2
-  exit 2
-fi
 if ! "$tiny" --list 2>/dev/null | grep -q '^cuda::'; then
   echo "gpu-check: $tiny was built without --features cuda; rebuild: cargo test --release --features cuda --test tiny --no-run" >&2
   exit 2

@@ -23,6 +23,7 @@ use crate::{CacheError, DeviceId, EvictionPolicy, RadixCache, TokenKey};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
+use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -401,7 +402,7 @@ fn trace_name(path: &Path) -> String {
 /// one reused buffer (agentic lines are megabytes).
 fn for_lines(
     path: &Path,
-    mut f: impl FnMut(usize, &str) -> Result<(), HitrateError>,
+    mut f: impl FnMut(&str) -> Result<ControlFlow<()>, String>,
 ) -> Result<(), HitrateError> {
     let mut reader = open(path)?;
     let mut line = String::new();
@@ -419,8 +420,20 @@ fn for_lines(
         if n == 0 {
             return Ok(());
         }
-        if !line.trim().is_empty() {
-            f(no, &line)?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        // A bad line's reason becomes an error naming the file and line.
+        match f(&line) {
+            Ok(ControlFlow::Continue(())) => {}
+            Ok(ControlFlow::Break(())) => return Ok(()),
+            Err(why) => {
+                return Err(HitrateError::Parse {
+                    path: path.display().to_string(),
+                    line: no,
+                    why,
+                })
+            }
         }
     }
 }
@@ -438,21 +451,15 @@ pub fn read_mooncake(path: &Path) -> Result<Trace, HitrateError> {
         hash_ids: Vec<u64>,
     }
     const BLOCK: u64 = 512;
-    let name = path.display().to_string();
     let mut requests = Vec::new();
-    for_lines(path, |no, line| {
-        let perr = |why: String| HitrateError::Parse {
-            path: name.clone(),
-            line: no,
-            why,
-        };
-        let l: Line = serde_json::from_str(line).map_err(|e| perr(e.to_string()))?;
+    for_lines(path, |line| {
+        let l: Line = serde_json::from_str(line).map_err(|e| e.to_string())?;
         if l.input_length > l.hash_ids.len() * BLOCK as usize {
-            return Err(perr(format!(
+            return Err(format!(
                 "input_length {} is more than {} blocks of {BLOCK}",
                 l.input_length,
                 l.hash_ids.len()
-            )));
+            ));
         }
         let mut tokens = Vec::with_capacity(l.input_length);
         'ids: for &h in &l.hash_ids {
@@ -464,7 +471,7 @@ pub fn read_mooncake(path: &Path) -> Result<Trace, HitrateError> {
                     .checked_mul(BLOCK)
                     .map(|t| t + j)
                     .filter(|&t| t <= u64::from(u32::MAX))
-                    .ok_or_else(|| perr(format!("block id {h} is too large for 32-bit tokens")))?;
+                    .ok_or_else(|| format!("block id {h} is too large for 32-bit tokens"))?;
                 tokens.push(t as u32);
             }
         }
@@ -473,7 +480,7 @@ pub fn read_mooncake(path: &Path) -> Result<Trace, HitrateError> {
             output: l.output_length,
             prompt: Prompt::Tokens(tokens),
         });
-        Ok(())
+        Ok(ControlFlow::Continue(()))
     })?;
     requests.sort_by(|a, b| a.time.total_cmp(&b.time));
     Ok(Trace {
@@ -617,7 +624,6 @@ pub fn read_agentic_with_gap(
             Ok(())
         }
     }
-    let name = path.display().to_string();
     let mut rng = SplitMix(seed);
     let mut r = Reader {
         blocks: BlockTrie::default(),
@@ -626,35 +632,31 @@ pub fn read_agentic_with_gap(
         requests: Vec::new(),
     };
     let mut start_s: Option<f64> = None;
-    for_lines(path, |no, line| {
-        let perr = |why: String| HitrateError::Parse {
-            path: name.clone(),
-            line: no,
-            why,
-        };
-        let c: Conversation = serde_json::from_str(line).map_err(|e| perr(e.to_string()))?;
+    for_lines(path, |line| {
+        let c: Conversation = serde_json::from_str(line).map_err(|e| e.to_string())?;
         if c.block_size == 0 || c.block_size > 1 << 20 {
-            return Err(perr(format!("block_size {} is not usable", c.block_size)));
+            return Err(format!("block_size {} is not usable", c.block_size));
         }
         if r.blocks.block_size == 0 {
             r.blocks.block_size = c.block_size;
         } else if r.blocks.block_size != c.block_size {
-            return Err(perr(format!(
+            return Err(format!(
                 "block_size {} differs from the trace's {}",
                 c.block_size, r.blocks.block_size
-            )));
+            ));
         }
         match c.hash_id_scope.as_deref() {
             None | Some("local") => r.ids.clear(),
             Some("global") => {}
-            Some(s) => return Err(perr(format!("unknown hash_id_scope {s:?}"))),
+            Some(s) => return Err(format!("unknown hash_id_scope {s:?}")),
         }
         let s = match start_s {
             None => 0.0,
             Some(prev) => prev + rng.exp(mean_gap_s),
         };
         start_s = Some(s);
-        r.flatten(&c.requests, s).map_err(perr)
+        r.flatten(&c.requests, s)?;
+        Ok(ControlFlow::Continue(()))
     })?;
     // Tail tokens follow the block tokens.
     let base = r.blocks.len() as u64 * r.blocks.block_size as u64;
@@ -688,39 +690,26 @@ pub fn read_trace(path: &Path, seed: u64, mean_gap_s: f64) -> Result<Trace, Hitr
         hash_ids: Option<serde::de::IgnoredAny>,
     }
     let mut kind = None;
-    let name = path.display().to_string();
-    let stop = "first line read";
-    let r = for_lines(path, |no, line| {
-        let p: Probe = serde_json::from_str(line).map_err(|e| HitrateError::Parse {
-            path: name.clone(),
-            line: no,
-            why: e.to_string(),
-        })?;
+    for_lines(path, |line| {
+        let p: Probe = serde_json::from_str(line).map_err(|e| e.to_string())?;
         kind = match (p.requests, p.hash_ids) {
             (Some(_), _) => Some(true),
             (None, Some(_)) => Some(false),
             (None, None) => {
-                return Err(HitrateError::Parse {
-                    path: name.clone(),
-                    line: no,
-                    why: "neither an agentic conversation (`requests`) nor a Mooncake \
-                          request (`hash_ids`)"
+                return Err(
+                    "neither an agentic conversation (`requests`) nor a Mooncake \
+                            request (`hash_ids`)"
                         .into(),
-                })
+                )
             }
         };
-        Err(HitrateError::Invalid(stop.into()))
-    });
-    match r {
-        Err(HitrateError::Invalid(s)) if s == stop => {}
-        Err(e) => return Err(e),
-        Ok(()) => {}
-    }
+        Ok(ControlFlow::Break(())) // the first line tells
+    })?;
     match kind {
         Some(true) => read_agentic_with_gap(path, seed, mean_gap_s),
         Some(false) => read_mooncake(path),
         None => Err(HitrateError::Read {
-            path: name,
+            path: path.display().to_string(),
             why: "the file has no requests".into(),
         }),
     }

@@ -2,6 +2,9 @@
 //! the Mooncake and agentic readers, the chat generator, `--pages`, and
 //! errors.
 
+#[path = "common/cli.rs"]
+mod cli;
+
 use radixkv::hitrate::{self, Prompt, Trace};
 use radixkv::EvictionPolicy;
 use std::collections::HashSet;
@@ -37,27 +40,20 @@ fn radixkv(args: &[&str]) -> Output {
 fn hitrate_command_reports_policies_and_the_bound() {
     let dir = TempDir::new("hitrate");
     let json = dir.0.join("rows.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_radixkv"))
-        .args([
-            "hitrate",
-            "--trace",
-            "gsp",
-            "--capacity",
-            "0.1,0.5",
-            "--policy",
-            "lru,fifo,priority",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_radixkv"));
+    cmd.args([
+        "hitrate",
+        "--trace",
+        "gsp",
+        "--capacity",
+        "0.1,0.5",
+        "--policy",
+        "lru,fifo,priority",
+    ])
+    .arg("--json")
+    .arg(&json);
     let rows: Vec<serde_json::Value> =
-        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        serde_json::from_value(cli::run_for_json(&mut cmd, &json)).unwrap();
     assert_eq!(rows.len(), 2 * 4, "3 policies and belady per capacity");
     for cap in [0.1, 0.5] {
         let at: Vec<_> = rows.iter().filter(|r| r["capacity"] == cap).collect();
@@ -335,7 +331,8 @@ fn pages_option_sizes_the_pool_and_bad_options_are_errors() {
     let f = dir.0.join("conv.jsonl");
     std::fs::write(&f, AGENTIC).unwrap();
     let json = dir.0.join("rows.json");
-    let out = radixkv(&[
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_radixkv"));
+    cmd.args([
         "hitrate",
         "--trace",
         f.to_str().unwrap(),
@@ -350,13 +347,8 @@ fn pages_option_sizes_the_pool_and_bad_options_are_errors() {
         "--json",
         json.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let rows: Vec<serde_json::Value> =
-        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        serde_json::from_value(cli::run_for_json(&mut cmd, &json)).unwrap();
     assert_eq!(rows.len(), 2 * 2, "lru and belady per pool size");
     // Distinct pages of 4 (tails are under a page each): A's blocks 1, 2,
     // 3, the sub-agent's 7, 8, 9 and B's two.

@@ -1,6 +1,9 @@
 //! `radixkv replay`: the summary's keys, interruption, workloads and the
 //! command line's errors.
 
+#[path = "common/cli.rs"]
+mod cli;
+
 use radixkv::engine::EngineConfig;
 use radixkv::replay::{format_summaries, replay, ReplayConfig};
 use radixkv::workload::{chat, gsp, tree_of_thought, ChatShape, TreeShape};
@@ -169,35 +172,28 @@ fn the_command_line_names_bad_inputs() {
 fn the_command_line_replays_and_compares() {
     let bin = env!("CARGO_BIN_EXE_radixkv");
     let json = std::env::temp_dir().join(format!("radixkv-compare-{}.json", std::process::id()));
-    let out = Command::new(bin)
-        .args([
-            "replay",
-            "--quiet",
-            "--gsp-groups",
-            "8",
-            "--gsp-prompts",
-            "4",
-            "--gsp-system",
-            "256",
-            "--gsp-question",
-            "16",
-            "--output-len",
-            "4",
-            "--speedup",
-            "200",
-            "--compare",
-            "cache-aware,private",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "replay",
+        "--quiet",
+        "--gsp-groups",
+        "8",
+        "--gsp-prompts",
+        "4",
+        "--gsp-system",
+        "256",
+        "--gsp-question",
+        "16",
+        "--output-len",
+        "4",
+        "--speedup",
+        "200",
+        "--compare",
+        "cache-aware,private",
+        "--json",
+    ])
+    .arg(&json);
+    let v = cli::run_for_json(&mut cmd, &json);
     let runs = v.as_array().unwrap();
     assert_eq!(runs.len(), 2);
     assert_eq!(

@@ -1,6 +1,9 @@
 //! The torture run (`radixkv stress`) in short form: small pools, constant
 //! eviction, then audit and page accounting.
 
+#[path = "common/cli.rs"]
+mod cli;
+
 use radixkv::torture::{run, TortureConfig};
 use std::time::Duration;
 
@@ -28,26 +31,19 @@ fn stress_command_prints_the_report_and_exits_zero() {
     let dir = std::env::temp_dir().join(format!("radixkv-stress-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("report.json");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_radixkv"))
-        .args([
-            "stress",
-            "--devices",
-            "2",
-            "--pages",
-            "64",
-            "--page-size",
-            "4",
-        ])
-        .args(["--threads", "2", "--seconds", "0.5", "--json"])
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_radixkv"));
+    cmd.args([
+        "stress",
+        "--devices",
+        "2",
+        "--pages",
+        "64",
+        "--page-size",
+        "4",
+    ])
+    .args(["--threads", "2", "--seconds", "0.5", "--json"])
+    .arg(&json);
+    let report = cli::run_for_json(&mut cmd, &json);
     for key in [
         "ops",
         "allocs",

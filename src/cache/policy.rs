@@ -92,17 +92,6 @@ impl EvictionPolicy {
         EvictionPolicy::Sieve,
     ];
 
-    /// SGLang 0.5.9's six policies, whose behaviour the conformance
-    /// vectors fix.
-    pub const SGLANG: [EvictionPolicy; 6] = [
-        EvictionPolicy::Lru,
-        EvictionPolicy::Lfu,
-        EvictionPolicy::Fifo,
-        EvictionPolicy::Mru,
-        EvictionPolicy::Filo,
-        EvictionPolicy::Priority,
-    ];
-
     /// Whether the eviction order is a function of each leaf's own
     /// statistics (every policy but `sieve`, whose order also depends on
     /// the evictor's hand), so that

@@ -197,6 +197,27 @@ struct Entry {
     settled: bool,
 }
 
+impl Entry {
+    /// The request's completion as of `now` on `device`; `error` when it
+    /// did not finish.
+    fn completion(&self, device: DeviceId, now: Instant, error: Option<String>) -> Completion {
+        Completion {
+            id: self.job.id,
+            device,
+            prompt_tokens: self.job.tokens.len(),
+            cached_tokens: self.first_cached.unwrap_or(0),
+            output_tokens: self.generated.len(),
+            ttft: self
+                .first_token
+                .unwrap_or(now)
+                .saturating_duration_since(self.job.arrival),
+            e2e: now.saturating_duration_since(self.job.arrival),
+            retractions: self.retractions,
+            error,
+        }
+    }
+}
+
 struct Running {
     entry: Entry,
     req: Request,
@@ -692,22 +713,10 @@ impl Scheduler {
             self.events
                 .cache_op(self.reported, CacheOp::Insert, t.elapsed());
             self.backend.release(self.reported, r.entry.job.id);
-            let e = r.entry;
-            let c = Completion {
-                id: e.job.id,
-                device: self.reported,
-                prompt_tokens: e.job.tokens.len(),
-                cached_tokens: e.first_cached.unwrap_or(0),
-                output_tokens: e.generated.len(),
-                ttft: e
-                    .first_token
-                    .unwrap_or(now)
-                    .saturating_duration_since(e.job.arrival),
-                e2e: now.saturating_duration_since(e.job.arrival),
-                retractions: e.retractions,
-                error: result.err().map(|x| x.to_string()),
-            };
-            self.complete(&e, c);
+            let c = r
+                .entry
+                .completion(self.reported, now, result.err().map(|x| x.to_string()));
+            self.complete(&r.entry, c);
         }
         Ok(())
     }
@@ -732,20 +741,7 @@ impl Scheduler {
         if !e.settled {
             self.events.prompt_settled(&e.job, self.reported);
         }
-        let c = Completion {
-            id: e.job.id,
-            device: self.reported,
-            prompt_tokens: e.job.tokens.len(),
-            cached_tokens: e.first_cached.unwrap_or(0),
-            output_tokens: e.generated.len(),
-            ttft: e
-                .first_token
-                .unwrap_or(now)
-                .saturating_duration_since(e.job.arrival),
-            e2e: now.saturating_duration_since(e.job.arrival),
-            retractions: e.retractions,
-            error: Some(why.to_string()),
-        };
+        let c = e.completion(self.reported, now, Some(why.to_string()));
         self.complete(&e, c);
     }
 
