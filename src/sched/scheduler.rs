@@ -478,6 +478,9 @@ impl Scheduler {
         }
         let mut chunking = chunked_pending;
         let mut admitted_any = chunked_pending;
+        // The running requests' reserved output, kept up to date as
+        // requests are admitted (the ratio does not change meanwhile).
+        let mut reserved = self.reserved_output();
         // Always the head of the ordered queue: admitted requests leave it.
         while let Some(w) = self.waiting.first() {
             if self.running.len() >= self.cfg.max_running_requests || budget == 0 {
@@ -506,7 +509,7 @@ impl Scheduler {
             }
             let own_out =
                 (w.max_new_tokens.min(self.cfg.clip_max_new_tokens) as f64 * self.ratio) as usize;
-            if !self.ensure_free(self.reserved_output() + own_out) {
+            if !self.ensure_free(reserved + own_out) {
                 drop(req); // pages back, pin released
                 break;
             }
@@ -515,6 +518,7 @@ impl Scheduler {
                 continue;
             };
             entry.first_cached.get_or_insert(req.cached_len());
+            reserved += own_out;
             let computed = req.cached_len();
             self.running.push(Running {
                 entry,
