@@ -6,7 +6,7 @@
 # sizes 1 and 16, evictions, two devices: logits match a dense reference).
 #
 # The GPU machine needs no Rust toolchain: build the test binaries beforehand
-#   cargo test --release --features cuda --test kvpool --test tiny --no-run
+#   cargo test --release -p radixkv-engine --features cuda --test kvpool --test tiny --no-run
 # and run this script from the repository root (or pass the binaries' paths:
 # kvpool's, then tiny's). Without a CUDA driver the checks report "no CUDA
 # driver" and skip.
@@ -20,7 +20,7 @@ test_binary() {
     b=$(ls -t target/release/deps/"$1"-* 2>/dev/null | grep -v '\.d$' | head -n 1 || true)
   fi
   if [ -z "$b" ] || [ ! -x "$b" ]; then
-    echo "gpu-check: no $1 test binary; build it with: cargo test --release --features cuda --test $1 --no-run" >&2
+    echo "gpu-check: no $1 test binary; build it with: cargo test --release -p radixkv-engine --features cuda --test $1 --no-run" >&2
     exit 2
   fi
   echo "$b"
@@ -29,7 +29,7 @@ bin=$(test_binary kvpool "${1:-}")
 tiny=$(test_binary tiny "${2:-}")
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo "(nvidia-smi not available)"
 if ! "$tiny" --list 2>/dev/null | grep -q '^cuda::'; then
-  echo "gpu-check: $tiny was built without --features cuda; rebuild: cargo test --release --features cuda --test tiny --no-run" >&2
+  echo "gpu-check: $tiny was built without --features cuda; rebuild: cargo test --release -p radixkv-engine --features cuda --test tiny --no-run" >&2
   exit 2
 fi
 timeout 180 "$bin" --nocapture --test-threads=1 cuda

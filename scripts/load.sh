@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A bounded load run against `radixkv serve`, loopback only: starts the
 # server on 127.0.0.1 with an ephemeral port, runs the load generator
-# (examples/load.rs: requests/s, latency percentiles, cached share, then
+# (crates/radixkv-server/examples/load.rs: requests/s, latency percentiles, cached share, then
 # /stats with audit_ok), stops the server with SIGTERM and checks that it
 # drained and exited 0.
 #
@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --release --bin radixkv --example load
+cargo build --release -p radixkv-cli --bin radixkv -p radixkv-server --example load
 target_dir="$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
 bin="$target_dir/release/radixkv"
 load="$target_dir/release/examples/load"

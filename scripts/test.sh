@@ -10,18 +10,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "== unit, integration, property and stress tests"
+echo "== the core stays light (scripts/check-core-deps.sh)"
+bash scripts/check-core-deps.sh
+
+echo "== unit, integration, property and stress tests (every crate of the workspace)"
 cargo test --workspace --release --lib --bins --tests --examples
 
 echo "== benchmarks compile (running them is opt-in: see BENCHMARKS.md)"
 cargo build --workspace --release --benches
 
+echo "== docs build without warnings (every public item documented, links resolve)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+
 echo "== doctests"
 cargo test --workspace --doc
 
+echo "== the engine and CLI without the candle model (feature candle off)"
+cargo clippy -p radixkv-engine -p radixkv-server -p radixkv-cli --no-default-features -- -D warnings
+
 echo "== --features cuda (cudarc loaded at run time: builds without a toolkit; GPU checks skip without a driver)"
-cargo build --release --features cuda
-cargo test --release --features cuda --test kvpool --test tiny
+cargo build --release -p radixkv-cli --features cuda
+cargo test --release -p radixkv-engine --features cuda --test kvpool --test tiny
 
 echo "== loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
 RUSTFLAGS="--cfg loom --cfg crossbeam_loom" LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" \

@@ -42,6 +42,7 @@ use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::fmt;
 
 /// Allocation failures.
+#[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AllocError {
     /// Not enough free pages.

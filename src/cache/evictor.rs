@@ -27,6 +27,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Counters of a background evictor.
+#[non_exhaustive]
 #[derive(Debug, Default)]
 pub struct EvictorStats {
     wakeups: AtomicU64,

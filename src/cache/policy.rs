@@ -49,7 +49,7 @@ use std::str::FromStr;
 ///   goes up the chain, as under fifo). Other leaves joining (new ones, or
 ///   pinned ones set aside) take their creation position: in the current
 ///   round if the hand has not passed it yet, otherwise in the next. Not modelled by
-///   [`SequentialCache`](crate::reference::SequentialCache) (the hand is
+///   `reference::SequentialCache` (feature `testing`) (the hand is
 ///   the evictor's state): the differential tests cover the other seven.
 ///
 /// ```
@@ -95,7 +95,7 @@ impl EvictionPolicy {
     /// Whether the eviction order is a function of each leaf's own
     /// statistics (every policy but `sieve`, whose order also depends on
     /// the evictor's hand), so that
-    /// [`SequentialCache`](crate::reference::SequentialCache) reproduces it
+    /// `reference::SequentialCache` (feature `testing`) reproduces it
     /// exactly.
     pub fn is_stateless(self) -> bool {
         self != EvictionPolicy::Sieve

@@ -1,0 +1,139 @@
+//! Options shared by several commands: the engine's (`replay`, `serve`),
+//! the workload's (`replay`, `hitrate`), and writing JSON.
+
+use radixkv_engine::trace::{self, ChatShape, Trace, TreeShape};
+use radixkv_engine::EngineConfig;
+use std::path::{Path, PathBuf};
+
+/// The engine's options, shared by `serve` and `replay`.
+#[derive(clap::Args, Debug)]
+pub struct EngineArgs {
+    /// Devices (simulated GPUs), one scheduler thread each.
+    #[arg(long, default_value_t = 4)]
+    pub devices: usize,
+    /// Tokens per KV page.
+    #[arg(long, default_value_t = 16)]
+    pub page_size: usize,
+    /// KV pages per device, page 0 reserved (default: see the command).
+    #[arg(long)]
+    pub pages_per_device: Option<usize>,
+    /// Router: cache-aware, round-robin, least-loaded or private.
+    #[arg(long, default_value = "cache-aware")]
+    pub router: String,
+    /// Waiting-queue policy: fcfs, lof, random, lpm or dfs-weight.
+    #[arg(long, default_value = "lpm")]
+    pub schedule_policy: String,
+    /// Eviction policy of the tree.
+    #[arg(long, default_value = "lru")]
+    pub eviction: String,
+}
+
+impl EngineArgs {
+    /// Sets everything but the pool size, validating the names.
+    pub fn apply(&self, cfg: &mut EngineConfig) -> Result<(), Box<dyn std::error::Error>> {
+        cfg.devices = self.devices;
+        cfg.page_size = self.page_size;
+        cfg.eviction_policy = self.eviction.parse()?;
+        cfg.router.kind = self.router.parse()?;
+        cfg.scheduler.policy.policy = self.schedule_policy.parse()?;
+        Ok(())
+    }
+}
+
+/// Which requests to run, shared by `replay` and `hitrate`: a built-in
+/// generator or a trace file, all from `radixkv_engine::trace`.
+#[derive(clap::Args, Debug)]
+pub struct WorkloadArgs {
+    /// The workload: `gsp`, `chat` or `tot` (built-in generators), or a
+    /// trace file (Mooncake requests or agentic conversations, JSONL, plain
+    /// or zstd-compressed; the first line tells which).
+    #[arg(long, alias = "trace", default_value = "gsp")]
+    pub workload: String,
+    /// GSP: groups (system prompts).
+    #[arg(long, default_value_t = 64)]
+    pub gsp_groups: usize,
+    /// GSP: prompts per group.
+    #[arg(long, default_value_t = 16)]
+    pub gsp_prompts: usize,
+    /// GSP: system prompt tokens.
+    #[arg(long, default_value_t = 2048)]
+    pub gsp_system: usize,
+    /// GSP: question tokens.
+    #[arg(long, default_value_t = 128)]
+    pub gsp_question: usize,
+    /// Output tokens per request (generators; traces bring their own and
+    /// use this only where they record none). Chat replies have this many
+    /// tokens.
+    #[arg(long, default_value_t = 256)]
+    pub output_len: usize,
+    /// Trace files: only the first N requests.
+    #[arg(long)]
+    pub max_requests: Option<usize>,
+    /// Seed of the generators, of Poisson arrivals and of the agentic
+    /// conversations' start times.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Agentic traces: mean gap in seconds between the starts of the
+    /// merged conversations (a Poisson process).
+    #[arg(long, default_value_t = trace::AGENTIC_MEAN_GAP_S)]
+    pub gap_s: f64,
+}
+
+impl WorkloadArgs {
+    /// Whether the gsp sizes and output length are all their defaults.
+    #[cfg(feature = "candle")]
+    pub fn is_default_gsp(&self) -> bool {
+        self.workload == "gsp"
+            && (
+                self.gsp_groups,
+                self.gsp_prompts,
+                self.gsp_system,
+                self.gsp_question,
+                self.output_len,
+            ) == (64, 16, 2048, 128, 256)
+    }
+
+    /// The workload's requests.
+    pub fn load(&self) -> Result<Trace, Box<dyn std::error::Error>> {
+        if !(self.gap_s.is_finite() && self.gap_s >= 0.0) {
+            return Err(
+                format!("--gap-s must be a non-negative number, not {}", self.gap_s).into(),
+            );
+        }
+        let t = match self.workload.as_str() {
+            "gsp" => trace::gsp(
+                self.gsp_groups,
+                self.gsp_prompts,
+                self.gsp_system,
+                self.gsp_question,
+                self.output_len,
+                self.seed,
+            ),
+            "chat" => trace::chat(
+                &ChatShape {
+                    assistant: self.output_len,
+                    ..Default::default()
+                },
+                self.seed,
+            ),
+            "tot" => trace::tree_of_thought(
+                &TreeShape {
+                    output: self.output_len,
+                    ..Default::default()
+                },
+                self.seed,
+            ),
+            path => trace::read_trace(Path::new(path), self.seed, self.gap_s)?,
+        };
+        Ok(t)
+    }
+}
+
+/// Writes `value` as pretty JSON to `path`.
+pub fn write_json<T: serde::Serialize + ?Sized>(
+    path: &PathBuf,
+    value: &T,
+) -> Result<(), Box<dyn std::error::Error>> {
+    std::fs::write(path, serde_json::to_string_pretty(value)?)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()).into())
+}

@@ -1,0 +1,98 @@
+//! `radixkv hitrate`: hit rates of a workload per eviction policy and
+//! capacity, with Belady's bound, as a table (and JSON rows).
+
+use crate::args::WorkloadArgs;
+use crate::CmdResult;
+use radixkv::EvictionPolicy;
+use radixkv_engine::hitrate::{self, HitRow};
+use std::path::PathBuf;
+
+/// `radixkv hitrate` options.
+#[derive(clap::Args, Debug)]
+pub struct HitrateArgs {
+    /// The requests (`--workload`, alias `--trace`: gsp, chat, tot or a
+    /// trace file; the same generators and readers as `replay`).
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    /// Capacities as shares of the workload's distinct tokens (default
+    /// 0.1,0.25,0.5; not with --pages).
+    #[arg(long, value_delimiter = ',')]
+    capacity: Vec<f64>,
+    /// Capacities as pool sizes in pages (not with --capacity); rows
+    /// report the share pages x page size / distinct tokens.
+    #[arg(long, value_delimiter = ',')]
+    pages: Vec<usize>,
+    /// Policies (default: all).
+    #[arg(long, value_delimiter = ',')]
+    policy: Vec<String>,
+    /// Tokens per page.
+    #[arg(long, default_value_t = 16)]
+    page_size: usize,
+    /// Also write the rows as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// Validates the options, evaluates, prints the table.
+pub fn run(a: HitrateArgs) -> CmdResult {
+    if !a.capacity.is_empty() && !a.pages.is_empty() {
+        return Err("give --capacity (shares) or --pages (pool sizes), not both".into());
+    }
+    if a.pages.contains(&0) {
+        return Err("--pages must be at least 1".into());
+    }
+    if a.page_size == 0 {
+        return Err("--page-size must be at least 1".into());
+    }
+    let policies: Vec<EvictionPolicy> = if a.policy.is_empty() {
+        EvictionPolicy::ALL.to_vec()
+    } else {
+        a.policy
+            .iter()
+            .map(|p| p.parse())
+            .collect::<Result<_, _>>()?
+    };
+    let t = a.workload.load()?;
+    let ps = a.page_size;
+    let distinct = t.distinct_tokens(ps);
+    println!(
+        "{} ({} requests, {} input tokens, {distinct} distinct tokens, page size {ps})",
+        t.name,
+        t.requests.len(),
+        t.input_tokens()
+    );
+    let rows = if a.pages.is_empty() {
+        let capacity = if a.capacity.is_empty() {
+            vec![0.1, 0.25, 0.5]
+        } else {
+            a.capacity
+        };
+        hitrate::evaluate_sized(&t, &policies, &capacity, ps, distinct)?
+    } else {
+        hitrate::evaluate_pages(&t, &policies, &a.pages, ps, distinct)?
+    };
+    print!("{}", table(&rows));
+    if let Some(p) = &a.json {
+        crate::args::write_json(p, &rows)?;
+    }
+    Ok(())
+}
+
+/// The rows as a fixed-width table with a header line.
+fn table(rows: &[HitRow]) -> String {
+    let mut s = format!(
+        "{:<10} {:>9} {:>12} {:>10} {:>16}\n",
+        "policy", "capacity", "pages", "hit rate", "evicted tokens"
+    );
+    for r in rows {
+        s += &format!(
+            "{:<10} {:>8.1}% {:>12} {:>9.1}% {:>16}\n",
+            r.policy,
+            r.capacity * 100.0,
+            r.pages,
+            r.hit_rate_tokens * 100.0,
+            r.evicted_tokens
+        );
+    }
+    s
+}

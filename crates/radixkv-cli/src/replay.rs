@@ -1,0 +1,166 @@
+//! `radixkv replay`: the main job. A workload through the multi-device
+//! engine, one summary per router.
+
+use crate::args::{EngineArgs, WorkloadArgs};
+use crate::CmdResult;
+use radixkv_engine::replay::{format_summaries, replay, ReplayConfig};
+use radixkv_engine::router::RouterKind;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The error for `--model tiny` in a build without the `candle` feature.
+#[cfg(not(feature = "candle"))]
+pub const NO_CANDLE: &str =
+    "--model tiny needs the tiny candle model: build with the `candle` feature (on by default)";
+
+/// `radixkv replay` options.
+#[derive(clap::Args, Debug)]
+pub struct ReplayArgs {
+    /// The requests: a generator or a trace file.
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    /// The engine (pools default to enough for the whole workload).
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Model time per wall time of the simulated GPUs.
+    #[arg(long, default_value_t = 4.0)]
+    speedup: f64,
+    /// Requests per second (Poisson, model time) instead of the workload's
+    /// arrival times; `inf` sends everything at once.
+    #[arg(long)]
+    request_rate: Option<f64>,
+    /// Run the workload under several routers and print them side by side
+    /// (default when given without a list: all four).
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_missing_value = "cache-aware,round-robin,least-loaded,private")]
+    compare: Option<Vec<String>>,
+    /// Write the summary (a list with --compare) as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// No progress output.
+    #[arg(long)]
+    quiet: bool,
+    /// The model behind the engine: `simulated` (a cost model) or `tiny` (a
+    /// small candle transformer computing for real on the CPU, its KV in
+    /// per-device pools at the slots the cache allocates). With `tiny` and
+    /// the default gsp sizes and pool, a smaller workload runs: 256
+    /// requests of 64 + 16 tokens, 4 output tokens, 512 KV tokens per
+    /// device (prefixes get evicted and inserted again).
+    #[arg(long, default_value = "simulated")]
+    model: String,
+    /// With --model tiny: check every computed position against a dense
+    /// recomputation; the command fails if any mismatches.
+    #[arg(long)]
+    verify: bool,
+    /// With --model tiny: where the KV pools live, `host` or `cuda` (GPU
+    /// memory; needs a build with --features cuda and a CUDA driver).
+    #[arg(long, default_value = "host")]
+    kv_pool: String,
+}
+
+/// Set by SIGINT or SIGTERM: the replay stops and prints what it has.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Watches for SIGINT/SIGTERM (the server's `shutdown_signal`, the one
+/// signal mechanism of the binary) on a small thread of its own and sets
+/// [`INTERRUPTED`].
+fn interrupt_on_signal() {
+    let watch = || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(radixkv_server::shutdown_signal());
+        INTERRUPTED.store(true, Ordering::Relaxed);
+        Ok::<(), std::io::Error>(())
+    };
+    let _ = std::thread::Builder::new()
+        .name("radixkv-signal".into())
+        .spawn(move || {
+            if let Err(e) = watch() {
+                eprintln!("radixkv replay: no interrupt handler ({e})");
+            }
+        });
+}
+
+/// Loads the workload, runs it under each router, prints the summaries.
+pub fn run(a: ReplayArgs) -> CmdResult {
+    let tiny = match a.model.as_str() {
+        "simulated" | "sim" => false,
+        "tiny" => true,
+        m => return Err(format!("unknown model {m:?} (simulated or tiny)").into()),
+    };
+    #[cfg(not(feature = "candle"))]
+    if tiny {
+        return Err(NO_CANDLE.into());
+    }
+    if a.verify && !tiny {
+        return Err("--verify needs --model tiny".into());
+    }
+    // The default gsp sizes with the tiny model: its own, smaller workload.
+    #[cfg(feature = "candle")]
+    let tiny_default = tiny && a.workload.is_default_gsp();
+    let w = match () {
+        #[cfg(feature = "candle")]
+        () if tiny_default => radixkv_engine::tiny::default_workload(a.workload.seed),
+        () => a.workload.load()?,
+    };
+    let w = w.for_replay(a.workload.output_len, a.workload.max_requests)?;
+    if w.requests.is_empty() {
+        return Err(format!("workload {} has no requests", w.name).into());
+    }
+    if let Some(r) = a.request_rate {
+        // `inf` is allowed (everything at once); 0, negative and NaN are not.
+        if r.is_nan() || r <= 0.0 {
+            return Err(format!("--request-rate must be positive (or inf), not {r}").into());
+        }
+    }
+    let routers: Vec<RouterKind> = match &a.compare {
+        Some(list) => list.iter().map(|r| r.parse()).collect::<Result<_, _>>()?,
+        None => vec![a.engine.router.parse()?],
+    };
+    let mut cfg = ReplayConfig {
+        speedup: a.speedup,
+        request_rate: a.request_rate,
+        seed: a.workload.seed,
+        progress: !a.quiet,
+        ..ReplayConfig::default()
+    };
+    a.engine.apply(&mut cfg.engine)?;
+    #[cfg(feature = "candle")]
+    if tiny {
+        cfg.model = radixkv_engine::replay::ReplayModel::Tiny {
+            model: radixkv_engine::tiny::TinyConfig::default(),
+            pool: a.kv_pool.parse()?,
+            verify: a.verify,
+        };
+    }
+    let _ = &a.kv_pool;
+    cfg.engine.pages_per_device = match a.engine.pages_per_device {
+        Some(p) => p,
+        #[cfg(feature = "candle")]
+        None if tiny_default => radixkv_engine::tiny::default_pages_per_device(a.engine.page_size),
+        // Every request's prompt and output, once: no eviction needed.
+        None => (w.total_tokens() / a.engine.page_size.max(1) + 2).min(1 << 22),
+    };
+    interrupt_on_signal();
+    let mut runs = Vec::new();
+    for r in routers {
+        cfg.engine.router.kind = r;
+        runs.push(replay(&w, &cfg, &INTERRUPTED)?);
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            break;
+        }
+    }
+    print!("{}", format_summaries(&runs));
+    if let Some(p) = &a.json {
+        if a.compare.is_some() {
+            crate::args::write_json(p, &runs)?;
+        } else {
+            crate::args::write_json(p, &runs[0])?;
+        }
+    }
+    let mismatches: u64 = runs.iter().map(|r| r.mismatches).sum();
+    if mismatches > 0 {
+        return Err(format!("{mismatches} requests mismatched the dense reference").into());
+    }
+    Ok(())
+}

@@ -1,0 +1,113 @@
+//! `radixkv serve`: the engine behind the HTTP front end.
+
+use crate::args::EngineArgs;
+use crate::CmdResult;
+use std::io;
+
+/// `radixkv serve` options.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: std::net::IpAddr,
+    /// Port (0: an ephemeral port, printed at start).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Model backend: `sim` (the cost-model simulator) or `tiny` (the tiny
+    /// candle transformer on the CPU, K/V in host pools). Pools default to
+    /// 16,384 pages per device, or 4,096 tokens' worth with `tiny`.
+    #[arg(long, default_value = "sim")]
+    model: String,
+    /// Model time per wall time of the simulated GPUs (`--model sim`).
+    #[arg(long, default_value_t = 50.0)]
+    speedup: f64,
+    /// Requests admitted at once (queued, running or streaming); more are
+    /// answered 429 with Retry-After.
+    #[arg(long, default_value_t = 256)]
+    max_queue: usize,
+    /// Largest max_tokens a request may ask for.
+    #[arg(long, default_value_t = 4096)]
+    max_tokens_limit: usize,
+    /// Largest request body in bytes (larger: 413).
+    #[arg(long, default_value_t = 4 << 20)]
+    max_body_bytes: usize,
+    /// Seconds a shutdown waits for in-flight requests before stopping them.
+    #[arg(long, default_value_t = 30.0)]
+    drain_timeout_s: f64,
+}
+
+/// Starts the engine and the server; returns after a drained shutdown.
+pub fn run(a: ServeArgs) -> CmdResult {
+    use radixkv_engine::backend::{CostModel, ModelBackend, SimulatedBackend};
+    use radixkv_engine::{Engine, EngineConfig};
+    use radixkv_server::{shutdown_signal, Server, ServerConfig};
+    if !(a.drain_timeout_s.is_finite() && a.drain_timeout_s >= 0.0) {
+        return Err(format!(
+            "--drain-timeout-s must be a non-negative number, not {}",
+            a.drain_timeout_s
+        )
+        .into());
+    }
+    let tiny = a.model == "tiny";
+    let e = &a.engine;
+    let pages_per_device = e.pages_per_device.unwrap_or(if tiny {
+        4096 / e.page_size.max(1) + 1
+    } else {
+        16_384
+    });
+    let mut cfg = EngineConfig {
+        pages_per_device,
+        ..EngineConfig::default()
+    };
+    e.apply(&mut cfg)?;
+    let backend: std::sync::Arc<dyn ModelBackend> = match a.model.as_str() {
+        "sim" | "simulated" => {
+            std::sync::Arc::new(SimulatedBackend::new(CostModel::default(), a.speedup))
+        }
+        #[cfg(feature = "candle")]
+        "tiny" => {
+            use radixkv_engine::tiny::{TinyBackend, TinyBackendConfig};
+            std::sync::Arc::new(TinyBackend::new(TinyBackendConfig::for_engine(&cfg))?)
+        }
+        #[cfg(not(feature = "candle"))]
+        "tiny" => return Err(crate::replay::NO_CANDLE.into()),
+        other => return Err(format!("unknown --model {other} (sim or tiny)").into()),
+    };
+    let scfg = ServerConfig {
+        max_queue: a.max_queue,
+        max_tokens_limit: a.max_tokens_limit,
+        max_body_bytes: a.max_body_bytes,
+        drain_timeout: std::time::Duration::from_secs_f64(a.drain_timeout_s),
+        model_name: format!("radixkv-{}", a.model),
+        ..ServerConfig::default()
+    };
+    let engine = Engine::start(cfg, backend)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("radixkv-http")
+        .build()?;
+    let report = rt.block_on(async move {
+        let server = Server::bind(std::net::SocketAddr::new(a.host, a.port), engine, scfg).await?;
+        let addr = server.local_addr()?;
+        {
+            use std::io::Write as _;
+            let mut out = io::stdout().lock();
+            writeln!(out, "radixkv serve: listening on http://{addr}")?;
+            out.flush()?;
+        }
+        let report = server.run(shutdown_signal()).await?;
+        Ok::<_, Box<dyn std::error::Error>>(report)
+    })?;
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    if report.drained {
+        eprintln!("radixkv serve: shut down, all in-flight requests finished");
+    } else {
+        eprintln!(
+            "radixkv serve: shut down, drain timed out; {} requests stopped",
+            report.abandoned
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,264 @@
+//! `radixkv replay`: the summary's keys, interruption, workloads and the
+//! command line's errors.
+
+#[path = "common/cli.rs"]
+mod cli;
+
+use radixkv_engine::replay::{format_summaries, replay, ReplayConfig};
+use radixkv_engine::trace::{chat, gsp, tree_of_thought, ChatShape, TreeShape};
+use radixkv_engine::EngineConfig;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+fn cfg(devices: usize, speedup: f64) -> ReplayConfig {
+    ReplayConfig {
+        engine: EngineConfig {
+            devices,
+            pages_per_device: 8192,
+            ..EngineConfig::default()
+        },
+        speedup,
+        ..ReplayConfig::default()
+    }
+}
+
+#[test]
+fn the_json_summary_has_the_stable_keys() {
+    let w = gsp(4, 4, 128, 16, 4, 9);
+    let s = replay(&w, &cfg(2, 500.0), &AtomicBool::new(false)).unwrap();
+    let v: serde_json::Value = serde_json::to_value(&s).unwrap();
+    for key in [
+        "requests",
+        "hit_rate",
+        "hit_rate_per_device",
+        "prefill_tokens_saved",
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "e2e_p99_ms",
+        "throughput_tok_s",
+        "router",
+        "devices",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(v["requests"], 16);
+    assert_eq!(v["hit_rate_per_device"].as_array().unwrap().len(), 2);
+    assert_eq!(v["router"], "cache-aware");
+    assert!(s.ttft_p50_ms > 0.0 && s.ttft_p50_ms <= s.e2e_p99_ms);
+    assert_eq!(s.prompt_tokens, 16 * 144);
+    assert_eq!(s.output_tokens, 16 * 4);
+    assert!(format_summaries(&[s.clone(), s]).contains("token hit rate"));
+}
+
+#[test]
+fn an_interrupt_ends_the_replay_with_a_partial_summary() {
+    // Slow (real-time) simulation of long outputs; interrupt after 300 ms.
+    let w = gsp(8, 8, 512, 32, 2000, 2);
+    let stop = AtomicBool::new(false);
+    let t = std::time::Instant::now();
+    let s = std::thread::scope(|sc| {
+        sc.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            stop.store(true, Ordering::Relaxed);
+        });
+        replay(&w, &cfg(2, 1.0), &stop).unwrap()
+    });
+    assert!(t.elapsed() < std::time::Duration::from_secs(20));
+    assert!(s.interrupted);
+    assert_eq!(
+        s.finished + s.failed + s.rejected,
+        64,
+        "every request accounted for"
+    );
+    assert!(s.failed > 0);
+}
+
+#[test]
+fn chat_and_tree_of_thought_replays_reuse_their_history() {
+    let stop = AtomicBool::new(false);
+    for w in [
+        chat(
+            &ChatShape {
+                conversations: 8,
+                turns: 4,
+                system: 256,
+                user: 64,
+                assistant: 32,
+                gap_ms: 50.0,
+                think_ms: 2_000.0,
+            },
+            3,
+        ),
+        tree_of_thought(
+            &TreeShape {
+                problems: 4,
+                question: 256,
+                branching: 2,
+                depth: 3,
+                step: 64,
+                output: 16,
+                gap_ms: 500.0,
+                level_ms: 1_000.0,
+            },
+            3,
+        ),
+    ] {
+        let s = replay(&w, &cfg(2, 200.0), &stop).unwrap();
+        assert_eq!(s.finished, w.requests.len(), "{}", w.name);
+        assert!(
+            s.hit_rate > 0.5 * s.infinite_cache_hit_rate
+                && s.hit_rate <= s.infinite_cache_hit_rate + 1e-9,
+            "{}: {} of {}",
+            w.name,
+            s.hit_rate,
+            s.infinite_cache_hit_rate
+        );
+    }
+}
+
+#[test]
+fn the_command_line_names_bad_inputs() {
+    let bin = env!("CARGO_BIN_EXE_radixkv");
+    let out = Command::new(bin)
+        .args([
+            "replay",
+            "--workload",
+            "/nonexistent/trace.jsonl",
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/trace.jsonl"), "{err}");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\nnot json\n").unwrap();
+    let out = Command::new(bin)
+        .args(["replay", "--quiet", "--workload"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.jsonl") && err.contains('2'),
+        "file and line: {err}"
+    );
+
+    for args in [
+        &["replay", "--router", "nope"][..],
+        &["replay", "--schedule-policy", "nope"][..],
+        &[
+            "replay",
+            "--speedup",
+            "0",
+            "--gsp-groups",
+            "1",
+            "--gsp-prompts",
+            "1",
+        ][..],
+    ] {
+        let out = Command::new(bin).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        assert!(!out.stderr.is_empty());
+    }
+}
+
+#[test]
+fn the_command_line_replays_and_compares() {
+    let bin = env!("CARGO_BIN_EXE_radixkv");
+    let tmp = tempfile::tempdir().unwrap();
+    let json = tmp.path().join("compare.json");
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "replay",
+        "--quiet",
+        "--gsp-groups",
+        "8",
+        "--gsp-prompts",
+        "4",
+        "--gsp-system",
+        "256",
+        "--gsp-question",
+        "16",
+        "--output-len",
+        "4",
+        "--speedup",
+        "200",
+        "--compare",
+        "cache-aware,private",
+        "--json",
+    ])
+    .arg(&json);
+    let v = cli::run_for_json(&mut cmd, &json);
+    let runs = v.as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(
+        (runs[0]["router"].as_str(), runs[1]["router"].as_str()),
+        (Some("cache-aware"), Some("private"))
+    );
+    assert!(runs[0]["hit_rate"].as_f64() > runs[1]["hit_rate"].as_f64());
+}
+
+/// The binary with `--model tiny`: verification on, bad pool names and
+/// `--verify` without the tiny model refused.
+#[test]
+fn the_command_line_runs_the_tiny_model() {
+    let bin = env!("CARGO_BIN_EXE_radixkv");
+    let run = |args: &[&str]| {
+        std::process::Command::new(bin)
+            .args(["replay", "--quiet", "--model", "tiny"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[
+        "--verify",
+        "--gsp-groups",
+        "3",
+        "--gsp-prompts",
+        "3",
+        "--gsp-system",
+        "32",
+        "--gsp-question",
+        "8",
+        "--output-len",
+        "2",
+        "--devices",
+        "2",
+        "--page-size",
+        "4",
+        "--pages-per-device",
+        "20",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("verified requests") && text.contains("mismatches"),
+        "{text}"
+    );
+    let out = run(&["--kv-pool", "tpu"]);
+    assert!(!out.status.success());
+    let out = std::process::Command::new(bin)
+        .args(["replay", "--quiet", "--verify"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--model tiny"));
+    if !cfg!(feature = "cuda") {
+        let out = run(&["--kv-pool", "cuda", "--gsp-groups", "1"]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("features cuda") && !err.contains("panicked"),
+            "{err}"
+        );
+    }
+}

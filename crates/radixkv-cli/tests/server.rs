@@ -1,0 +1,874 @@
+//! `radixkv serve`: the HTTP front end, end to end. Each test starts a
+//! server on 127.0.0.1 with an ephemeral port (in process, or the binary
+//! for the signal test) and talks to it with a real HTTP client.
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use radixkv_engine::backend::{CostModel, SimulatedBackend};
+use radixkv_engine::{Engine, EngineConfig};
+use radixkv_server::{Server, ServerConfig, ServerError, ShutdownReport};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// A client of one server.
+struct Http {
+    addr: SocketAddr,
+    client: HttpClient,
+}
+
+/// A server running in this process, and a client of it.
+struct TestServer {
+    http: Http,
+    stop: Option<oneshot::Sender<()>>,
+    handle: JoinHandle<Result<ShutdownReport, ServerError>>,
+}
+
+impl std::ops::Deref for TestServer {
+    type Target = Http;
+    fn deref(&self) -> &Http {
+        &self.http
+    }
+}
+
+fn engine_cfg(devices: usize, pages: usize) -> EngineConfig {
+    EngineConfig {
+        devices,
+        page_size: 16,
+        pages_per_device: pages,
+        ..EngineConfig::default()
+    }
+}
+
+/// Starts a server; `speedup` scales the simulated GPUs (1: a token every
+/// ~6 ms; 50: every ~0.1 ms).
+async fn start(ecfg: EngineConfig, scfg: ServerConfig, speedup: f64) -> TestServer {
+    let backend = Arc::new(SimulatedBackend::new(CostModel::default(), speedup));
+    let engine = Engine::start(ecfg, backend).expect("engine");
+    let server = Server::bind("127.0.0.1:0".parse().unwrap(), engine, scfg)
+        .await
+        .expect("bind");
+    let addr = server.local_addr().expect("addr");
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(server.run(async move {
+        let _ = rx.await;
+    }));
+    TestServer {
+        http: Http::new(addr),
+        stop: Some(tx),
+        handle,
+    }
+}
+
+async fn start_default() -> TestServer {
+    start(engine_cfg(2, 512), ServerConfig::default(), 50.0).await
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: hyper::HeaderMap,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    /// The error message of a JSON error body.
+    fn error(&self) -> String {
+        let v = self.json();
+        assert_eq!(v["error"]["code"], self.status.as_u16(), "{v}");
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no message: {v}"))
+            .to_string()
+    }
+}
+
+impl Http {
+    fn new(addr: SocketAddr) -> Http {
+        Http {
+            addr,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    async fn send(&self, method: &str, path: &str, body: Vec<u8>) -> Response<Incoming> {
+        let req = Request::builder()
+            .method(method)
+            .uri(self.url(path))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        self.client.request(req).await.expect("request")
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Vec<u8>) -> Reply {
+        let r = self.send(method, path, body).await;
+        let status = r.status();
+        let headers = r.headers().clone();
+        let bytes = r.into_body().collect().await.expect("body").to_bytes();
+        Reply {
+            status,
+            headers,
+            body: String::from_utf8_lossy(&bytes).into_owned(),
+        }
+    }
+
+    async fn post(&self, body: Value) -> Reply {
+        self.call("POST", "/v1/completions", body.to_string().into_bytes())
+            .await
+    }
+
+    async fn post_raw(&self, body: &str) -> Reply {
+        self.call("POST", "/v1/completions", body.as_bytes().to_vec())
+            .await
+    }
+
+    async fn get(&self, path: &str) -> Reply {
+        self.call("GET", path, Vec::new()).await
+    }
+
+    async fn stats(&self) -> Value {
+        let r = self.get("/stats").await;
+        assert_eq!(r.status, StatusCode::OK);
+        r.json()
+    }
+
+    /// Polls `/stats` until `audit_ok` (idle, nothing pinned, audit
+    /// passes); panics after 10 s.
+    async fn wait_idle(&self) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = self.stats().await;
+            if s["audit_ok"] == true {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "never idle and clean: {s:#}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl TestServer {
+    async fn shutdown(mut self) -> ShutdownReport {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(15), self.handle)
+            .await
+            .expect("shutdown in time")
+            .expect("server task")
+            .expect("server")
+    }
+}
+
+/// The data payloads of a server-sent-event body, one at a time.
+struct Sse {
+    body: Incoming,
+    buf: String,
+}
+
+impl Sse {
+    fn new(r: Response<Incoming>) -> Sse {
+        assert_eq!(r.status(), StatusCode::OK);
+        let ct = r.headers()["content-type"].to_str().unwrap().to_string();
+        assert!(ct.starts_with("text/event-stream"), "{ct}");
+        Sse {
+            body: r.into_body(),
+            buf: String::new(),
+        }
+    }
+
+    /// The next event's data, `None` at the end of the body.
+    async fn next(&mut self) -> Option<String> {
+        loop {
+            while let Some(i) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..i + 2).collect();
+                let data: Vec<&str> = block
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data:"))
+                    .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                    .collect();
+                if !data.is_empty() {
+                    return Some(data.join("\n"));
+                }
+            }
+            let frame = self.body.frame().await?.expect("body frame");
+            if let Ok(d) = frame.into_data() {
+                self.buf.push_str(std::str::from_utf8(&d).expect("utf-8"));
+            }
+        }
+    }
+
+    /// Every remaining event's data.
+    async fn rest(&mut self) -> Vec<String> {
+        let mut v = Vec::new();
+        while let Some(d) = self.next().await {
+            v.push(d);
+        }
+        v
+    }
+}
+
+fn sum(stats: &Value, field: &str) -> u64 {
+    stats["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d[field].as_u64().unwrap())
+        .sum()
+}
+
+#[tokio::test]
+async fn completion_returns_text_and_usage() {
+    let s = start_default().await;
+    let r = s
+        .post(json!({"prompt": "hello world", "max_tokens": 5}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(r.headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("application/json"));
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(choice["text"].as_str().unwrap().chars().count(), 5);
+    let u = &v["usage"];
+    assert_eq!(u["prompt_tokens"], 11);
+    assert_eq!(u["completion_tokens"], 5);
+    assert_eq!(u["total_tokens"], 16);
+    assert_eq!(
+        u["cached_tokens"],
+        u["prompt_tokens_details"]["cached_tokens"]
+    );
+    // A prompt of token ids; max_tokens defaults to 16.
+    let r = s
+        .post(json!({"prompt": [1, 2, 3, 70000], "model": "m"}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["model"], "m");
+    assert_eq!(v["usage"]["prompt_tokens"], 4);
+    assert_eq!(v["usage"]["completion_tokens"], 16);
+    s.wait_idle().await;
+    let report = s.shutdown().await;
+    assert!(report.drained);
+    assert_eq!(report.engine.expect("engine report").devices.len(), 2);
+}
+
+#[tokio::test]
+async fn streaming_sends_one_event_per_token_then_done() {
+    let s = start_default().await;
+    let body = json!({"prompt": "stream me", "max_tokens": 7, "stream": true,
+                      "stream_options": {"include_usage": true}});
+    let mut sse = Sse::new(
+        s.send("POST", "/v1/completions", body.to_string().into_bytes())
+            .await,
+    );
+    let events = sse.rest().await;
+    assert_eq!(events.len(), 7 + 2, "{events:?}");
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let mut text = String::new();
+    for (i, e) in events[..7].iter().enumerate() {
+        let v: Value = serde_json::from_str(e).unwrap();
+        assert_eq!(v["object"], "text_completion");
+        let c = &v["choices"][0];
+        text.push_str(c["text"].as_str().unwrap());
+        let want = if i == 6 { json!("length") } else { Value::Null };
+        assert_eq!(c["finish_reason"], want, "{e}");
+    }
+    assert_eq!(text.chars().count(), 7);
+    let usage: Value = serde_json::from_str(&events[7]).unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["prompt_tokens"], 9);
+    assert_eq!(usage["usage"]["completion_tokens"], 7);
+    // Without include_usage: tokens, then [DONE].
+    let body = json!({"prompt": "again", "max_tokens": 3, "stream": true});
+    let mut sse = Sse::new(
+        s.send("POST", "/v1/completions", body.to_string().into_bytes())
+            .await,
+    );
+    let events = sse.rest().await;
+    assert_eq!(events.len(), 4, "{events:?}");
+    assert_eq!(events[3], "[DONE]");
+    s.wait_idle().await;
+}
+
+#[tokio::test]
+async fn cached_tokens_grow_on_a_repeated_prefix() {
+    let s = start_default().await;
+    let system = "You are a helpful assistant. ".repeat(8); // 232 bytes
+    let ask = |q: &str, salt: Option<&str>, stream: bool| {
+        let mut b = json!({"prompt": format!("{system}{q}"), "max_tokens": 4});
+        if let Some(salt) = salt {
+            b["cache_salt"] = json!(salt);
+        }
+        if stream {
+            b["stream"] = json!(true);
+            b["stream_options"] = json!({"include_usage": true});
+        }
+        b
+    };
+    let cached = |r: &Reply| {
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let first = cached(&s.post(ask("What is 2+2?", None, false)).await);
+    assert_eq!(first, 0);
+    let second = cached(&s.post(ask("Name a colour.", None, false)).await);
+    assert!(
+        second >= 224,
+        "the shared 232-byte prefix (14 whole pages) is cached: {second}"
+    );
+    // Another namespace shares nothing.
+    let salted = cached(&s.post(ask("Name a colour.", Some("tenant-b"), false)).await);
+    assert_eq!(salted, 0);
+    // Streaming clients see it in the usage chunk.
+    let body = ask("Count to three.", None, true).to_string().into_bytes();
+    let events = Sse::new(s.send("POST", "/v1/completions", body).await)
+        .rest()
+        .await;
+    let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert!(
+        usage["usage"]["cached_tokens"].as_u64().unwrap() >= 224,
+        "{usage}"
+    );
+    let st = s.wait_idle().await;
+    assert_eq!(
+        sum(&st, "cached_tokens"),
+        second + usage["usage"]["cached_tokens"].as_u64().unwrap(),
+        "{st:#}"
+    );
+}
+
+fn metric(text: &str, name: &str, labels: &str) -> f64 {
+    let prefix = format!("{name}{{{labels}}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+/// The latency histogram families of `/metrics`.
+const LATENCY_FAMILIES: [&str; 5] = [
+    "radixkv_ttft_seconds",
+    "radixkv_e2e_seconds",
+    "radixkv_match_seconds",
+    "radixkv_insert_seconds",
+    "radixkv_evict_seconds",
+];
+
+/// Checks that `family` is a histogram with, for `device`, cumulative
+/// `_bucket` lines at increasing bounds ending in `le="+Inf"`, equal to
+/// its `_count`, and a `_sum`; returns the count.
+fn histogram(text: &str, family: &str, device: &str) -> f64 {
+    assert!(
+        text.lines()
+            .any(|l| l == format!("# TYPE {family} histogram")),
+        "{family} is no histogram in\n{text}"
+    );
+    let prefix = format!("{family}_bucket{{le=\"");
+    let suffix = format!("\",device=\"{device}\"}} ");
+    let buckets: Vec<(String, f64)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix.as_str()))
+        .filter_map(|l| l.split_once(suffix.as_str()))
+        .map(|(le, n)| (le.to_string(), n.parse().unwrap()))
+        .collect();
+    assert!(buckets.len() >= 2, "{family}\n{text}");
+    let (last, inf) = buckets.last().unwrap();
+    assert_eq!(last, "+Inf", "{family}\n{text}");
+    assert!(
+        buckets.windows(2).all(|w| w[0].1 <= w[1].1),
+        "{family}\n{text}"
+    );
+    let bounds: Vec<f64> = buckets[..buckets.len() - 1]
+        .iter()
+        .map(|(le, _)| le.parse().unwrap())
+        .collect();
+    assert!(bounds.windows(2).all(|w| w[0] < w[1]), "{family}\n{text}");
+    let labels = format!("device=\"{device}\"");
+    let count = metric(text, &format!("{family}_count"), &labels);
+    assert_eq!(*inf, count, "{family}\n{text}");
+    let sum = metric(text, &format!("{family}_sum"), &labels);
+    assert!(
+        sum >= 0.0 && (count > 0.0 || sum == 0.0),
+        "{family}\n{text}"
+    );
+    count
+}
+
+fn metric_sum(text: &str, name: &str, contains: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(contains))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+#[tokio::test]
+async fn metrics_and_stats_move() {
+    let s = start(engine_cfg(1, 256), ServerConfig::default(), 50.0).await;
+    let before = s.get("/metrics").await;
+    assert_eq!(before.status, StatusCode::OK);
+    assert!(before.headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("application/openmetrics-text; version=1.0.0"));
+    let m = &before.body;
+    assert!(m.ends_with("# EOF\n"), "{m}");
+    assert_eq!(
+        metric(
+            m,
+            "radixkv_requests_total",
+            "device=\"0\",outcome=\"finished\""
+        ),
+        0.0
+    );
+    assert_eq!(
+        metric(m, "radixkv_pool_pages", "device=\"0\",state=\"free\""),
+        255.0
+    );
+    for family in [
+        "# TYPE radixkv_ttft_seconds histogram",
+        "# TYPE radixkv_e2e_seconds histogram",
+        "# TYPE radixkv_match_seconds histogram",
+        "# TYPE radixkv_insert_seconds histogram",
+        "# TYPE radixkv_evict_seconds histogram",
+        "# TYPE radixkv_evictions counter",
+        "# TYPE radixkv_requests counter",
+        "# TYPE radixkv_cache_hit_rate gauge",
+    ] {
+        assert!(m.lines().any(|l| l == family), "{family}");
+    }
+    // Every device's histogram series exists before its first request.
+    for family in LATENCY_FAMILIES {
+        assert_eq!(histogram(m, family, "0"), 0.0, "{family}");
+    }
+    let prompt = "x".repeat(100);
+    for _ in 0..2 {
+        let r = s.post(json!({"prompt": prompt, "max_tokens": 3})).await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    let st = s.wait_idle().await;
+    assert_eq!(sum(&st, "finished"), 2);
+    assert_eq!(sum(&st, "prompt_tokens"), 200);
+    assert_eq!(sum(&st, "output_tokens"), 6);
+    assert!(sum(&st, "cached_tokens") >= 96, "{st:#}");
+    // 2 completions, the first /metrics, and /stats polls.
+    assert!(
+        st["http"]["responses"]["200"].as_u64().unwrap() >= 3,
+        "{st:#}"
+    );
+    let m = s.get("/metrics").await.body;
+    assert_eq!(
+        metric(
+            &m,
+            "radixkv_requests_total",
+            "device=\"0\",outcome=\"finished\""
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric(&m, "radixkv_prompt_tokens_total", "device=\"0\""),
+        200.0
+    );
+    // All five latencies are real histograms (cumulative `_bucket{le=...}`
+    // lines ending in `+Inf` = `_count`), read from the engine's and the
+    // cache's one record of each: TTFT and e2e count the finished requests.
+    let completed = sum(&st, "finished") as f64;
+    assert_eq!(completed, 2.0);
+    let counts: Vec<f64> = LATENCY_FAMILIES
+        .iter()
+        .map(|f| histogram(&m, f, "0"))
+        .collect();
+    assert_eq!(counts[0], completed, "ttft\n{m}");
+    assert_eq!(counts[1], completed, "e2e\n{m}");
+    assert!(counts[2] >= 2.0, "match\n{m}");
+    assert!(counts[3] >= 1.0, "insert\n{m}");
+    assert!(metric(&m, "radixkv_ttft_seconds_sum", "device=\"0\"") > 0.0);
+    assert!(metric(&m, "radixkv_e2e_seconds_sum", "device=\"0\"") > 0.0);
+    assert!(metric(&m, "radixkv_match_seconds_sum", "device=\"0\"") > 0.0);
+    // Each request's e2e includes its TTFT, so the sums keep that order.
+    assert!(
+        metric(&m, "radixkv_e2e_seconds_sum", "device=\"0\"")
+            >= metric(&m, "radixkv_ttft_seconds_sum", "device=\"0\""),
+        "{m}"
+    );
+    // No quantile gauges or call counters beside the histograms.
+    assert!(!m.contains("quantile=\""), "{m}");
+    assert!(!m.contains("radixkv_matches_total"), "{m}");
+    assert!(metric(&m, "radixkv_cache_hit_rate", "device=\"0\"") > 0.4);
+    assert!(metric(&m, "radixkv_pool_pages", "device=\"0\",state=\"used\"") > 0.0);
+    assert!(metric_sum(&m, "radixkv_http_responses_total", "code=\"200\"") >= 4.0);
+}
+
+#[tokio::test]
+async fn health_unknown_paths_and_methods() {
+    let s = start_default().await;
+    let r = s.get("/health").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["status"], "ok");
+    let r = s.get("/v2/nothing").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert!(r.error().contains("/v2/nothing"));
+    let r = s.get("/v1/completions").await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
+    r.error();
+}
+
+#[tokio::test]
+async fn bad_input_is_a_400_with_a_message() {
+    // 64 pages of 16 tokens: requests hold at most 1,008 tokens.
+    let s = start(engine_cfg(2, 64), ServerConfig::default(), 50.0).await;
+    let cases: Vec<(&str, String)> = vec![
+        ("malformed JSON", r#"{"prompt": "a", "max_tokens": "#.into()),
+        ("malformed JSON", "not json".into()),
+        ("object", "[1, 2]".into()),
+        ("required", r#"{"max_tokens": 3}"#.into()),
+        ("`prompt` must be", r#"{"prompt": 42}"#.into()),
+        ("prompt[1]", r#"{"prompt": [1, "x"]}"#.into()),
+        ("prompt[0]", r#"{"prompt": [-1]}"#.into()),
+        ("empty", r#"{"prompt": ""}"#.into()),
+        (
+            "max_tokens",
+            r#"{"prompt": "a", "max_tokens": "many"}"#.into(),
+        ),
+        (
+            "between 1 and 4096",
+            r#"{"prompt": "a", "max_tokens": 0}"#.into(),
+        ),
+        (
+            "between 1 and 4096",
+            r#"{"prompt": "a", "max_tokens": 4097}"#.into(),
+        ),
+        (
+            "`stream` must be a boolean",
+            r#"{"prompt": "a", "stream": 1}"#.into(),
+        ),
+        ("cache_salt", r#"{"prompt": "a", "cache_salt": []}"#.into()),
+        (
+            "KV pool",
+            json!({"prompt": "p".repeat(1000), "max_tokens": 16}).to_string(),
+        ),
+    ];
+    for (want, body) in &cases {
+        let r = s.post_raw(body).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{body}: {}", r.body);
+        let msg = r.error();
+        assert!(msg.contains(want), "{body}: {msg:?} lacks {want:?}");
+        assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    }
+    // The longest prompt that fits is accepted.
+    let r = s
+        .post(json!({"prompt": "p".repeat(1008 - 16 - 16), "max_tokens": 16}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let st = s.wait_idle().await;
+    assert_eq!(st["http"]["responses"]["400"], cases.len(), "{st:#}");
+}
+
+#[tokio::test]
+async fn oversized_body_is_a_413() {
+    let cfg = ServerConfig {
+        max_body_bytes: 64 << 10,
+        ..ServerConfig::default()
+    };
+    let s = start(engine_cfg(1, 256), cfg, 50.0).await;
+    let body = json!({"prompt": "y".repeat(200_000), "max_tokens": 1}).to_string();
+    let r = s.post_raw(&body).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.body);
+    assert!(r.error().contains("65536"));
+    // Under the limit, the same server answers.
+    let r = s
+        .post(json!({"prompt": "y".repeat(500), "max_tokens": 1}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+}
+
+#[tokio::test]
+async fn a_full_admission_queue_answers_429_with_retry_after() {
+    let cfg = ServerConfig {
+        max_queue: 1,
+        ..ServerConfig::default()
+    };
+    let s = start(engine_cfg(1, 512), cfg, 1.0).await;
+    let body = json!({"prompt": "slow", "max_tokens": 2000, "stream": true}).to_string();
+    let mut sse = Sse::new(s.send("POST", "/v1/completions", body.into_bytes()).await);
+    assert!(sse.next().await.is_some());
+    let r = s.post(json!({"prompt": "next", "max_tokens": 1})).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.body);
+    assert_eq!(r.headers["retry-after"], "1");
+    assert!(r.error().contains("busy"));
+    drop(sse); // disconnect: cancels the slow request
+    let st = s.wait_idle().await;
+    assert_eq!(st["http"]["rejected_busy"], 1);
+    let r = s.post(json!({"prompt": "next", "max_tokens": 1})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+}
+
+#[tokio::test]
+async fn a_client_disconnect_mid_stream_releases_pages_and_pins() {
+    let s = start(engine_cfg(1, 512), ServerConfig::default(), 1.0).await;
+    let body = json!({"prompt": "q".repeat(300), "max_tokens": 3000, "stream": true});
+    let mut sse = Sse::new(
+        s.send("POST", "/v1/completions", body.to_string().into_bytes())
+            .await,
+    );
+    for _ in 0..3 {
+        assert!(sse.next().await.is_some());
+    }
+    // Running: its prompt is pinned and its pages held.
+    let st = s.stats().await;
+    assert_eq!(st["audit_ok"], false);
+    assert_eq!(st["outstanding"], 1, "{st:#}");
+    assert!(st["pinned_tokens"].as_u64().unwrap() >= 288, "{st:#}");
+    drop(sse);
+    let st = s.wait_idle().await;
+    assert_eq!(st["pinned_tokens"], 0);
+    assert_eq!(st["outstanding"], 0);
+    assert_eq!(sum(&st, "failed"), 1, "cancelled, not finished: {st:#}");
+    assert_eq!(sum(&st, "finished"), 0, "{st:#}");
+    assert_eq!(st["http"]["disconnects"], 1, "{st:#}");
+    // The pages it held are free again (what stays used is cached).
+    let pages_used = sum(&st, "pages_used");
+    let tree_tokens = sum(&st, "tree_tokens");
+    assert_eq!(pages_used * 16, tree_tokens, "{st:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_concurrent_clients() {
+    let s = Arc::new(start(engine_cfg(4, 1024), ServerConfig::default(), 50.0).await);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..100)
+        .map(|i| {
+            let s = Arc::clone(&s);
+            tokio::spawn(async move {
+                let prompt = format!("{}{i}", format!("group {} ", i % 10).repeat(20));
+                if i % 2 == 0 {
+                    let r = s.post(json!({"prompt": prompt, "max_tokens": 8})).await;
+                    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+                    assert_eq!(r.json()["usage"]["completion_tokens"], 8);
+                } else {
+                    let body = json!({"prompt": prompt, "max_tokens": 8, "stream": true});
+                    let events = Sse::new(
+                        s.send("POST", "/v1/completions", body.to_string().into_bytes())
+                            .await,
+                    )
+                    .rest()
+                    .await;
+                    assert_eq!(events.len(), 9);
+                    assert_eq!(events[8], "[DONE]");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("client");
+    }
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let st = s.wait_idle().await;
+    assert_eq!(sum(&st, "finished"), 100);
+    assert_eq!(sum(&st, "failed"), 0);
+    assert!(sum(&st, "cached_tokens") > 0);
+    assert_eq!(st["http"]["rejected_busy"], 0, "{st:#}");
+}
+
+#[tokio::test]
+async fn shutdown_drains_in_flight_requests() {
+    let s = start(engine_cfg(2, 512), ServerConfig::default(), 5.0).await;
+    let mut streams = Vec::new();
+    for i in 0..4 {
+        let body = json!({"prompt": format!("drain {i}"), "max_tokens": 150, "stream": true});
+        let mut sse = Sse::new(
+            s.send("POST", "/v1/completions", body.to_string().into_bytes())
+                .await,
+        );
+        assert!(sse.next().await.is_some());
+        streams.push(sse);
+    }
+    let addr = s.addr;
+    let _ = s.stop.unwrap().send(());
+    // The listener closes while the streams go on.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(Instant::now() < deadline, "still accepting");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for mut sse in streams {
+        let rest = sse.rest().await;
+        assert_eq!(rest.len(), 149 + 1, "the whole stream");
+        assert_eq!(rest.last().unwrap(), "[DONE]");
+    }
+    let report = tokio::time::timeout(Duration::from_secs(10), s.handle)
+        .await
+        .expect("in time")
+        .unwrap()
+        .unwrap();
+    assert!(report.drained);
+    assert_eq!(report.abandoned, 0);
+    let engine = report.engine.expect("engine shut down");
+    let decode: u64 = engine
+        .devices
+        .iter()
+        .map(|d| d.scheduler.decode_passes)
+        .sum();
+    assert!(decode >= 149, "{decode}");
+}
+
+#[tokio::test]
+async fn a_timed_out_drain_stops_the_stragglers() {
+    let cfg = ServerConfig {
+        drain_timeout: Duration::from_millis(200),
+        ..ServerConfig::default()
+    };
+    let s = start(engine_cfg(1, 512), cfg, 1.0).await;
+    let body = json!({"prompt": "straggler", "max_tokens": 3000, "stream": true});
+    let mut sse = Sse::new(
+        s.send("POST", "/v1/completions", body.to_string().into_bytes())
+            .await,
+    );
+    assert!(sse.next().await.is_some());
+    let t = Instant::now();
+    let report = s.shutdown().await;
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(!report.drained);
+    assert_eq!(report.abandoned, 1);
+    // The stream ends early: an error event, then [DONE].
+    let rest = tokio::time::timeout(Duration::from_secs(5), sse.rest())
+        .await
+        .expect("the stream ends");
+    assert!(rest.len() < 3000, "{}", rest.len());
+    assert_eq!(rest.last().map(String::as_str), Some("[DONE]"));
+    let err: Value = serde_json::from_str(&rest[rest.len() - 2]).unwrap();
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("stopped"),
+        "{err}"
+    );
+}
+
+/// Starts the binary, `radixkv serve --port 0 ARGS`, and a client of it.
+#[cfg(unix)]
+async fn spawn_binary(args: &[&str]) -> (std::process::Child, Http) {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_radixkv"))
+        .args(["serve", "--port", "0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start radixkv serve");
+    let stdout = child.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let addr: SocketAddr = line
+        .trim()
+        .rsplit("http://")
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    (child, Http::new(addr))
+}
+
+/// Sends SIGTERM and waits (at most 10 s) for the exit.
+#[cfg(unix)]
+async fn terminate(mut child: std::process::Child) -> std::process::ExitStatus {
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(kill.success());
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = child.try_wait().expect("wait") {
+                return st;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("radixkv serve did not exit after SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// The binary: SIGTERM drains the in-flight stream and exits 0.
+#[cfg(unix)]
+#[tokio::test]
+async fn sigterm_drains_and_exits_zero() {
+    let args = [
+        "--devices",
+        "1",
+        "--pages-per-device",
+        "256",
+        "--speedup",
+        "5",
+    ];
+    let (child, s) = spawn_binary(&args).await;
+    let body = json!({"prompt": "bye", "max_tokens": 100, "stream": true});
+    let mut sse = Sse::new(
+        s.send("POST", "/v1/completions", body.to_string().into_bytes())
+            .await,
+    );
+    assert!(sse.next().await.is_some());
+    let exit = tokio::spawn(terminate(child));
+    let rest = sse.rest().await;
+    assert_eq!(rest.len(), 99 + 1);
+    assert_eq!(rest.last().unwrap(), "[DONE]");
+    let status = exit.await.unwrap();
+    assert!(status.success(), "{status}");
+}
+
+/// The binary with `--model tiny`: real compute behind the same API.
+#[cfg(unix)]
+#[tokio::test]
+async fn serves_the_tiny_model() {
+    let (child, s) = spawn_binary(&["--model", "tiny", "--devices", "1"]).await;
+    let prompt = "The tiny model reads every byte of this.";
+    let mut texts = Vec::new();
+    for want_cached in [0, 32] {
+        let r = s.post(json!({"prompt": prompt, "max_tokens": 6})).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["model"], "radixkv-tiny");
+        assert_eq!(v["usage"]["completion_tokens"], 6);
+        assert_eq!(v["usage"]["cached_tokens"], want_cached, "{v}");
+        texts.push(v["choices"][0]["text"].as_str().unwrap().to_string());
+    }
+    // Greedy decoding over reused K/V gives the same text.
+    assert_eq!(texts[0], texts[1]);
+    assert_eq!(s.wait_idle().await["audit_ok"], true);
+    assert!(terminate(child).await.success());
+}

@@ -1,0 +1,117 @@
+//! Model backends for the engine: the default [`SimulatedBackend`] sleeps
+//! for a [`CostModel`]'s duration, scaled, on the scheduler's own thread.
+//! The trait and the batch types live with the scheduler that uses them
+//! ([`crate::sched::batch`]) and are re-exported here.
+
+pub use crate::sched::batch::{
+    BackendError, Batch, DecodeWork, ModelBackend, PrefillWork, StepOutput, Verification, WorkData,
+};
+use radixkv::device::DeviceId;
+use std::time::Duration;
+
+/// A linear cost model of one GPU serving a mid-size model (the defaults
+/// are of the order of an 8B model on one H100-class GPU).
+///
+/// * prefill pass: `prefill_base + Σ new · per_prefill_token +
+///   Σ new · (context + new / 2) · per_attention_pair` — linear layers grow
+///   with the new tokens, attention with new × context;
+/// * decode pass: `decode_base + batch · per_decode_request +
+///   Σ context · per_context_token` — a step's weight reads, per-request
+///   work, and the KV reads of attention.
+///
+/// ```
+/// use radixkv_engine::backend::{Batch, CostModel, PrefillWork};
+/// let m = CostModel::default();
+/// let work = |new_tokens, context_tokens| PrefillWork {
+///     request: 0, new_tokens, context_tokens, samples: true, data: None,
+/// };
+/// let cold = Batch { prefill: vec![work(2048, 0)], decode: vec![] };
+/// let warm = Batch { prefill: vec![work(128, 2048)], decode: vec![] };
+/// assert!(m.cost(&warm) * 5 < m.cost(&cold)); // reuse makes prefill much cheaper
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CostModel {
+    /// Fixed cost of a prefill pass.
+    pub prefill_base: Duration,
+    /// Per new token (linear layers).
+    pub per_prefill_token: Duration,
+    /// Per (new token, context token) pair, in nanoseconds (attention).
+    pub per_attention_pair_ns: f64,
+    /// Fixed cost of a decode pass.
+    pub decode_base: Duration,
+    /// Per request in a decode pass.
+    pub per_decode_request: Duration,
+    /// Per context token read in a decode pass, in nanoseconds.
+    pub per_context_token_ns: f64,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        CostModel {
+            prefill_base: Duration::from_millis(3),
+            per_prefill_token: Duration::from_micros(50),
+            per_attention_pair_ns: 3.0,
+            decode_base: Duration::from_millis(6),
+            per_decode_request: Duration::from_micros(50),
+            per_context_token_ns: 20.0,
+        }
+    }
+}
+
+impl CostModel {
+    /// The model time of one pass (zero for an empty batch).
+    pub fn cost(&self, b: &Batch) -> Duration {
+        let mut ns = 0f64;
+        if !b.prefill.is_empty() {
+            ns += self.prefill_base.as_nanos() as f64;
+            for p in &b.prefill {
+                let new = p.new_tokens as f64;
+                ns += new * self.per_prefill_token.as_nanos() as f64;
+                ns += new * (p.context_tokens as f64 + new / 2.0) * self.per_attention_pair_ns;
+            }
+        }
+        if !b.decode.is_empty() {
+            ns += self.decode_base.as_nanos() as f64;
+            ns += b.decode.len() as f64 * self.per_decode_request.as_nanos() as f64;
+            let ctx: usize = b.decode.iter().map(|d| d.context_tokens).sum();
+            ns += ctx as f64 * self.per_context_token_ns;
+        }
+        Duration::from_nanos(ns as u64)
+    }
+}
+
+/// The default backend: sleeps for the cost model's time divided by
+/// `speedup`, on the scheduler's own thread, so that devices run in
+/// parallel and the engine's real concurrency is exercised.
+#[derive(Clone, Debug)]
+pub struct SimulatedBackend {
+    model: CostModel,
+    speedup: f64,
+}
+
+impl SimulatedBackend {
+    /// A simulator running `speedup` times faster than the modelled GPU
+    /// (values ≤ 0 or not finite mean no sleeping at all).
+    pub fn new(model: CostModel, speedup: f64) -> Self {
+        SimulatedBackend { model, speedup }
+    }
+
+    /// The cost model.
+    pub fn model(&self) -> &CostModel {
+        &self.model
+    }
+}
+
+impl ModelBackend for SimulatedBackend {
+    fn step(&self, _device: DeviceId, batch: &Batch) -> Result<StepOutput, BackendError> {
+        let t = self.model.cost(batch);
+        if self.speedup.is_finite() && self.speedup > 0.0 {
+            std::thread::sleep(t.div_f64(self.speedup));
+        }
+        Ok(t.into())
+    }
+
+    fn describe(&self) -> String {
+        format!("simulated GPU (cost model, {}× real time)", self.speedup)
+    }
+}

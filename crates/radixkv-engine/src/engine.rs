@@ -1,0 +1,655 @@
+//! The engine proper: scheduler threads, the router and the shared cache,
+//! with their configuration, requests, reports and live metrics (all
+//! re-exported at the crate root).
+
+use crate::router::{Router, RouterConfig};
+use crate::sched::batch::ModelBackend;
+use crate::sched::scheduler::{
+    CacheOp, Completion, Inbox, Job, Scheduler, SchedulerConfig, SchedulerEvents, SchedulerStats,
+    StreamEvent,
+};
+use radixkv::cache::{CacheError, EvictionPolicy, RadixCache, TokenKey};
+use radixkv::device::DeviceId;
+use radixkv::metrics::{EvictionMetrics, LatencyHistogram, LatencySummary};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// The engine's configuration; every field has a default.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    /// Devices, one scheduler thread each (default 4).
+    pub devices: usize,
+    /// Tokens per KV page (default 16).
+    pub page_size: usize,
+    /// KV pages per device, page 0 reserved (default 65,536).
+    pub pages_per_device: usize,
+    /// Eviction policy of the tree (default lru).
+    pub eviction_policy: EvictionPolicy,
+    /// Low and high watermarks in free pages: with them, a background
+    /// evictor keeps the high watermark free (default none: eviction is
+    /// synchronous, when an allocation needs it).
+    pub watermarks: Option<(usize, usize)>,
+    /// Routing.
+    pub router: RouterConfig,
+    /// Each device's scheduler.
+    pub scheduler: SchedulerConfig,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            devices: 4,
+            page_size: 16,
+            pages_per_device: 65_536,
+            eviction_policy: EvictionPolicy::Lru,
+            watermarks: None,
+            router: RouterConfig::default(),
+            scheduler: SchedulerConfig::default(),
+        }
+    }
+}
+
+/// A request to the engine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineRequest {
+    /// Prompt tokens (not empty).
+    pub tokens: Arc<[u32]>,
+    /// Cache namespace (LoRA id, tenant…).
+    pub namespace: Option<Arc<str>>,
+    /// Scheduling priority.
+    pub priority: i64,
+    /// Output tokens to generate (at least 1).
+    pub output_len: usize,
+    /// The output's token ids, when known.
+    pub output_tokens: Option<Arc<[u32]>>,
+}
+
+impl EngineRequest {
+    /// A request for `output_len` tokens after `tokens`.
+    pub fn new(tokens: impl Into<Arc<[u32]>>, output_len: usize) -> Self {
+        EngineRequest {
+            tokens: tokens.into(),
+            namespace: None,
+            priority: 0,
+            output_len,
+            output_tokens: None,
+        }
+    }
+}
+
+/// Why the engine refused something.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// Bad configuration.
+    #[error("invalid engine configuration: {0}")]
+    InvalidConfig(String),
+    /// The cache refused its configuration.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    /// A request that can never run here.
+    #[error("request rejected: {0}")]
+    Rejected(String),
+    /// The engine is stopping or its schedulers are gone.
+    #[error("the engine is stopped")]
+    Stopped,
+}
+
+/// One device's figures at shutdown.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceReport {
+    /// The device.
+    pub device: DeviceId,
+    /// Its scheduler's counters.
+    pub scheduler: SchedulerStats,
+    /// What eviction did there.
+    pub eviction: EvictionMetrics,
+    /// KV pages in the pool (page 0 excluded).
+    pub pool_pages: usize,
+    /// Pages in use at shutdown (cached in the tree).
+    pub used_pages: usize,
+}
+
+/// What the engine did, per device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineReport {
+    /// One entry per device.
+    pub devices: Vec<DeviceReport>,
+}
+
+/// Live figures of one device since the engine started.
+#[derive(Debug, Default)]
+struct DeviceLive {
+    finished: u64,
+    failed: u64,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    output_tokens: u64,
+    ttft: LatencyHistogram,
+    e2e: LatencyHistogram,
+    matches: LatencyHistogram,
+    inserts: LatencyHistogram,
+}
+
+/// One device's live figures ([`Engine::metrics`]): counters since the
+/// engine started and latency summaries (wall time).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct DeviceMetrics {
+    /// The device.
+    pub device: u32,
+    /// Requests finished.
+    pub finished: u64,
+    /// Requests failed, cancelled or stopped.
+    pub failed: u64,
+    /// Prompt tokens of finished requests.
+    pub prompt_tokens: u64,
+    /// Of which served from the cache.
+    pub cached_tokens: u64,
+    /// Output tokens of finished requests.
+    pub output_tokens: u64,
+    /// `cached_tokens / prompt_tokens`.
+    pub hit_rate: f64,
+    /// Outstanding requests (queued or running).
+    pub outstanding: usize,
+    /// Free pages in the device's pool.
+    pub pages_free: usize,
+    /// Pages in use (cached or held by requests).
+    pub pages_used: usize,
+    /// Arrival to first token.
+    pub ttft: LatencySummary,
+    /// Arrival to completion.
+    pub e2e: LatencySummary,
+    /// Match-and-pin at admission.
+    pub match_latency: LatencySummary,
+    /// Inserts (after prefill and at the end).
+    pub insert_latency: LatencySummary,
+    /// Eviction on this device.
+    pub eviction: EvictionMetrics,
+}
+
+/// Latency histograms of finished requests ([`Engine::latencies`]).
+#[derive(Debug, Default)]
+pub struct Latencies {
+    /// Arrival to first token.
+    pub ttft: LatencyHistogram,
+    /// Arrival to completion.
+    pub e2e: LatencyHistogram,
+}
+
+/// One device's raw latency histograms ([`Engine::latency_histograms`]):
+/// copies of the engine's and the cache's only records of them, for
+/// exposition as buckets (the server's `/metrics`). Durations in
+/// nanoseconds, wall time, since the engine started.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceLatencies {
+    /// The device.
+    pub device: u32,
+    /// Arrival to first token of finished requests.
+    pub ttft: LatencyHistogram,
+    /// Arrival to completion of finished requests.
+    pub e2e: LatencyHistogram,
+    /// Match-and-pin at admission.
+    pub matches: LatencyHistogram,
+    /// Inserts (after prefill and at the end).
+    pub inserts: LatencyHistogram,
+    /// `evict` calls on this device (the cache's record; see
+    /// [`RadixCache::eviction_latency`]).
+    pub evict: LatencyHistogram,
+}
+
+/// Router state and live figures shared with the schedulers' callbacks.
+struct Shared {
+    router: Mutex<Router>,
+    done: Sender<Completion>,
+    live: Vec<Mutex<DeviceLive>>,
+}
+
+impl SchedulerEvents for Shared {
+    fn prompt_settled(&self, job: &Job, device: DeviceId) {
+        if let Ok(mut r) = self.router.lock() {
+            let key = TokenKey::new(&job.tokens).in_namespace(job.namespace.as_deref());
+            r.settled(key, device.index());
+        }
+    }
+
+    fn completed(&self, job: &Job, c: Completion) {
+        if let Ok(mut r) = self.router.lock() {
+            r.finished(c.device.index());
+        }
+        if let Some(Ok(mut l)) = self.live.get(c.device.index()).map(|m| m.lock()) {
+            if c.error.is_none() {
+                l.finished += 1;
+                l.prompt_tokens += c.prompt_tokens as u64;
+                l.cached_tokens += c.cached_tokens as u64;
+                l.output_tokens += c.output_tokens as u64;
+                l.ttft.record(c.ttft);
+                l.e2e.record(c.e2e);
+            } else {
+                l.failed += 1;
+            }
+        }
+        // A streaming client got its `Done` from the scheduler.
+        if job.stream.is_none() {
+            let _ = self.done.send(c);
+        }
+    }
+
+    fn cache_op(&self, device: DeviceId, op: CacheOp, took: std::time::Duration) {
+        if let Some(Ok(mut l)) = self.live.get(device.index()).map(|m| m.lock()) {
+            match op {
+                CacheOp::Match => l.matches.record(took),
+                CacheOp::Insert => l.inserts.record(took),
+            }
+        }
+    }
+}
+
+/// A running engine. Dropping it stops the schedulers (requests still in
+/// flight complete with an error) and joins them; [`shutdown`](Self::shutdown)
+/// first lets them finish their work.
+pub struct Engine {
+    cfg: EngineConfig,
+    caches: Vec<Arc<RadixCache>>,
+    shared: Arc<Shared>,
+    inboxes: Vec<Sender<Inbox>>,
+    threads: Vec<JoinHandle<SchedulerStats>>,
+    completions: Mutex<Receiver<Completion>>,
+    next_id: AtomicU64,
+    stop: Arc<AtomicBool>,
+    evictor: Vec<radixkv::cache::Evictor>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("devices", &self.cfg.devices)
+            .field("router", &self.cfg.router.kind)
+            .finish()
+    }
+}
+
+impl Engine {
+    /// Builds the cache(s) and starts one scheduler thread per device.
+    pub fn start(cfg: EngineConfig, backend: Arc<dyn ModelBackend>) -> Result<Engine, EngineError> {
+        if cfg.devices == 0 {
+            return Err(EngineError::InvalidConfig("at least one device".into()));
+        }
+        if cfg.pages_per_device < 2 {
+            return Err(EngineError::InvalidConfig(
+                "pages_per_device must be at least 2 (page 0 is reserved)".into(),
+            ));
+        }
+        let build = |devices: usize| {
+            let mut b = RadixCache::builder()
+                .devices(devices)
+                .page_size(cfg.page_size)
+                .eviction_policy(cfg.eviction_policy)
+                .pages_per_device(cfg.pages_per_device);
+            if let Some((low, high)) = cfg.watermarks {
+                b = b.watermarks(low, high);
+            }
+            b.build().map(Arc::new)
+        };
+        let caches: Vec<Arc<RadixCache>> = if cfg.router.kind.private_trees() {
+            (0..cfg.devices)
+                .map(|_| build(1))
+                .collect::<Result<_, _>>()?
+        } else {
+            vec![build(cfg.devices)?]
+        };
+        let mut evictor = Vec::new();
+        if cfg.watermarks.is_some() {
+            for c in &caches {
+                evictor.push(c.start_evictor()?);
+            }
+        }
+        let (done_tx, done_rx) = channel();
+        let shared = Arc::new(Shared {
+            router: Mutex::new(Router::new(cfg.router, cfg.devices, cfg.page_size)),
+            done: done_tx,
+            live: (0..cfg.devices).map(|_| Mutex::default()).collect(),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut inboxes = Vec::new();
+        let mut threads = Vec::new();
+        for d in 0..cfg.devices {
+            let (cache, dev) = if caches.len() > 1 {
+                (Arc::clone(&caches[d]), DeviceId(0))
+            } else {
+                (Arc::clone(&caches[0]), DeviceId(d as u32))
+            };
+            let (tx, rx) = channel();
+            let sched = Scheduler::new(
+                cfg.scheduler.clone(),
+                cache,
+                dev,
+                Arc::clone(&backend),
+                Arc::clone(&shared) as Arc<dyn SchedulerEvents>,
+            )
+            .reporting_as(DeviceId(d as u32));
+            let stop = Arc::clone(&stop);
+            let t = std::thread::Builder::new()
+                .name(format!("radixkv-sched-{d}"))
+                .spawn(move || sched.run(rx, &stop))
+                .map_err(|e| {
+                    EngineError::InvalidConfig(format!("cannot start a scheduler: {e}"))
+                })?;
+            inboxes.push(tx);
+            threads.push(t);
+        }
+        Ok(Engine {
+            cfg,
+            caches,
+            shared,
+            inboxes,
+            threads,
+            completions: Mutex::new(done_rx),
+            next_id: AtomicU64::new(0),
+            stop,
+            evictor,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The cache serving `device` and the device's id in it (the shared
+    /// tree and `device`, or with the `private` router that device's own
+    /// tree and device 0).
+    pub fn cache(&self, device: usize) -> Option<(&Arc<RadixCache>, DeviceId)> {
+        if device >= self.cfg.devices {
+            return None;
+        }
+        Some(if self.caches.len() > 1 {
+            (&self.caches[device], DeviceId(0))
+        } else {
+            (&self.caches[0], DeviceId(device as u32))
+        })
+    }
+
+    /// Tokens one request may hold at most on a device (its prompt plus
+    /// output, in whole pages).
+    pub fn max_request_tokens(&self) -> usize {
+        (self.cfg.pages_per_device - 1) * self.cfg.page_size
+    }
+
+    /// Routes and queues a request; returns its id. Its [`Completion`]
+    /// arrives on [`completions`](Self::completions).
+    pub fn submit(&self, req: EngineRequest) -> Result<u64, EngineError> {
+        self.submit_inner(req, None)
+    }
+
+    /// Like [`submit`](Self::submit), but every generated token and then
+    /// the completion arrive on the returned receiver (and not on
+    /// [`completions`](Self::completions)). Dropping the receiver does not
+    /// stop the request: call [`cancel`](Self::cancel).
+    ///
+    /// ```
+    /// use radixkv_engine::{Engine, EngineConfig, EngineRequest};
+    /// use radixkv_engine::backend::{CostModel, SimulatedBackend};
+    /// use radixkv_engine::sched::scheduler::StreamEvent;
+    /// use std::sync::Arc;
+    /// let backend = Arc::new(SimulatedBackend::new(CostModel::default(), 1000.0));
+    /// let cfg = EngineConfig { devices: 1, pages_per_device: 64, ..EngineConfig::default() };
+    /// let engine = Engine::start(cfg, backend)?;
+    /// let (_, rx) = engine.submit_streaming(EngineRequest::new(vec![1, 2, 3], 4))?;
+    /// let events: Vec<StreamEvent> = rx.iter().collect();
+    /// assert_eq!(events.len(), 5); // four tokens, then Done
+    /// assert!(matches!(events[4], StreamEvent::Done(ref c) if c.output_tokens == 4));
+    /// # Ok::<(), radixkv_engine::EngineError>(())
+    /// ```
+    pub fn submit_streaming(
+        &self,
+        req: EngineRequest,
+    ) -> Result<(u64, Receiver<StreamEvent>), EngineError> {
+        let (tx, rx) = channel();
+        let id = self.submit_inner(req, Some(tx))?;
+        Ok((id, rx))
+    }
+
+    /// Drops request `id` wherever it is: its pages and pins are released
+    /// and it completes with the error "cancelled". Unknown or finished ids
+    /// are ignored.
+    pub fn cancel(&self, id: u64) {
+        for inbox in &self.inboxes {
+            let _ = inbox.send(Inbox::Cancel(id));
+        }
+    }
+
+    /// Arrival-to-first-token and arrival-to-completion latencies (wall
+    /// time) of every request finished so far, all devices merged: the
+    /// engine's one record of them, which the replay, the per-device
+    /// [`DeviceMetrics`] summaries and [`latency_histograms`](Self::latency_histograms)
+    /// read.
+    pub fn latencies(&self) -> Latencies {
+        let mut out = Latencies::default();
+        for l in &self.shared.live {
+            if let Ok(l) = l.lock() {
+                out.ttft.merge(&l.ttft);
+                out.e2e.merge(&l.e2e);
+            }
+        }
+        out
+    }
+
+    /// Each device's raw latency histograms: TTFT, end to end, match and
+    /// insert (copied under the device's live-figures lock) and `evict`
+    /// (copied under the cache's eviction lock of that device). Each
+    /// latency is recorded in one place only; this reads those records.
+    ///
+    /// ```
+    /// use radixkv_engine::{Engine, EngineConfig, EngineRequest};
+    /// use radixkv_engine::backend::{CostModel, SimulatedBackend};
+    /// use std::sync::Arc;
+    /// let backend = Arc::new(SimulatedBackend::new(CostModel::default(), 1000.0));
+    /// let cfg = EngineConfig { devices: 2, pages_per_device: 64, ..EngineConfig::default() };
+    /// let engine = Engine::start(cfg, backend)?;
+    /// engine.submit(EngineRequest::new(vec![1, 2, 3], 4))?;
+    /// let c = engine.completions().recv().unwrap();
+    /// let h = engine.latency_histograms();
+    /// assert_eq!(h.len(), 2);
+    /// let d = &h[c.device.index()];
+    /// assert_eq!(d.device, c.device.0);
+    /// assert_eq!((d.ttft.len(), d.e2e.len()), (1, 1));
+    /// assert!(d.matches.len() >= 1 && d.inserts.len() >= 1);
+    /// # Ok::<(), radixkv_engine::EngineError>(())
+    /// ```
+    pub fn latency_histograms(&self) -> Vec<DeviceLatencies> {
+        (0..self.cfg.devices)
+            .map(|d| {
+                let mut out = DeviceLatencies {
+                    device: d as u32,
+                    ..DeviceLatencies::default()
+                };
+                if let Some(Ok(l)) = self.shared.live.get(d).map(|x| x.lock()) {
+                    out.ttft = l.ttft.clone();
+                    out.e2e = l.e2e.clone();
+                    out.matches = l.matches.clone();
+                    out.inserts = l.inserts.clone();
+                }
+                if let Some((cache, dev)) = self.cache(d) {
+                    out.evict = cache.eviction_latency(dev).unwrap_or_default();
+                }
+                out
+            })
+            .collect()
+    }
+
+    /// Live figures per device.
+    pub fn metrics(&self) -> Vec<DeviceMetrics> {
+        let load = self.load();
+        (0..self.cfg.devices)
+            .map(|d| {
+                let mut m = DeviceMetrics {
+                    device: d as u32,
+                    outstanding: load.get(d).copied().unwrap_or(0),
+                    ..DeviceMetrics::default()
+                };
+                if let Some(Ok(l)) = self.shared.live.get(d).map(|x| x.lock()) {
+                    m.finished = l.finished;
+                    m.failed = l.failed;
+                    m.prompt_tokens = l.prompt_tokens;
+                    m.cached_tokens = l.cached_tokens;
+                    m.output_tokens = l.output_tokens;
+                    m.hit_rate = if l.prompt_tokens == 0 {
+                        0.0
+                    } else {
+                        l.cached_tokens as f64 / l.prompt_tokens as f64
+                    };
+                    m.ttft = l.ttft.summary();
+                    m.e2e = l.e2e.summary();
+                    m.match_latency = l.matches.summary();
+                    m.insert_latency = l.inserts.summary();
+                }
+                if let Some((cache, dev)) = self.cache(d) {
+                    if let Some(a) = cache.allocator(dev) {
+                        m.pages_free = a.free_pages();
+                        m.pages_used = a.num_pages() - 1 - a.free_pages();
+                    }
+                    m.eviction = cache.eviction_metrics(dev).unwrap_or_default();
+                }
+                m
+            })
+            .collect()
+    }
+
+    /// Checks every cache's invariants and page conservation
+    /// ([`RadixCache::check`]); meaningful when no request is in flight.
+    /// With requests in flight, pages they hold count as held, so a
+    /// failure then may be a false alarm: quiesce first.
+    pub fn audit(&self) -> Result<(), String> {
+        self.caches.iter().try_for_each(|c| c.check())
+    }
+
+    fn submit_inner(
+        &self,
+        req: EngineRequest,
+        stream: Option<Sender<StreamEvent>>,
+    ) -> Result<u64, EngineError> {
+        if req.tokens.is_empty() {
+            return Err(EngineError::Rejected("empty prompt".into()));
+        }
+        if req.output_len == 0 {
+            return Err(EngineError::Rejected(
+                "output_len must be at least 1".into(),
+            ));
+        }
+        let need = req.tokens.len() + req.output_len + self.cfg.page_size;
+        if need > self.max_request_tokens() {
+            return Err(EngineError::Rejected(format!(
+                "{} prompt + {} output tokens exceed a device's pool of {} tokens",
+                req.tokens.len(),
+                req.output_len,
+                self.max_request_tokens()
+            )));
+        }
+        // Relaxed: the flag is advisory (a request racing with `stop` fails
+        // with "stopped" through the scheduler instead).
+        if self.stop.load(Ordering::Relaxed) {
+            return Err(EngineError::Stopped);
+        }
+        // Relaxed: ids only need to be unique.
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let job = Job {
+            id,
+            tokens: req.tokens,
+            namespace: req.namespace,
+            priority: req.priority,
+            output_len: req.output_len,
+            output_tokens: req.output_tokens,
+            arrival: Instant::now(),
+            stream,
+        };
+        let device = {
+            let mut r = self
+                .shared
+                .router
+                .lock()
+                .map_err(|_| EngineError::Stopped)?;
+            let key = TokenKey::new(&job.tokens).in_namespace(job.namespace.as_deref());
+            let shared = (self.caches.len() == 1).then(|| &*self.caches[0]);
+            r.route(key, shared).device
+        };
+        self.inboxes[device]
+            .send(Inbox::Job(job))
+            .map_err(|_| EngineError::Stopped)?;
+        Ok(id)
+    }
+
+    /// Finished (or failed) requests, in completion order. The receiver is
+    /// behind a lock (so that the engine is `Sync`): hold the guard only
+    /// while receiving.
+    pub fn completions(&self) -> std::sync::MutexGuard<'_, Receiver<Completion>> {
+        // A panic while holding the guard leaves the receiver intact.
+        self.completions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Outstanding requests per device, as the router counts them.
+    pub fn load(&self) -> Vec<usize> {
+        self.shared
+            .router
+            .lock()
+            .map(|r| r.load().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// Asks the schedulers to stop now: requests still queued or running
+    /// complete with an error ("stopped").
+    pub fn stop(&self) {
+        // Relaxed: polled by each scheduler once per round.
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Lets the schedulers finish everything submitted, joins them and
+    /// reports per device.
+    pub fn shutdown(mut self) -> EngineReport {
+        self.inboxes.clear(); // schedulers exit once idle
+        let stats: Vec<SchedulerStats> = self
+            .threads
+            .drain(..)
+            .map(|t| t.join().unwrap_or_default())
+            .collect();
+        self.evictor.clear();
+        let devices = stats
+            .into_iter()
+            .enumerate()
+            .map(|(d, scheduler)| {
+                let (cache, dev) = self.cache(d).map_or_else(
+                    || (Arc::clone(&self.caches[0]), DeviceId(0)),
+                    |(c, dev)| (Arc::clone(c), dev),
+                );
+                let (pool_pages, used_pages) = cache.allocator(dev).map_or((0, 0), |a| {
+                    let pool = a.num_pages() - 1;
+                    (pool, pool - a.free_pages())
+                });
+                DeviceReport {
+                    device: DeviceId(d as u32),
+                    scheduler,
+                    eviction: cache.eviction_metrics(dev).unwrap_or_default(),
+                    pool_pages,
+                    used_pages,
+                }
+            })
+            .collect();
+        EngineReport { devices }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if self.threads.is_empty() {
+            return;
+        }
+        self.stop();
+        self.inboxes.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}

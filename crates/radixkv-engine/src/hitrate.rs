@@ -1,0 +1,511 @@
+//! Hit-rate evaluation (`radixkv hitrate`): replays a [`Trace`] through a
+//! single-device cache that owns a pool of a given size, with each
+//! request's real lifecycle (match and pin the cached prefix, allocate the
+//! rest, evicting on shortage, insert at completion), and reports the share
+//! of input tokens served from the cache, per policy and capacity, beside
+//! an offline bound: Belady's MIN over the same pages.
+//!
+//! Requests come from [`crate::trace`], the same readers and generators as
+//! the engine's replay; this is the fast policy sweep (one device, no
+//! timing, every request finishes before the next one starts).
+
+use crate::trace::{PageIds, Trace, TraceError, UNIQUE};
+use radixkv::{CacheError, DeviceId, EvictionPolicy, RadixCache, TokenKey};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Errors of the evaluation.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HitrateError {
+    /// The trace could not be read or used.
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    /// The cache could not be built or used.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    /// Settings that cannot work.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// One row of the report.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct HitRow {
+    /// Trace name.
+    pub trace: String,
+    /// Policy (or `belady`).
+    pub policy: String,
+    /// Capacity as a share of the trace's distinct tokens: the share asked
+    /// for, or (with a page count) `pages · page_size / distinct`.
+    pub capacity: f64,
+    /// The pool's usable pages.
+    pub pages: usize,
+    /// Input tokens served from the cache / all input tokens.
+    pub hit_rate_tokens: f64,
+    /// Tokens evicted during the replay.
+    pub evicted_tokens: u64,
+}
+
+/// Replays `trace` with `policy` through a pool of `pages` pages; returns
+/// the hit rate in tokens and the tokens evicted.
+pub fn replay(
+    trace: &Trace,
+    policy: EvictionPolicy,
+    page_size: usize,
+    pages: usize,
+) -> Result<(f64, u64), HitrateError> {
+    let cache = Arc::new(
+        RadixCache::builder()
+            .page_size(page_size)
+            .eviction_policy(policy)
+            .pages_per_device(pages.saturating_add(1))
+            .build()?,
+    );
+    let d = DeviceId(0);
+    let (mut hit, mut total, mut adopted) = (0u64, 0u64, 0u64);
+    let mut tokens = Vec::new();
+    for i in 0..trace.requests.len() {
+        trace.tokens_into(i, &mut tokens);
+        let mut req = cache.begin(TokenKey::new(&tokens), d)?;
+        hit += req.cached_len() as u64;
+        total += tokens.len() as u64;
+        // The request computes the rest; with no room even after eviction
+        // (a request larger than the pool), nothing of it is cached.
+        if req.reserve().is_ok() {
+            let done = req.finish()?;
+            adopted += done.adopted.iter().map(|a| a.len() as u64).sum::<u64>();
+        }
+    }
+    // Every adopted token is either still cached or was evicted.
+    let cached = cache.sizes(d)?.total as u64;
+    Ok((
+        hit as f64 / total.max(1) as f64,
+        adopted.saturating_sub(cached),
+    ))
+}
+
+/// Not used again.
+const NEVER: u32 = u32::MAX;
+
+/// For every request, the next request that uses each of its pages, as
+/// runs `(next request or NEVER, pages)` in page order: Belady's MIN
+/// needs only these. Along a request the values never decrease (a request
+/// that holds a page holds every page before it), so a request is a few
+/// runs however long it is.
+struct NextUses {
+    runs: Vec<(u32, u32)>,
+    /// Per request, its range in `runs`.
+    bounds: Vec<(usize, usize)>,
+    total_tokens: u64,
+}
+
+fn next_uses(trace: &Trace, page_size: usize) -> Result<NextUses, HitrateError> {
+    let n = trace.requests.len();
+    if n >= NEVER as usize {
+        return Err(HitrateError::Invalid(format!(
+            "{n} requests are too many for Belady's bound"
+        )));
+    }
+    let mut ids = PageIds::new(trace, page_size);
+    let mut next = vec![NEVER; ids.block_space];
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    let mut bounds = vec![(0, 0); n];
+    let mut pages = Vec::new();
+    for r in (0..n).rev() {
+        ids.pages(r, &mut pages);
+        let start = runs.len();
+        for &p in &pages {
+            let v = if p == UNIQUE {
+                NEVER
+            } else {
+                if p >= next.len() {
+                    next.resize(p + 1, NEVER);
+                }
+                std::mem::replace(&mut next[p], r as u32)
+            };
+            let here = runs.len() > start;
+            match runs.last_mut() {
+                Some((k, c)) if here && *k == v => *c += 1,
+                _ => runs.push((v, 1)),
+            }
+        }
+        bounds[r] = (start, runs.len());
+    }
+    Ok(NextUses {
+        runs,
+        bounds,
+        total_tokens: trace.input_tokens(),
+    })
+}
+
+/// Belady's MIN over pages from precomputed next uses: before each
+/// request, the cached pages it uses are hits; then the cache keeps the
+/// `pages` pages, among those it held and those of the request, whose next
+/// use is nearest (ties keep the pages held before). Pages with the same
+/// next use are interchangeable, so the cache is a count per next use.
+fn belady_with(plan: &NextUses, page_size: usize, pages: usize) -> (f64, u64) {
+    let mut cache: BTreeMap<u32, u64> = BTreeMap::new();
+    let (mut size, mut hit, mut evicted) = (0u64, 0u64, 0u64);
+    let cap = pages as u64;
+    let mut new: Vec<(u32, u64)> = Vec::new();
+    for (r, &(lo, hi)) in plan.bounds.iter().enumerate() {
+        if let Some(h) = cache.remove(&(r as u32)) {
+            hit += h;
+            size -= h;
+        }
+        new.clear();
+        new.extend(plan.runs[lo..hi].iter().map(|&(k, c)| (k, u64::from(c))));
+        if !new.is_sorted_by_key(|x| x.0) {
+            new.sort_unstable_by_key(|x| x.0);
+        }
+        new.dedup_by(|b, a| {
+            let same = a.0 == b.0;
+            if same {
+                a.1 += b.1;
+            }
+            same
+        });
+        let k: u64 = new.iter().map(|x| x.1).sum();
+        let mut excess = (size + k).saturating_sub(cap);
+        while excess > 0 {
+            let top_old = cache.last_key_value().map(|(&key, _)| key);
+            match new.last_mut() {
+                Some(top) if top_old.is_none_or(|o| top.0 >= o) => {
+                    let d = excess.min(top.1);
+                    top.1 -= d;
+                    excess -= d;
+                    if top.1 == 0 {
+                        new.pop();
+                    }
+                }
+                _ => {
+                    let Some(mut e) = cache.last_entry() else {
+                        break;
+                    };
+                    let d = excess.min(*e.get());
+                    *e.get_mut() -= d;
+                    if *e.get() == 0 {
+                        e.remove();
+                    }
+                    size -= d;
+                    evicted += d;
+                    excess -= d;
+                }
+            }
+        }
+        for &(key, c) in &new {
+            *cache.entry(key).or_insert(0) += c;
+            size += c;
+        }
+    }
+    let ps = page_size as u64;
+    (
+        (hit * ps) as f64 / plan.total_tokens.max(1) as f64,
+        evicted * ps,
+    )
+}
+
+/// Belady's MIN over pages: the cache holds `pages` pages; after each
+/// request it keeps, among the pages it held and the request's, those
+/// whose next use is nearest. It maximizes page hits, and every page of a
+/// request counts, whether its prefix is cached or not; it ignores the
+/// tree's constraints (a page is usable only with its prefix, eviction
+/// takes leaves, pinned pages stay), so it bounds every policy from above,
+/// loosely. Returns the hit rate in tokens and the tokens evicted (pages
+/// dropped that the request at hand did not use).
+pub fn belady(trace: &Trace, page_size: usize, pages: usize) -> Result<(f64, u64), HitrateError> {
+    if page_size == 0 {
+        return Err(HitrateError::Invalid("page size must be at least 1".into()));
+    }
+    Ok(belady_with(&next_uses(trace, page_size)?, page_size, pages))
+}
+
+/// Runs every (policy, capacity) pair and Belady's bound for each capacity.
+pub fn evaluate(
+    trace: &Trace,
+    policies: &[EvictionPolicy],
+    capacities: &[f64],
+    page_size: usize,
+) -> Result<Vec<HitRow>, HitrateError> {
+    if page_size == 0 {
+        return Err(HitrateError::Invalid("page size must be at least 1".into()));
+    }
+    let distinct = trace.distinct_tokens(page_size);
+    evaluate_sized(trace, policies, capacities, page_size, distinct)
+}
+
+/// Like [`evaluate`], for a caller that already knows
+/// [`Trace::distinct_tokens`] at this page size.
+pub fn evaluate_sized(
+    trace: &Trace,
+    policies: &[EvictionPolicy],
+    capacities: &[f64],
+    page_size: usize,
+    distinct: usize,
+) -> Result<Vec<HitRow>, HitrateError> {
+    if page_size == 0 {
+        return Err(HitrateError::Invalid("page size must be at least 1".into()));
+    }
+    let mut sizes = Vec::new();
+    for &c in capacities {
+        if !(c > 0.0 && c.is_finite()) {
+            return Err(HitrateError::Invalid(format!(
+                "capacity {c} is not a positive fraction"
+            )));
+        }
+        let pages = ((distinct as f64 * c) / page_size as f64).ceil().max(2.0) as usize;
+        sizes.push((c, pages));
+    }
+    evaluate_at(trace, policies, &sizes, page_size)
+}
+
+/// Like [`evaluate_sized`] with absolute pool sizes in pages; each row's
+/// capacity is `pages · page_size / distinct`.
+pub fn evaluate_pages(
+    trace: &Trace,
+    policies: &[EvictionPolicy],
+    pages: &[usize],
+    page_size: usize,
+    distinct: usize,
+) -> Result<Vec<HitRow>, HitrateError> {
+    if page_size == 0 {
+        return Err(HitrateError::Invalid("page size must be at least 1".into()));
+    }
+    if distinct == 0 {
+        return Err(HitrateError::Invalid(format!(
+            "the trace has no whole page of {page_size} tokens: a capacity in pages has no share"
+        )));
+    }
+    let mut sizes = Vec::new();
+    for &p in pages {
+        if p == 0 {
+            return Err(HitrateError::Invalid("a pool needs at least 1 page".into()));
+        }
+        sizes.push(((p as f64 * page_size as f64) / distinct as f64, p));
+    }
+    evaluate_at(trace, policies, &sizes, page_size)
+}
+
+/// Rows for every `(capacity share, pages)` and policy, plus Belady's.
+fn evaluate_at(
+    trace: &Trace,
+    policies: &[EvictionPolicy],
+    sizes: &[(f64, usize)],
+    page_size: usize,
+) -> Result<Vec<HitRow>, HitrateError> {
+    let plan = next_uses(trace, page_size)?;
+    let mut rows = Vec::new();
+    for &(capacity, pages) in sizes {
+        let row = |policy: String, (rate, evicted): (f64, u64)| HitRow {
+            trace: trace.name.clone(),
+            policy,
+            capacity,
+            pages,
+            hit_rate_tokens: rate,
+            evicted_tokens: evicted,
+        };
+        for &p in policies {
+            rows.push(row(p.to_string(), replay(trace, p, page_size, pages)?));
+        }
+        rows.push(row("belady".into(), belady_with(&plan, page_size, pages)));
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{chat, gsp, BlockTrie, ChatShape, Prompt, TraceRequest};
+
+    fn small_chat(seed: u64) -> Trace {
+        let shape = ChatShape {
+            conversations: 3,
+            turns: 3,
+            system: 16,
+            user: 8,
+            assistant: 8,
+            ..ChatShape::default()
+        };
+        chat(&shape, seed)
+    }
+
+    #[test]
+    fn belady_bounds_every_policy_and_infinite_capacity_hits_the_shared_part() {
+        let t = gsp(8, 6, 256, 32, 4, 3);
+        let rows = evaluate(&t, &EvictionPolicy::ALL, &[0.2, 2.0], 16).unwrap();
+        for c in [0.2, 2.0] {
+            let bound = rows
+                .iter()
+                .find(|r| r.policy == "belady" && r.capacity == c)
+                .unwrap()
+                .hit_rate_tokens;
+            for r in rows
+                .iter()
+                .filter(|r| r.capacity == c && r.policy != "belady")
+            {
+                assert!(
+                    r.hit_rate_tokens <= bound + 1e-9,
+                    "{r:?} above Belady's {bound}"
+                );
+            }
+        }
+        // With room for everything, every request after the first of its
+        // group reuses the whole system prompt: 5 of 6 per group.
+        let lru = rows
+            .iter()
+            .find(|r| r.policy == "lru" && r.capacity == 2.0)
+            .unwrap();
+        let want = (5.0 * 256.0) / (6.0 * (256.0 + 32.0));
+        assert!(
+            (lru.hit_rate_tokens - want).abs() < 0.01,
+            "{} vs {want}",
+            lru.hit_rate_tokens
+        );
+        assert_eq!(lru.evicted_tokens, 0);
+        // Tight capacity evicts.
+        let small = rows
+            .iter()
+            .find(|r| r.policy == "lru" && r.capacity == 0.2)
+            .unwrap();
+        assert!(small.evicted_tokens > 0 && small.hit_rate_tokens < lru.hit_rate_tokens);
+    }
+
+    /// Belady's MIN page by page, the plain way: hits are the pages cached
+    /// before a request; then each page of the request in turn is kept if
+    /// there is room or some cached page's next use (by request) is later.
+    fn belady_plain(trace: &Trace, ps: usize, pages: usize) -> f64 {
+        let mut ids = PageIds::new(trace, ps);
+        let mut reqs: Vec<Vec<usize>> = Vec::new();
+        let mut fresh = usize::MAX / 2;
+        for i in 0..trace.requests.len() {
+            let mut v = Vec::new();
+            ids.pages(i, &mut v);
+            for p in &mut v {
+                if *p == UNIQUE {
+                    fresh += 1;
+                    *p = fresh;
+                }
+            }
+            reqs.push(v);
+        }
+        let next_use = |p: usize, after: usize| {
+            (after + 1..reqs.len())
+                .find(|&r| reqs[r].contains(&p))
+                .unwrap_or(usize::MAX)
+        };
+        let mut cached: Vec<usize> = Vec::new();
+        let mut hit = 0;
+        for (r, ids) in reqs.iter().enumerate() {
+            hit += ids.iter().filter(|p| cached.contains(p)).count();
+            for &p in ids {
+                if cached.contains(&p) {
+                    continue;
+                }
+                if cached.len() < pages {
+                    cached.push(p);
+                    continue;
+                }
+                let nu = next_use(p, r);
+                let (far_at, far) = cached
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &q)| (k, next_use(q, r)))
+                    .max_by_key(|x| x.1)
+                    .unwrap_or((0, 0));
+                if far > nu {
+                    cached[far_at] = p;
+                }
+            }
+        }
+        (hit * ps) as f64 / trace.input_tokens().max(1) as f64
+    }
+
+    #[test]
+    fn belady_by_counts_matches_the_plain_algorithm() {
+        for seed in 1..4 {
+            let traces = [gsp(3, 4, 32, 8, 4, seed), small_chat(seed)];
+            for t in &traces {
+                for ps in [1, 4, 5] {
+                    let distinct = t.distinct_tokens(ps) / ps;
+                    for pages in [0, 1, 3, distinct / 4, distinct / 2, distinct + 1] {
+                        let fast = belady(t, ps, pages).unwrap().0;
+                        let plain = belady_plain(t, ps, pages);
+                        assert!(
+                            (fast - plain).abs() < 1e-12,
+                            "{} ps {ps} pages {pages}: {fast} vs {plain}",
+                            t.name
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn block_prompts_expand_along_the_trie_and_pages_name_prefixes() {
+        let mut blocks = BlockTrie {
+            block_size: 4,
+            parent: Vec::new(),
+        };
+        let a = blocks.push(None).unwrap();
+        let b = blocks.push(Some(a)).unwrap();
+        let c = blocks.push(Some(a)).unwrap();
+        let base = 3 * 4;
+        let t = Trace {
+            name: "t".into(),
+            requests: vec![
+                TraceRequest {
+                    arrival_ms: 0.0,
+                    output_len: 0,
+                    output_tokens: None,
+                    prompt: Prompt::Blocks {
+                        last: Some(b),
+                        blocks: 2,
+                        tail_start: base,
+                        tail: 3,
+                    },
+                },
+                TraceRequest {
+                    arrival_ms: 1.0,
+                    output_len: 0,
+                    output_tokens: None,
+                    prompt: Prompt::Blocks {
+                        last: Some(c),
+                        blocks: 2,
+                        tail_start: base + 3,
+                        tail: 0,
+                    },
+                },
+            ],
+            blocks,
+        };
+        assert_eq!(t.tokens(0)[..], [0, 1, 2, 3, 4, 5, 6, 7, 12, 13, 14]);
+        assert_eq!(t.tokens(1)[..], [0, 1, 2, 3, 8, 9, 10, 11]);
+        assert_eq!(t.input_len(0), 11);
+        // Pages of 2: block a's two pages are shared; b's, c's and the
+        // tail's are not (the last tail token makes no whole page).
+        assert_eq!(t.distinct_tokens(2), (2 + 2 + 2 + 1) * 2);
+        // Pages of 3 straddle blocks: [0 1 2] is shared; [3 4 5] and
+        // [6 7 12] (tail) are request 0's, [3 8 9] request 1's.
+        assert_eq!(t.distinct_tokens(3), (1 + 2 + 1) * 3);
+        for ps in 1..=9 {
+            let literal = Trace::from_tokens(
+                "l",
+                vec![(0.0, t.tokens(0).to_vec()), (1.0, t.tokens(1).to_vec())],
+            );
+            assert_eq!(
+                t.distinct_tokens(ps),
+                literal.distinct_tokens(ps),
+                "page size {ps}"
+            );
+            for pages in 0..8 {
+                assert_eq!(
+                    belady(&t, ps, pages).unwrap(),
+                    belady(&literal, ps, pages).unwrap()
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! # radixkv-engine
+//!
+//! The multi-device serving engine over the [`radixkv`] core: one scheduler thread per device, all
+//! sharing one [`RadixCache`](radixkv::RadixCache) (or, for the `private` baseline, one tree per
+//! device), a router in front, and a model backend behind.
+//!
+//! ```
+//! use radixkv_engine::{Engine, EngineConfig, EngineRequest};
+//! use radixkv_engine::backend::{CostModel, SimulatedBackend};
+//! use std::sync::Arc;
+//! let backend = Arc::new(SimulatedBackend::new(CostModel::default(), 1000.0));
+//! let cfg = EngineConfig { devices: 2, pages_per_device: 256, ..EngineConfig::default() };
+//! let engine = Engine::start(cfg, backend)?;
+//! let system: Vec<u32> = (0..64).collect();
+//! for q in 0..4u32 {
+//!     let mut prompt = system.clone();
+//!     prompt.extend([1000 + q; 16]);
+//!     engine.submit(EngineRequest::new(prompt, 8))?;
+//! }
+//! let done: Vec<_> = (0..4).map(|_| engine.completions().recv().unwrap()).collect();
+//! assert!(done.iter().all(|c| c.error.is_none() && c.output_tokens == 8));
+//! let report = engine.shutdown();
+//! assert_eq!(report.devices.len(), 2);
+//! # Ok::<(), radixkv_engine::EngineError>(())
+//! ```
+//!
+//! ## Modules
+//!
+//! | module | what it is |
+//! | --- | --- |
+//! | crate root | [`Engine`]: scheduler threads on one shared [`RadixCache`](radixkv::RadixCache), the router, reports and live metrics |
+//! | [`router`] | which device a request goes to (cache-aware, round-robin, least-loaded, private) |
+//! | [`sched`] | per-device scheduling: waiting-queue policies, the scheduler loop, the model interface |
+//! | [`backend`] | model backends: the cost-model simulator |
+//! | `tiny` | a tiny candle transformer computing for real, its KV in [`kvpool`] pools (feature `candle`) |
+//! | [`kvpool`] | KV memory per device: host, or CUDA (feature `cuda`) |
+//! | [`trace`] | request traces: one type, the Mooncake and agentic readers, the gsp / chat / tot generators |
+//! | [`rng`] | the one seeded generator of workloads, policies and weights |
+//! | [`replay`] | `radixkv replay`: a trace through the engine, summarized |
+//! | [`hitrate`] | `radixkv hitrate`: single-device lifecycle replay per policy and capacity, Belady's bound |
+//! | [`conformance`] | `radixkv ops`: the SGLang conformance runner |
+//! | [`torture`] | `radixkv stress`: random lifecycles under memory pressure, then an audit |
+//!
+//! ## Cargo features
+//!
+//! | feature | default | what it adds |
+//! | --- | --- | --- |
+//! | `candle` | on | the tiny candle transformer (`tiny`, `replay --model tiny`) |
+//! | `cuda` | off | KV pools in GPU memory through cudarc, loaded at run time (builds without a toolkit) |
+
+pub mod backend;
+pub mod conformance;
+mod engine;
+pub mod hitrate;
+pub mod kvpool;
+pub mod replay;
+pub mod rng;
+pub mod router;
+pub mod sched;
+#[cfg(feature = "candle")]
+pub mod tiny;
+pub mod torture;
+pub mod trace;
+
+pub use engine::{
+    DeviceLatencies, DeviceMetrics, DeviceReport, Engine, EngineConfig, EngineError, EngineReport,
+    EngineRequest, Latencies,
+};
+pub use sched::scheduler::{Completion, StreamEvent};

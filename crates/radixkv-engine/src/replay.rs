@@ -1,0 +1,522 @@
+//! `radixkv replay`: runs a workload through the engine in (scaled) real
+//! time and summarizes what prefix caching bought.
+//!
+//! Model time is wall time × `speedup`: the simulated backend sleeps for
+//! its cost model's duration / `speedup`, and arrivals are scheduled the
+//! same way, so latencies are reported in model milliseconds (the engine's
+//! own CPU time is scaled up with them, which makes the figures slightly
+//! pessimistic).
+//!
+//! ```
+//! use radixkv_engine::EngineConfig;
+//! use radixkv_engine::replay::{replay, ReplayConfig};
+//! use radixkv_engine::trace::gsp;
+//! let w = gsp(4, 4, 256, 32, 4, 1);
+//! let cfg = ReplayConfig {
+//!     engine: EngineConfig { devices: 2, pages_per_device: 1024, ..EngineConfig::default() },
+//!     speedup: 200.0,
+//!     ..ReplayConfig::default()
+//! };
+//! let s = replay(&w, &cfg, &Default::default())?;
+//! assert_eq!((s.requests, s.finished), (16, 16));
+//! assert!(s.hit_rate > 0.5);
+//! # Ok::<(), radixkv_engine::EngineError>(())
+//! ```
+
+use crate::backend::{CostModel, SimulatedBackend};
+use crate::trace::Trace;
+use crate::{Engine, EngineConfig, EngineError, EngineRequest};
+use radixkv::metrics::LatencyHistogram;
+use serde::Serialize;
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How to replay.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplayConfig {
+    /// The engine.
+    pub engine: EngineConfig,
+    /// The simulator's cost model.
+    pub cost: CostModel,
+    /// Model time per wall time (default 4).
+    pub speedup: f64,
+    /// Requests per second of model time, as a Poisson process, instead of
+    /// the workload's arrival times (`f64::INFINITY`: all at once).
+    pub request_rate: Option<f64>,
+    /// Seed of the Poisson arrivals.
+    pub seed: u64,
+    /// Show progress on stderr (a bar on a terminal, else a line per 10 %).
+    pub progress: bool,
+    /// The model behind the engine (default: the simulator).
+    pub model: ReplayModel,
+}
+
+/// Which model runs the engine's passes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum ReplayModel {
+    /// The simulated GPU ([`SimulatedBackend`], sleeping for the cost
+    /// model's time / `speedup`).
+    #[default]
+    Simulated,
+    /// The tiny candle transformer ([`crate::tiny::TinyBackend`]):
+    /// real compute with its KV in per-device pools sized like the cache
+    /// (the pool, model, device count and slots come from the engine's
+    /// configuration). Times are wall time: `speedup` is taken as 1.
+    /// Feature `candle`.
+    #[cfg(feature = "candle")]
+    Tiny {
+        /// The model.
+        model: crate::tiny::TinyConfig,
+        /// Host or GPU pools.
+        pool: crate::tiny::PoolKind,
+        /// Check every computed position against the dense reference.
+        verify: bool,
+    },
+}
+
+impl Default for ReplayConfig {
+    fn default() -> Self {
+        ReplayConfig {
+            engine: EngineConfig::default(),
+            cost: CostModel::default(),
+            speedup: 4.0,
+            request_rate: None,
+            seed: 42,
+            progress: false,
+            model: ReplayModel::Simulated,
+        }
+    }
+}
+
+/// The replay's summary (the JSON keys are stable).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReplaySummary {
+    /// The workload's name.
+    pub workload: String,
+    /// The router.
+    pub router: String,
+    /// Devices.
+    pub devices: usize,
+    /// Requests in the workload.
+    pub requests: usize,
+    /// Requests that finished.
+    pub finished: usize,
+    /// Requests that failed after admission (or were stopped).
+    pub failed: usize,
+    /// Requests rejected at submission (e.g. larger than a device's pool).
+    pub rejected: usize,
+    /// Whether the run was interrupted (Ctrl-C): the figures are partial.
+    pub interrupted: bool,
+    /// Prompt tokens of the finished requests.
+    pub prompt_tokens: usize,
+    /// Output tokens of the finished requests.
+    pub output_tokens: usize,
+    /// Token hit rate: prompt tokens served from the cache / prompt tokens.
+    pub hit_rate: f64,
+    /// The same per device.
+    pub hit_rate_per_device: Vec<f64>,
+    /// The workload's hit rate with an infinite cache (the ceiling).
+    pub infinite_cache_hit_rate: f64,
+    /// Prompt tokens not computed thanks to the cache.
+    pub prefill_tokens_saved: usize,
+    /// Tokens computed by prefill passes (retractions recompute).
+    pub prefill_tokens_computed: u64,
+    /// Model time from the first arrival to the last completion, seconds.
+    pub duration_s: f64,
+    /// Output tokens per second of model time.
+    pub throughput_tok_s: f64,
+    /// Prompt + output tokens per second of model time.
+    pub total_throughput_tok_s: f64,
+    /// Time to first token, model milliseconds.
+    pub ttft_p50_ms: f64,
+    /// 90th percentile.
+    pub ttft_p90_ms: f64,
+    /// 99th percentile.
+    pub ttft_p99_ms: f64,
+    /// End-to-end latency, model milliseconds.
+    pub e2e_p50_ms: f64,
+    /// 90th percentile.
+    pub e2e_p90_ms: f64,
+    /// 99th percentile.
+    pub e2e_p99_ms: f64,
+    /// Retractions (requests re-queued for lack of pages).
+    pub retractions: u64,
+    /// Leaves evicted, per device.
+    pub evicted_leaves_per_device: Vec<u64>,
+    /// Tokens evicted, per device.
+    pub evicted_tokens_per_device: Vec<u64>,
+    /// Share of each device's pool holding cached KV at the end.
+    pub pool_use_per_device: Vec<f64>,
+    /// Wall-clock seconds the replay took.
+    pub wall_s: f64,
+    /// Requests whose computed positions a verifying model checked against
+    /// a recomputation (0 without one; a retracted request counts once per
+    /// admission).
+    pub verified_requests: u64,
+    /// Of which mismatched (must be 0).
+    pub mismatches: u64,
+}
+
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    total: usize,
+    last_decile: usize,
+    enabled: bool,
+}
+
+impl Progress {
+    fn new(total: usize, enabled: bool, label: &str) -> Self {
+        let bar = (enabled && std::io::stderr().is_terminal()).then(|| {
+            let b = indicatif::ProgressBar::new(total as u64);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{prefix} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}",
+            ) {
+                b.set_style(style);
+            }
+            b.set_prefix(label.to_string());
+            b
+        });
+        Progress {
+            bar,
+            total,
+            last_decile: 0,
+            enabled,
+        }
+    }
+
+    fn set(&mut self, done: usize, hit: f64) {
+        if let Some(b) = &self.bar {
+            b.set_position(done as u64);
+            b.set_message(format!("hit {:.1}%", hit * 100.0));
+        } else if self.enabled && self.total > 0 {
+            let decile = done * 10 / self.total;
+            if decile > self.last_decile {
+                self.last_decile = decile;
+                eprintln!(
+                    "{done}/{} requests done, hit rate {:.1}%",
+                    self.total,
+                    hit * 100.0
+                );
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// Model-time arrival offsets: the workload's, or a Poisson process.
+fn arrivals(w: &Trace, rate: Option<f64>, seed: u64) -> Vec<f64> {
+    match rate {
+        None => w.requests.iter().map(|r| r.arrival_ms).collect(),
+        Some(r) if !r.is_finite() || r <= 0.0 => vec![0.0; w.requests.len()],
+        Some(r) => {
+            let mut rng = crate::rng::SplitMix64::new(seed);
+            let mut t = 0.0;
+            w.requests
+                .iter()
+                .map(|_| {
+                    let at = t;
+                    t += rng.exp(1000.0 / r);
+                    at
+                })
+                .collect()
+        }
+    }
+}
+
+/// Replays `w` on a fresh engine; `interrupt` (e.g. set by Ctrl-C) stops
+/// it early with a partial summary.
+pub fn replay(
+    w: &Trace,
+    cfg: &ReplayConfig,
+    interrupt: &AtomicBool,
+) -> Result<ReplaySummary, EngineError> {
+    if !(cfg.speedup.is_finite() && cfg.speedup > 0.0) {
+        return Err(EngineError::InvalidConfig(format!(
+            "speedup must be a positive number, not {}",
+            cfg.speedup
+        )));
+    }
+    // The tiny model (feature candle) runs in wall time: speedup 1.
+    #[cfg_attr(not(feature = "candle"), allow(unused_mut))]
+    let mut cfg = cfg.clone();
+    let backend: Arc<dyn crate::sched::batch::ModelBackend> = match &cfg.model {
+        ReplayModel::Simulated => Arc::new(SimulatedBackend::new(cfg.cost, cfg.speedup)),
+        #[cfg(feature = "candle")]
+        ReplayModel::Tiny {
+            model,
+            pool,
+            verify,
+        } => {
+            use crate::tiny::{TinyBackend, TinyBackendConfig};
+            cfg.speedup = 1.0; // real compute: model time is wall time
+            let t = TinyBackendConfig {
+                model: model.clone(),
+                pool: *pool,
+                verify: *verify,
+                ..TinyBackendConfig::for_engine(&cfg.engine)
+            };
+            Arc::new(TinyBackend::new(t).map_err(|e| EngineError::InvalidConfig(e.to_string()))?)
+        }
+    };
+    let cfg = &cfg;
+    let engine = Engine::start(cfg.engine.clone(), Arc::clone(&backend))?;
+    let wall = Instant::now();
+    let at = arrivals(w, cfg.request_rate, cfg.seed);
+    let n = w.requests.len();
+    let devices = cfg.engine.devices;
+    let mut progress = Progress::new(n, cfg.progress, cfg.engine.router.kind.name());
+    let mut per_dev = vec![(0usize, 0usize); devices];
+    let (mut finished, mut failed, mut rejected) = (0usize, 0usize, 0usize);
+    let (mut prompt, mut output, mut retractions_seen) = (0usize, 0usize, 0u64);
+    let mut submitted = 0usize;
+    let mut done = 0usize;
+    let mut interrupted = false;
+    let scale = |d: Duration| d.mul_f64(cfg.speedup);
+    let mut last_done = wall;
+    let mut record =
+        |c: crate::sched::scheduler::Completion, done: &mut usize, progress: &mut Progress| {
+            *done += 1;
+            if c.error.is_some() {
+                failed += 1;
+            } else {
+                finished += 1;
+                prompt += c.prompt_tokens;
+                output += c.output_tokens;
+                let d = c.device.index().min(devices - 1);
+                per_dev[d].0 += c.cached_tokens;
+                per_dev[d].1 += c.prompt_tokens;
+            }
+            retractions_seen += u64::from(c.retractions);
+            let cached: usize = per_dev.iter().map(|p| p.0).sum();
+            let total: usize = per_dev.iter().map(|p| p.1).sum();
+            progress.set(
+                *done,
+                if total == 0 {
+                    0.0
+                } else {
+                    cached as f64 / total as f64
+                },
+            );
+        };
+    // Feed in arrival order from this thread, collecting between arrivals.
+    for (i, r) in w.requests.iter().enumerate() {
+        let due = wall + Duration::from_secs_f64(at[i].max(0.0) / 1000.0 / cfg.speedup);
+        loop {
+            if interrupt.load(Ordering::Relaxed) {
+                interrupted = true;
+                break;
+            }
+            let now = Instant::now();
+            if now >= due {
+                break;
+            }
+            if let Ok(c) = engine
+                .completions()
+                .recv_timeout((due - now).min(Duration::from_millis(50)))
+            {
+                last_done = Instant::now();
+                record(c, &mut done, &mut progress);
+            }
+        }
+        if interrupted {
+            break;
+        }
+        let req = EngineRequest {
+            tokens: w.tokens(i),
+            namespace: None,
+            priority: 0,
+            output_len: r.output_len,
+            output_tokens: r.output_tokens.clone(),
+        };
+        match engine.submit(req) {
+            Ok(_) => submitted += 1,
+            Err(EngineError::Rejected(_)) => rejected += 1,
+            Err(e) => return Err(e),
+        }
+    }
+    while done < submitted {
+        if !interrupted && interrupt.load(Ordering::Relaxed) {
+            interrupted = true;
+            engine.stop(); // the rest complete with "stopped"
+        }
+        match engine.completions().recv_timeout(Duration::from_millis(50)) {
+            Ok(c) => {
+                last_done = Instant::now();
+                record(c, &mut done, &mut progress);
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    progress.finish();
+    let lat = engine.latencies();
+    let report = engine.shutdown();
+    let verification = backend.verification().unwrap_or_default();
+    let first_arrival = at.iter().copied().fold(f64::INFINITY, f64::min);
+    let first_arrival = if first_arrival.is_finite() {
+        first_arrival
+    } else {
+        0.0
+    };
+    let duration_s = (scale(last_done - wall).as_secs_f64() - first_arrival / 1000.0).max(1e-9);
+    let cached: usize = per_dev.iter().map(|p| p.0).sum();
+    // The engine's wall-time latencies, in model time.
+    let ms = |h: &LatencyHistogram, q: fn(&radixkv::metrics::LatencySummary) -> u64| {
+        q(&h.summary()) as f64 / 1e6 * cfg.speedup
+    };
+    let (ttft, e2e) = (lat.ttft, lat.e2e);
+    Ok(ReplaySummary {
+        workload: w.name.clone(),
+        router: cfg.engine.router.kind.name().to_string(),
+        devices,
+        requests: n,
+        finished,
+        failed,
+        rejected,
+        interrupted,
+        prompt_tokens: prompt,
+        output_tokens: output,
+        hit_rate: ratio(cached, prompt),
+        hit_rate_per_device: per_dev.iter().map(|&(c, t)| ratio(c, t)).collect(),
+        infinite_cache_hit_rate: w.infinite_cache_hit_rate(cfg.engine.page_size),
+        prefill_tokens_saved: cached,
+        prefill_tokens_computed: report
+            .devices
+            .iter()
+            .map(|d| d.scheduler.prefill_tokens)
+            .sum(),
+        duration_s,
+        throughput_tok_s: output as f64 / duration_s,
+        total_throughput_tok_s: (prompt + output) as f64 / duration_s,
+        ttft_p50_ms: ms(&ttft, |s| s.p50_ns),
+        ttft_p90_ms: ms(&ttft, |s| s.p90_ns),
+        ttft_p99_ms: ms(&ttft, |s| s.p99_ns),
+        e2e_p50_ms: ms(&e2e, |s| s.p50_ns),
+        e2e_p90_ms: ms(&e2e, |s| s.p90_ns),
+        e2e_p99_ms: ms(&e2e, |s| s.p99_ns),
+        retractions: report
+            .devices
+            .iter()
+            .map(|d| d.scheduler.retractions)
+            .sum::<u64>()
+            .max(retractions_seen),
+        evicted_leaves_per_device: report
+            .devices
+            .iter()
+            .map(|d| d.eviction.evicted_leaves)
+            .collect(),
+        evicted_tokens_per_device: report
+            .devices
+            .iter()
+            .map(|d| d.eviction.evicted_tokens)
+            .collect(),
+        pool_use_per_device: report
+            .devices
+            .iter()
+            .map(|d| ratio(d.used_pages, d.pool_pages))
+            .collect(),
+        wall_s: wall.elapsed().as_secs_f64(),
+        verified_requests: verification.verified,
+        mismatches: verification.mismatches,
+    })
+}
+
+fn ratio(a: usize, b: usize) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+/// The summary as text: one block per run, or with several runs one
+/// column per run (`--compare`).
+pub fn format_summaries(runs: &[ReplaySummary]) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let Some(first) = runs.first() else {
+        return s;
+    };
+    let _ = writeln!(
+        s,
+        "{}: {} requests on {} devices (infinite-cache hit rate {:.1}%)",
+        first.workload,
+        first.requests,
+        first.devices,
+        first.infinite_cache_hit_rate * 100.0
+    );
+    type Row = (&'static str, fn(&ReplaySummary) -> String);
+    let rows: [Row; 20] = [
+        ("router", |r| r.router.clone()),
+        ("finished", |r| r.finished.to_string()),
+        ("failed / rejected", |r| {
+            format!("{} / {}", r.failed, r.rejected)
+        }),
+        ("token hit rate", |r| format!("{:.1}%", r.hit_rate * 100.0)),
+        ("hit rate per device", |r| {
+            r.hit_rate_per_device
+                .iter()
+                .map(|h| format!("{:.0}", h * 100.0))
+                .collect::<Vec<_>>()
+                .join(" ")
+        }),
+        ("prefill tokens saved", |r| {
+            r.prefill_tokens_saved.to_string()
+        }),
+        ("prefill tokens computed", |r| {
+            r.prefill_tokens_computed.to_string()
+        }),
+        ("output tokens", |r| r.output_tokens.to_string()),
+        ("duration (model s)", |r| format!("{:.1}", r.duration_s)),
+        ("output tok/s", |r| format!("{:.0}", r.throughput_tok_s)),
+        ("TTFT p50/p90/p99 ms", |r| {
+            format!(
+                "{:.0}/{:.0}/{:.0}",
+                r.ttft_p50_ms, r.ttft_p90_ms, r.ttft_p99_ms
+            )
+        }),
+        ("e2e p50/p90/p99 ms", |r| {
+            format!(
+                "{:.0}/{:.0}/{:.0}",
+                r.e2e_p50_ms, r.e2e_p90_ms, r.e2e_p99_ms
+            )
+        }),
+        ("retractions", |r| r.retractions.to_string()),
+        ("evicted tokens", |r| {
+            r.evicted_tokens_per_device.iter().sum::<u64>().to_string()
+        }),
+        ("pool use at end", |r| {
+            r.pool_use_per_device
+                .iter()
+                .map(|u| format!("{:.0}%", u * 100.0))
+                .collect::<Vec<_>>()
+                .join(" ")
+        }),
+        ("wall s", |r| format!("{:.1}", r.wall_s)),
+        ("interrupted", |r| {
+            if r.interrupted {
+                "yes (partial)".into()
+            } else {
+                "no".into()
+            }
+        }),
+        ("devices", |r| r.devices.to_string()),
+        ("verified requests", |r| r.verified_requests.to_string()),
+        ("mismatches", |r| r.mismatches.to_string()),
+    ];
+    for (name, f) in rows {
+        let _ = write!(s, "{name:<24}");
+        for r in runs {
+            let _ = write!(s, " {:>16}", f(r));
+        }
+        let _ = writeln!(s);
+    }
+    s
+}

@@ -1,0 +1,432 @@
+//! Routing requests to devices.
+//!
+//! | router | picks |
+//! | --- | --- |
+//! | `cache-aware` | the device holding the longest prefix of the request — resident in the shared tree ([`RadixCache::peek`]) or dispatched there and not yet inserted (the routing-only [`PendingIndex`]) — unless the load is imbalanced, then the least loaded |
+//! | `round-robin` | devices in turn |
+//! | `least-loaded` | the device with the fewest outstanding requests |
+//! | `private` | devices in turn, each device with its own private tree (the per-rank caches of today's data-parallel serving: the baseline) |
+//!
+//! Load is the number of outstanding requests (dispatched, not finished)
+//! per device. The cache-aware router calls the load imbalanced when
+//! `max > balance_abs` and `max > min · balance_rel` (sgl-router's rule and
+//! defaults: 32 requests, 1.5×); ties between devices with equally long
+//! prefixes go to the less loaded.
+
+use radixkv::cache::{RadixCache, TokenKey};
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+use std::str::FromStr;
+
+/// Which router the engine uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum RouterKind {
+    /// Longest cached or dispatched prefix, with load balancing.
+    #[default]
+    CacheAware,
+    /// Devices in turn.
+    RoundRobin,
+    /// Fewest outstanding requests.
+    LeastLoaded,
+    /// Devices in turn, one private tree per device (the baseline).
+    Private,
+}
+
+impl RouterKind {
+    /// Every router.
+    pub const ALL: [RouterKind; 4] = [
+        RouterKind::CacheAware,
+        RouterKind::RoundRobin,
+        RouterKind::LeastLoaded,
+        RouterKind::Private,
+    ];
+
+    /// The name `FromStr` accepts.
+    pub fn name(self) -> &'static str {
+        match self {
+            RouterKind::CacheAware => "cache-aware",
+            RouterKind::RoundRobin => "round-robin",
+            RouterKind::LeastLoaded => "least-loaded",
+            RouterKind::Private => "private",
+        }
+    }
+
+    /// Whether each device gets its own tree.
+    pub fn private_trees(self) -> bool {
+        self == RouterKind::Private
+    }
+}
+
+impl fmt::Display for RouterKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An unknown router name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown router {0:?} (expected cache-aware, round-robin, least-loaded or private)")]
+pub struct UnknownRouter(pub String);
+
+impl FromStr for RouterKind {
+    type Err = UnknownRouter;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        RouterKind::ALL
+            .into_iter()
+            .find(|r| r.name() == s)
+            .ok_or_else(|| UnknownRouter(s.to_string()))
+    }
+}
+
+/// The cache-aware router's knobs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RouterConfig {
+    /// The router.
+    pub kind: RouterKind,
+    /// Imbalanced only if the busiest device has more outstanding
+    /// requests than this (default 32).
+    pub balance_abs: usize,
+    /// …and more than this many times the least busy one's (default 1.5).
+    pub balance_rel: f64,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            kind: RouterKind::CacheAware,
+            balance_abs: 32,
+            balance_rel: 1.5,
+        }
+    }
+}
+
+/// The prefixes dispatched to each device and not yet inserted into the
+/// tree: whole pages, identified by a chained 64-bit hash of the page's
+/// tokens and everything before it (and the namespace), with a count per
+/// device. A hash collision (probability about n²/2⁶⁴ for n distinct
+/// pages) can only mislead routing, never the cache.
+///
+/// ```
+/// use radixkv_engine::router::PendingIndex;
+/// let mut p = PendingIndex::new(2, 2);
+/// p.add(&[1, 2, 3, 4, 5], None, 1);
+/// assert_eq!(p.longest(&[1, 2, 3, 9], None), vec![0, 2]);
+/// p.remove(&[1, 2, 3, 4, 5], None, 1);
+/// assert_eq!(p.longest(&[1, 2, 3, 9], None), vec![0, 0]);
+/// ```
+#[derive(Debug)]
+pub struct PendingIndex {
+    page_size: usize,
+    devices: usize,
+    counts: HashMap<u64, Box<[u32]>>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl PendingIndex {
+    /// An empty index for `devices` devices and pages of `page_size` tokens.
+    pub fn new(devices: usize, page_size: usize) -> Self {
+        PendingIndex {
+            page_size: page_size.max(1),
+            devices,
+            counts: HashMap::new(),
+            hasher: std::collections::hash_map::RandomState::new(),
+        }
+    }
+
+    fn page_hashes<'a>(
+        &'a self,
+        tokens: &'a [u32],
+        namespace: Option<&'a str>,
+    ) -> impl Iterator<Item = u64> + 'a {
+        let mut h = {
+            let mut s = self.hasher.build_hasher();
+            s.write_u8(namespace.is_some() as u8);
+            s.write(namespace.unwrap_or("").as_bytes());
+            s.finish()
+        };
+        tokens.chunks_exact(self.page_size).map(move |page| {
+            let mut s = self.hasher.build_hasher();
+            s.write_u64(h);
+            for &t in page {
+                s.write_u32(t);
+            }
+            h = s.finish();
+            h
+        })
+    }
+
+    /// Records `tokens` (whole pages) as dispatched to `device`.
+    pub fn add(&mut self, tokens: &[u32], namespace: Option<&str>, device: usize) {
+        if device >= self.devices {
+            return;
+        }
+        let hashes: Vec<u64> = self.page_hashes(tokens, namespace).collect();
+        let n = self.devices;
+        for h in hashes {
+            self.counts
+                .entry(h)
+                .or_insert_with(|| vec![0; n].into_boxed_slice())[device] += 1;
+        }
+    }
+
+    /// Forgets one earlier [`add`](Self::add) of the same tokens.
+    pub fn remove(&mut self, tokens: &[u32], namespace: Option<&str>, device: usize) {
+        if device >= self.devices {
+            return;
+        }
+        let hashes: Vec<u64> = self.page_hashes(tokens, namespace).collect();
+        for h in hashes {
+            if let Some(c) = self.counts.get_mut(&h) {
+                c[device] = c[device].saturating_sub(1);
+                if c.iter().all(|&x| x == 0) {
+                    self.counts.remove(&h);
+                }
+            }
+        }
+    }
+
+    /// Per device, the longest prefix of `tokens` (whole pages) dispatched
+    /// there and not yet removed.
+    pub fn longest(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<usize> {
+        let mut out = vec![0; self.devices];
+        let mut alive: Vec<bool> = vec![true; self.devices];
+        for (i, h) in self.page_hashes(tokens, namespace).enumerate() {
+            let Some(c) = self.counts.get(&h) else {
+                break;
+            };
+            let mut any = false;
+            for d in 0..self.devices {
+                if alive[d] && c[d] > 0 {
+                    out[d] = (i + 1) * self.page_size;
+                    any = true;
+                } else {
+                    alive[d] = false;
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        out
+    }
+
+    /// Whether nothing is pending.
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+}
+
+/// Chooses a device for each request and tracks outstanding requests.
+#[derive(Debug)]
+pub struct Router {
+    cfg: RouterConfig,
+    load: Vec<usize>,
+    next: usize,
+    pending: PendingIndex,
+}
+
+/// Why a request went where it went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// The device.
+    pub device: usize,
+    /// The prefix the router expected there (cached or pending); 0 for the
+    /// cache-blind routers.
+    pub expected_prefix: usize,
+    /// Whether load balancing overrode the longest prefix.
+    pub balanced: bool,
+}
+
+impl Router {
+    /// A router over `devices` devices with pages of `page_size` tokens.
+    pub fn new(cfg: RouterConfig, devices: usize, page_size: usize) -> Self {
+        Router {
+            cfg,
+            load: vec![0; devices.max(1)],
+            next: 0,
+            pending: PendingIndex::new(devices.max(1), page_size),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RouterConfig {
+        &self.cfg
+    }
+
+    /// Outstanding requests per device.
+    pub fn load(&self) -> &[usize] {
+        &self.load
+    }
+
+    fn least_loaded(&self) -> usize {
+        (0..self.load.len())
+            .min_by_key(|&d| (self.load[d], d))
+            .unwrap_or(0)
+    }
+
+    /// Picks a device for `key` and counts the request as outstanding
+    /// there; the cache-aware router also records its prefix as pending.
+    /// `cache` is the shared tree (ignored by the other routers).
+    pub fn route(&mut self, key: TokenKey<'_>, cache: Option<&RadixCache>) -> Route {
+        let n = self.load.len();
+        let route = match self.cfg.kind {
+            RouterKind::RoundRobin | RouterKind::Private => {
+                let d = self.next % n;
+                self.next = self.next.wrapping_add(1);
+                Route {
+                    device: d,
+                    expected_prefix: 0,
+                    balanced: false,
+                }
+            }
+            RouterKind::LeastLoaded => Route {
+                device: self.least_loaded(),
+                expected_prefix: 0,
+                balanced: false,
+            },
+            RouterKind::CacheAware => self.cache_aware(key, cache),
+        };
+        self.load[route.device] += 1;
+        if self.cfg.kind == RouterKind::CacheAware {
+            self.pending
+                .add(key.tokens(), key.namespace(), route.device);
+        }
+        route
+    }
+
+    fn cache_aware(&self, key: TokenKey<'_>, cache: Option<&RadixCache>) -> Route {
+        let n = self.load.len();
+        let (max, min) = (
+            self.load.iter().copied().max().unwrap_or(0),
+            self.load.iter().copied().min().unwrap_or(0),
+        );
+        if max > self.cfg.balance_abs && max as f64 > min as f64 * self.cfg.balance_rel {
+            return Route {
+                device: self.least_loaded(),
+                expected_prefix: 0,
+                balanced: true,
+            };
+        }
+        let mut best = self.pending.longest(key.tokens(), key.namespace());
+        if let Some(c) = cache {
+            for (d, l) in c.peek(key).into_iter().enumerate().take(n) {
+                best[d] = best[d].max(l);
+            }
+        }
+        let device = (0..n)
+            .max_by_key(|&d| {
+                (
+                    best[d],
+                    std::cmp::Reverse(self.load[d]),
+                    std::cmp::Reverse(d),
+                )
+            })
+            .unwrap_or(0);
+        Route {
+            device,
+            expected_prefix: best[device],
+            balanced: false,
+        }
+    }
+
+    /// The request's prompt is now in the tree on `device` (or it was
+    /// aborted): forget its pending prefix.
+    pub fn settled(&mut self, key: TokenKey<'_>, device: usize) {
+        if self.cfg.kind == RouterKind::CacheAware {
+            self.pending.remove(key.tokens(), key.namespace(), device);
+        }
+    }
+
+    /// The request finished (or failed) on `device`.
+    pub fn finished(&mut self, device: usize) {
+        if let Some(l) = self.load.get_mut(device) {
+            *l = l.saturating_sub(1);
+        }
+    }
+
+    /// Whether no prefix is pending (every dispatched prompt settled).
+    pub fn nothing_pending(&self) -> bool {
+        self.pending.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_aware_follows_pending_prefixes_then_balances() {
+        let cfg = RouterConfig {
+            balance_abs: 4,
+            ..RouterConfig::default()
+        };
+        let mut r = Router::new(cfg, 2, 1);
+        let a: Vec<u32> = (0..10).collect();
+        let b: Vec<u32> = (100..110).collect();
+        // First request of a: no prefix anywhere: least loaded (device 0).
+        assert_eq!(r.route(TokenKey::new(&a), None).device, 0);
+        // b goes to the other device (tie on prefix 0, lower load).
+        assert_eq!(r.route(TokenKey::new(&b), None).device, 1);
+        // Siblings of a follow the pending prefix.
+        for _ in 0..3 {
+            let rt = r.route(TokenKey::new(&a[..9]), None);
+            assert_eq!((rt.device, rt.expected_prefix), (0, 9));
+        }
+        // Device 0 now has 4 outstanding: not above balance_abs yet.
+        assert_eq!(r.route(TokenKey::new(&a), None).device, 0);
+        // 5 > 4 and 5 > 1·1.5: imbalanced, so the least loaded wins.
+        let rt = r.route(TokenKey::new(&a), None);
+        assert!(rt.balanced);
+        assert_eq!(rt.device, 1);
+        // Settling removes the pending prefix of one dispatch only.
+        r.settled(TokenKey::new(&b), 1);
+        r.finished(1);
+        assert_eq!(r.load(), &[5, 1]);
+    }
+
+    #[test]
+    fn round_robin_private_and_least_loaded() {
+        for kind in [RouterKind::RoundRobin, RouterKind::Private] {
+            let mut r = Router::new(
+                RouterConfig {
+                    kind,
+                    ..Default::default()
+                },
+                3,
+                1,
+            );
+            let got: Vec<usize> = (0..6)
+                .map(|_| r.route(TokenKey::new(&[1]), None).device)
+                .collect();
+            assert_eq!(got, vec![0, 1, 2, 0, 1, 2]);
+        }
+        let mut r = Router::new(
+            RouterConfig {
+                kind: RouterKind::LeastLoaded,
+                ..Default::default()
+            },
+            2,
+            1,
+        );
+        assert_eq!(r.route(TokenKey::new(&[1]), None).device, 0);
+        assert_eq!(r.route(TokenKey::new(&[1]), None).device, 1);
+        r.finished(1);
+        assert_eq!(r.route(TokenKey::new(&[1]), None).device, 1);
+        assert!("nope".parse::<RouterKind>().is_err());
+        assert_eq!("private".parse::<RouterKind>(), Ok(RouterKind::Private));
+    }
+
+    #[test]
+    fn pending_index_respects_namespaces_and_counts() {
+        let mut p = PendingIndex::new(1, 2);
+        p.add(&[1, 2, 3, 4], Some("a"), 0);
+        assert_eq!(p.longest(&[1, 2, 3, 4], None), vec![0]);
+        assert_eq!(p.longest(&[1, 2, 3, 4], Some("a")), vec![4]);
+        p.add(&[1, 2], Some("a"), 0);
+        p.remove(&[1, 2, 3, 4], Some("a"), 0);
+        assert_eq!(p.longest(&[1, 2, 3, 4], Some("a")), vec![2]);
+        p.remove(&[1, 2], Some("a"), 0);
+        assert!(p.is_empty());
+    }
+}

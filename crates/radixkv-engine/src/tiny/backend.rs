@@ -1,0 +1,462 @@
+//! The tiny model as the engine's [`ModelBackend`]: [`TinyBackend`] (one KV
+//! pool per device, host or CUDA as [`PoolKind`] says, built from a
+//! [`TinyBackendConfig`]), its paged passes with slot provenance tags, the
+//! verification log it keeps, its counters ([`TinyStats`]) and the defaults
+//! of `radixkv replay --model tiny`.
+
+use super::verify::{argmax, Comparison, RequestLog};
+use super::{Logits, PagedSeq, TinyConfig, TinyError, TinyModel};
+use crate::kvpool::{HostKvPool, KvLayout, KvPool};
+use crate::sched::batch::{BackendError, Batch, ModelBackend, StepOutput, Verification};
+use crate::trace::Trace;
+use crate::EngineConfig;
+use radixkv::device::DeviceId;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Where the backend keeps each device's KV pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PoolKind {
+    /// Host memory ([`HostKvPool`]).
+    #[default]
+    Host,
+    /// GPU memory (`CudaKvPool`, feature `cuda`): device `d`'s pool on GPU
+    /// `d % GPUs`. Without the feature, or without a CUDA driver, building
+    /// the backend is an error.
+    Cuda,
+}
+
+impl std::str::FromStr for PoolKind {
+    type Err = TinyError;
+    fn from_str(s: &str) -> Result<Self, TinyError> {
+        match s {
+            "host" => Ok(PoolKind::Host),
+            "cuda" | "gpu" => Ok(PoolKind::Cuda),
+            _ => Err(TinyError::InvalidConfig(format!(
+                "unknown KV pool {s:?} (host or cuda)"
+            ))),
+        }
+    }
+}
+
+/// How to build a [`TinyBackend`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct TinyBackendConfig {
+    /// The model.
+    pub model: TinyConfig,
+    /// Devices, one pool each.
+    pub devices: usize,
+    /// Slots per pool: the engine's pages per device × page size.
+    pub slots_per_device: usize,
+    /// Host or GPU pools.
+    pub pool: PoolKind,
+    /// Check every computed position against the dense reference (when
+    /// the request leaves the device, on that device's scheduler thread:
+    /// latencies then include the check).
+    pub verify: bool,
+}
+
+impl TinyBackendConfig {
+    /// Pools that fit `engine`'s devices and pages, host memory, no
+    /// verification, the default model.
+    pub fn for_engine(engine: &EngineConfig) -> Self {
+        TinyBackendConfig {
+            model: TinyConfig::default(),
+            devices: engine.devices,
+            slots_per_device: engine.pages_per_device.saturating_mul(engine.page_size),
+            pool: PoolKind::Host,
+            verify: false,
+        }
+    }
+}
+
+/// What a [`TinyBackend`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TinyStats {
+    /// Prefill passes run.
+    pub prefill_passes: u64,
+    /// Decode passes run.
+    pub decode_passes: u64,
+    /// Positions computed (K/V written to the pool).
+    pub computed_positions: u64,
+    /// Positions whose K/V was read from the pool rather than computed.
+    pub reused_positions: u64,
+    /// Reads of a slot whose K/V was not written for the reader's token
+    /// prefix (stale or foreign KV handed out by the cache).
+    pub stale_reads: u64,
+    /// Requests verified (a retracted request counts once per admission).
+    pub verified_requests: u64,
+    /// Passes whose computed positions were verified.
+    pub verified_passes: u64,
+    /// Requests with at least one mismatching position.
+    pub mismatches: u64,
+    /// The positions' comparison.
+    pub comparison: Comparison,
+}
+
+struct DeviceState {
+    pool: Box<dyn KvPool>,
+    /// Per slot: the tag of the token prefix whose K/V it holds (0: none).
+    tags: Vec<u64>,
+    logs: HashMap<u64, RequestLog>,
+}
+
+/// Tags of the prefixes `tokens[..=p]` for every `p` (never 0).
+fn prefix_tags(tokens: &[u32]) -> Vec<u64> {
+    let mut h = 0x6A09_E667_F3BC_C908u64;
+    tokens
+        .iter()
+        .map(|&t| {
+            h = (h ^ u64::from(t)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            h ^= h >> 29;
+            h | 1
+        })
+        .collect()
+}
+
+/// The tiny model as the engine's backend: one KV pool per device, sized
+/// for the cache's slots.
+///
+/// ```
+/// use radixkv_engine::{Engine, EngineConfig, EngineRequest};
+/// use radixkv_engine::tiny::{TinyBackend, TinyBackendConfig};
+/// use std::sync::Arc;
+/// let cfg = EngineConfig { devices: 2, pages_per_device: 64, ..EngineConfig::default() };
+/// let backend = Arc::new(TinyBackend::new(TinyBackendConfig {
+///     verify: true,
+///     ..TinyBackendConfig::for_engine(&cfg)
+/// })?);
+/// let engine = Engine::start(cfg, backend.clone()).unwrap();
+/// let system: Vec<u32> = (0..40).collect();
+/// for q in 0..4u32 {
+///     let mut prompt = system.clone();
+///     prompt.extend([1000 + q; 8]);
+///     engine.submit(EngineRequest::new(prompt, 3)).unwrap();
+/// }
+/// for _ in 0..4 {
+///     assert!(engine.completions().recv().unwrap().error.is_none());
+/// }
+/// engine.shutdown();
+/// let s = backend.stats();
+/// assert_eq!((s.verified_requests, s.mismatches, s.stale_reads), (4, 0, 0));
+/// # Ok::<(), radixkv_engine::tiny::TinyError>(())
+/// ```
+pub struct TinyBackend {
+    model: TinyModel,
+    pool: PoolKind,
+    verify: bool,
+    devices: Vec<Mutex<DeviceState>>,
+    stats: Mutex<TinyStats>,
+}
+
+impl std::fmt::Debug for TinyBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TinyBackend")
+            .field("model", &self.model)
+            .field("devices", &self.devices.len())
+            .field("pool", &self.pool)
+            .field("verify", &self.verify)
+            .finish()
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_pools(devices: usize, layout: KvLayout) -> Result<Vec<Box<dyn KvPool>>, TinyError> {
+    use crate::kvpool::{CudaKvPool, KvPoolError};
+    let mut pools: Vec<Box<dyn KvPool>> = Vec::with_capacity(devices);
+    // The first pool proves a driver is there (a typed error otherwise);
+    // only then is the GPU count asked for.
+    pools.push(Box::new(CudaKvPool::new(0, layout)?));
+    let gpus = cudarc::driver::CudaContext::device_count()
+        .map_err(|e| KvPoolError::Cuda(format!("{e:?}")))?
+        .max(1) as usize;
+    for d in 1..devices {
+        pools.push(Box::new(CudaKvPool::new(d % gpus, layout)?));
+    }
+    Ok(pools)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_pools(_devices: usize, _layout: KvLayout) -> Result<Vec<Box<dyn KvPool>>, TinyError> {
+    Err(TinyError::CudaNotBuilt)
+}
+
+impl TinyBackend {
+    /// Builds the model and one zeroed pool per device. A CUDA pool without
+    /// feature `cuda` or without a driver is an error, not a panic.
+    pub fn new(cfg: TinyBackendConfig) -> Result<Self, TinyError> {
+        if cfg.devices == 0 {
+            return Err(TinyError::InvalidConfig("at least one device".into()));
+        }
+        if cfg.slots_per_device == 0 || cfg.slots_per_device > u32::MAX as usize {
+            return Err(TinyError::InvalidConfig(format!(
+                "{} slots per device (1..=2^32-1)",
+                cfg.slots_per_device
+            )));
+        }
+        let model = TinyModel::new(cfg.model)?;
+        let layout = model.pool_layout(cfg.slots_per_device);
+        if layout
+            .layers
+            .checked_mul(2 * layout.row)
+            .and_then(|x| x.checked_mul(layout.slots))
+            .is_none_or(|n| n > isize::MAX as usize / 4)
+        {
+            return Err(TinyError::InvalidConfig(format!(
+                "a pool of {} slots is too large",
+                cfg.slots_per_device
+            )));
+        }
+        let pools: Vec<Box<dyn KvPool>> = match cfg.pool {
+            PoolKind::Host => (0..cfg.devices)
+                .map(|_| Box::new(HostKvPool::new(layout)) as Box<dyn KvPool>)
+                .collect(),
+            PoolKind::Cuda => cuda_pools(cfg.devices, layout)?,
+        };
+        let devices = pools
+            .into_iter()
+            .map(|pool| {
+                Mutex::new(DeviceState {
+                    pool,
+                    tags: vec![0; cfg.slots_per_device],
+                    logs: HashMap::new(),
+                })
+            })
+            .collect();
+        Ok(TinyBackend {
+            model,
+            pool: cfg.pool,
+            verify: cfg.verify,
+            devices,
+            stats: Mutex::new(TinyStats::default()),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &TinyModel {
+        &self.model
+    }
+
+    /// What the backend did so far.
+    pub fn stats(&self) -> TinyStats {
+        self.stats.lock().map(|s| *s).unwrap_or_default()
+    }
+
+    /// Runs `f` on `device`'s pool (tests read it, or corrupt a slot as a
+    /// negative control).
+    pub fn with_pool<R>(
+        &self,
+        device: DeviceId,
+        f: impl FnOnce(&mut dyn KvPool) -> R,
+    ) -> Result<R, TinyError> {
+        let mut st = self.state(device)?;
+        Ok(f(st.pool.as_mut()))
+    }
+
+    fn state(&self, device: DeviceId) -> Result<std::sync::MutexGuard<'_, DeviceState>, TinyError> {
+        self.devices
+            .get(device.index())
+            .ok_or(TinyError::UnknownDevice(device))?
+            .lock()
+            .map_err(|_| TinyError::Input(format!("{device}'s state is poisoned")))
+    }
+
+    fn bump(&self, f: impl FnOnce(&mut TinyStats)) {
+        if let Ok(mut s) = self.stats.lock() {
+            f(&mut s);
+        }
+    }
+
+    /// Runs one pass (see [`ModelBackend::step`]).
+    fn pass(&self, device: DeviceId, batch: &Batch) -> Result<StepOutput, TinyError> {
+        let t0 = Instant::now();
+        // (request, work, whether it samples)
+        let mut works = Vec::with_capacity(batch.prefill.len() + batch.decode.len());
+        for p in &batch.prefill {
+            let data = p.data.as_ref().ok_or_else(|| {
+                TinyError::Input(format!("request {} came without token data", p.request))
+            })?;
+            works.push((p.request, data, p.new_tokens, p.samples));
+        }
+        for d in &batch.decode {
+            let data = d.data.as_ref().ok_or_else(|| {
+                TinyError::Input(format!("request {} came without token data", d.request))
+            })?;
+            works.push((d.request, data, 1, true));
+        }
+        let mut seqs = Vec::with_capacity(works.len());
+        for &(req, data, new, _) in &works {
+            let n = data.tokens.len();
+            if data.slots.len() != n || new == 0 || new > n {
+                return Err(TinyError::Input(format!(
+                    "request {req}: {n} tokens, {} slots, {new} to compute",
+                    data.slots.len()
+                )));
+            }
+            seqs.push(PagedSeq {
+                tokens: &data.tokens,
+                slots: &data.slots,
+                start: n - new,
+            });
+        }
+        let mut st = self.state(device)?;
+        let st = &mut *st;
+        // Provenance: every read slot must hold its reader's prefix.
+        let mut stale = 0u64;
+        let mut reused = 0u64;
+        let tags: Vec<Vec<u64>> = seqs.iter().map(|s| prefix_tags(s.tokens)).collect();
+        for (s, tg) in seqs.iter().zip(&tags) {
+            for (&slot, tag) in s.slots[..s.start].iter().zip(tg) {
+                reused += 1;
+                if st.tags.get(slot as usize) != Some(tag) {
+                    stale += 1;
+                }
+            }
+        }
+        let logits = self
+            .model
+            .forward_paged(st.pool.as_mut(), &seqs, self.verify)?;
+        let mut computed = 0u64;
+        for (s, tg) in seqs.iter().zip(&tags) {
+            let new = &s.slots[s.start..s.tokens.len()];
+            for (&slot, &tag) in new.iter().zip(&tg[s.start..]) {
+                if let Some(t) = st.tags.get_mut(slot as usize) {
+                    *t = tag;
+                }
+                computed += 1;
+            }
+        }
+        let mut next_tokens = Vec::new();
+        for (&(req, data, _, samples), lg) in works.iter().zip(&logits) {
+            if samples {
+                if let Some((tok, _)) = lg.last().and_then(argmax) {
+                    next_tokens.push((req, tok));
+                }
+            }
+            if self.verify {
+                self.log(st, req, &data.tokens, lg);
+            }
+        }
+        let prefill = !batch.prefill.is_empty();
+        let decode = !batch.decode.is_empty();
+        self.bump(|s| {
+            s.prefill_passes += u64::from(prefill);
+            s.decode_passes += u64::from(decode);
+            s.computed_positions += computed;
+            s.reused_positions += reused;
+            s.stale_reads += stale;
+        });
+        Ok(StepOutput {
+            time: t0.elapsed(),
+            next_tokens,
+        })
+    }
+
+    /// Keeps a pass's logits of `req` for verification at release.
+    fn log(&self, st: &mut DeviceState, req: u64, tokens: &[u32], lg: &Logits) {
+        let log = st.logs.entry(req).or_default();
+        let common = log.tokens.len().min(tokens.len());
+        if log.tokens[..common] != tokens[..common] {
+            // Not a continuation (cannot happen with the scheduler): check
+            // what was kept and start again.
+            let old = std::mem::take(log);
+            self.check(old);
+        }
+        let log = st.logs.entry(req).or_default();
+        if tokens.len() > log.tokens.len() {
+            log.tokens = tokens.to_vec();
+        }
+        log.passes += 1;
+        for i in 0..lg.rows() {
+            let pos = lg.start + i;
+            if let Some(row) = lg.position(pos) {
+                log.rows.push((pos, row.to_vec()));
+            }
+        }
+    }
+
+    /// Recomputes a request's context densely and compares every kept row.
+    fn check(&self, log: RequestLog) {
+        let Some((c, bad)) = log.verify(&self.model) else {
+            return;
+        };
+        self.bump(|s| {
+            s.verified_requests += 1;
+            s.verified_passes += log.passes;
+            s.mismatches += u64::from(bad);
+            s.comparison.merge(&c);
+        });
+    }
+}
+
+impl ModelBackend for TinyBackend {
+    fn step(&self, device: DeviceId, batch: &Batch) -> Result<StepOutput, BackendError> {
+        self.pass(device, batch).map_err(|e| BackendError {
+            device,
+            reason: e.to_string(),
+        })
+    }
+
+    fn wants_data(&self) -> bool {
+        true
+    }
+
+    fn release(&self, device: DeviceId, request: u64) {
+        if !self.verify {
+            return;
+        }
+        let log = match self.state(device) {
+            Ok(mut st) => st.logs.remove(&request),
+            Err(_) => None,
+        };
+        if let Some(log) = log {
+            self.check(log);
+        }
+    }
+
+    fn verification(&self) -> Option<Verification> {
+        self.verify.then(|| {
+            let s = self.stats();
+            Verification {
+                verified: s.verified_requests,
+                mismatches: s.mismatches,
+            }
+        })
+    }
+
+    fn describe(&self) -> String {
+        let c = self.model.config();
+        format!(
+            "tiny transformer ({} layers, {} heads x {}, vocab {}, seed {}; {} KV pools{})",
+            c.layers,
+            c.heads,
+            c.head_dim,
+            c.vocab,
+            c.seed,
+            match self.pool {
+                PoolKind::Host => "host",
+                PoolKind::Cuda => "CUDA",
+            },
+            if self.verify { ", verifying" } else { "" }
+        )
+    }
+}
+
+/// The default workload of `radixkv replay --model tiny` (when no size is
+/// given): generated shared prefixes, 32 groups × 8 prompts (256
+/// requests), 64-token system prompts, 16-token questions, 4 output
+/// tokens, small enough to run in seconds on two cores.
+pub fn default_workload(seed: u64) -> Trace {
+    crate::trace::gsp(32, 8, 64, 16, 4, seed)
+}
+
+/// KV tokens per device of the default tiny replay: far less than the
+/// default workload's shared prefixes (2,048 tokens), so prefixes are
+/// evicted and inserted again during the run.
+pub const DEFAULT_POOL_TOKENS: usize = 512;
+
+/// Pages per device (page 0 reserved) holding [`DEFAULT_POOL_TOKENS`].
+pub fn default_pages_per_device(page_size: usize) -> usize {
+    DEFAULT_POOL_TOKENS / page_size.max(1) + 1
+}

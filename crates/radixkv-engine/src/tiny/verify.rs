@@ -1,0 +1,160 @@
+//! The check of paged passes against the dense reference: the reference
+//! itself ([`TinyModel::forward_dense`], the model on a whole sequence at
+//! once, no pool), the comparison of logits rows ([`compare_rows`],
+//! [`Comparison`], within [`LOGIT_TOLERANCE`] and, past
+//! [`ARGMAX_MARGIN`], on the argmax), and the per-request log the backend
+//! keeps with `verify` and checks when the request leaves the device.
+
+use super::{Logits, Seq, TinyError, TinyModel};
+
+/// Largest absolute difference allowed between a logit of a paged pass and
+/// the dense reference's.
+pub const LOGIT_TOLERANCE: f32 = 1e-4;
+
+/// Argmaxes are compared only where the reference's top-2 margin exceeds
+/// this (a near tie may flip on rounding).
+pub const ARGMAX_MARGIN: f32 = 1e-3;
+
+/// The argmax of a row and its margin over the runner-up (`None` for an
+/// empty row; NaNs never win).
+pub fn argmax(row: &[f32]) -> Option<(u32, f32)> {
+    let mut best: Option<(usize, f32)> = None;
+    let mut second = f32::NEG_INFINITY;
+    for (i, &x) in row.iter().enumerate() {
+        match best {
+            Some((_, b)) if x > b => {
+                second = b;
+                best = Some((i, x));
+            }
+            Some(_) => second = second.max(x),
+            None => best = Some((i, x)),
+        }
+    }
+    best.map(|(i, b)| (i as u32, b - second))
+}
+
+/// How paged logits compare with the dense reference's.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Comparison {
+    /// Positions (rows) compared.
+    pub positions: u64,
+    /// Largest absolute difference of a logit (NaN counts as infinite).
+    pub max_abs_diff: f32,
+    /// Positions with a logit off by more than [`LOGIT_TOLERANCE`].
+    pub logit_mismatches: u64,
+    /// Positions whose argmax was compared (top-2 margin above
+    /// [`ARGMAX_MARGIN`]).
+    pub argmax_checked: u64,
+    /// Of which the argmaxes differ.
+    pub argmax_mismatches: u64,
+}
+
+impl Comparison {
+    /// No mismatch of logits or argmaxes.
+    pub fn ok(&self) -> bool {
+        self.logit_mismatches == 0 && self.argmax_mismatches == 0
+    }
+
+    /// Adds another comparison's counts.
+    pub fn merge(&mut self, o: &Comparison) {
+        self.positions += o.positions;
+        self.max_abs_diff = self.max_abs_diff.max(o.max_abs_diff);
+        self.logit_mismatches += o.logit_mismatches;
+        self.argmax_checked += o.argmax_checked;
+        self.argmax_mismatches += o.argmax_mismatches;
+    }
+}
+
+/// Compares one position's logits (`got`, from a paged pass) with the
+/// dense reference's (`want`). Rows of different lengths mismatch.
+pub fn compare_rows(got: &[f32], want: &[f32]) -> Comparison {
+    let mut c = Comparison {
+        positions: 1,
+        ..Comparison::default()
+    };
+    if got.len() != want.len() {
+        c.logit_mismatches = 1;
+        c.max_abs_diff = f32::INFINITY;
+        return c;
+    }
+    for (a, b) in got.iter().zip(want) {
+        let d = (a - b).abs();
+        // A NaN difference is a mismatch too.
+        let d = if d.is_nan() { f32::INFINITY } else { d };
+        c.max_abs_diff = c.max_abs_diff.max(d);
+    }
+    if c.max_abs_diff > LOGIT_TOLERANCE {
+        c.logit_mismatches = 1;
+    }
+    if let (Some((wi, margin)), Some((gi, _))) = (argmax(want), argmax(got)) {
+        if margin > ARGMAX_MARGIN {
+            c.argmax_checked = 1;
+            if wi != gi {
+                c.argmax_mismatches = 1;
+            }
+        }
+    }
+    c
+}
+
+impl TinyModel {
+    /// The logits of every position of `tokens`, computed at once without
+    /// any pool (the reference the paged passes are checked against).
+    pub fn forward_dense(&self, tokens: &[u32]) -> Result<Logits, TinyError> {
+        if tokens.is_empty() {
+            return Err(TinyError::Input("an empty sequence".into()));
+        }
+        let seq = Seq {
+            tokens,
+            slots: None,
+            start: 0,
+        };
+        let rows: Vec<usize> = (0..tokens.len()).collect();
+        let data = self.run(&[seq], None, &rows)?;
+        Ok(Logits {
+            start: 0,
+            vocab: self.cfg.vocab,
+            data,
+        })
+    }
+}
+
+/// One request's computed positions on a device, kept for verification.
+#[derive(Debug, Default)]
+pub(super) struct RequestLog {
+    /// The request's tokens (the longest context seen).
+    pub(super) tokens: Vec<u32>,
+    /// Every computed position and its logits row.
+    pub(super) rows: Vec<(usize, Vec<f32>)>,
+    /// Passes that contributed rows.
+    pub(super) passes: u64,
+}
+
+impl RequestLog {
+    /// Recomputes the logged context densely with `model` and compares
+    /// every kept row: the comparison, and whether the request mismatched
+    /// (a row off, or rows the reference could not produce). `None` when
+    /// no row was kept.
+    pub(super) fn verify(&self, model: &TinyModel) -> Option<(Comparison, bool)> {
+        let end = self.rows.iter().map(|(p, _)| p + 1).max()?;
+        let mut c = Comparison::default();
+        let mut failed = false;
+        match self
+            .tokens
+            .get(..end)
+            .ok_or_else(|| TinyError::Input("rows past the tokens".into()))
+            .and_then(|t| model.forward_dense(t))
+        {
+            Ok(dense) => {
+                for (pos, row) in &self.rows {
+                    match dense.position(*pos) {
+                        Some(want) => c.merge(&compare_rows(row, want)),
+                        None => failed = true,
+                    }
+                }
+            }
+            Err(_) => failed = true,
+        }
+        Some((c, failed || !c.ok()))
+    }
+}

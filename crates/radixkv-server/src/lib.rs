@@ -1,0 +1,531 @@
+//! `radixkv serve`: an HTTP front end (tokio + axum) over the [`Engine`].
+//!
+//! Routes:
+//!
+//! * `POST /v1/completions`: an OpenAI-style subset ([`api`]): `prompt` (a
+//!   string, byte-level tokenized, or an array of token ids), `max_tokens`
+//!   (default 16, at most [`ServerConfig::max_tokens_limit`]), `stream`
+//!   (server-sent events, one per token, then `data: [DONE]`),
+//!   `stream_options.include_usage`, `cache_salt` (a cache namespace).
+//!   `usage` has `prompt_tokens`, `completion_tokens`, `total_tokens`,
+//!   `cached_tokens` and `prompt_tokens_details.cached_tokens`.
+//! * `GET /metrics`: Prometheus metrics in the OpenMetrics text format
+//!   ([`metrics::prometheus`], encoded by `prometheus-client`).
+//! * `GET /stats`: the same figures as JSON plus `audit_ok`
+//!   ([`metrics::Stats`]).
+//! * `GET /health`: `{"status": "ok"}` (503 `draining` during shutdown).
+//!
+//! Errors are JSON (`{"error": {"message", "type", "code"}}`): 400 for bad
+//! input, 404 for unknown paths, 405 for a wrong method, 413 for a body
+//! over [`ServerConfig::max_body_bytes`], 429 with `Retry-After` when
+//! [`ServerConfig::max_queue`] requests are already in flight, 503 while
+//! shutting down.
+//!
+//! A client that disconnects cancels its request: the engine releases its
+//! pages and pins. [`Server::run`] drains on its shutdown signal: it stops
+//! accepting, lets in-flight requests finish for up to
+//! [`ServerConfig::drain_timeout`], then stops the engine.
+
+pub mod api;
+pub mod error;
+pub mod metrics;
+mod stream;
+
+use api::{Choice, CompletionRequest, CompletionResponse, Limits, RunInfo, Usage};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::sse::{KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+pub use error::{ApiError, ServerError};
+use metrics::{HttpStats, ServerStats};
+use radixkv::{DeviceId, RadixCache};
+use radixkv_engine::{Completion, StreamEvent};
+use radixkv_engine::{Engine, EngineError, EngineReport, EngineRequest};
+use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// The server's limits and settings; every field has a default.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServerConfig {
+    /// Requests admitted at once (queued or running in the engine, or
+    /// streaming); one more is answered 429 (default 256).
+    pub max_queue: usize,
+    /// Largest `max_tokens` accepted (default 4,096).
+    pub max_tokens_limit: usize,
+    /// `max_tokens` of a request without one (default 16, OpenAI's).
+    pub default_max_tokens: usize,
+    /// Largest request body in bytes (default 4 MiB).
+    pub max_body_bytes: usize,
+    /// How long a graceful shutdown waits for in-flight requests
+    /// (default 30 s).
+    pub drain_timeout: Duration,
+    /// `Retry-After` of a 429, in seconds (default 1).
+    pub retry_after_s: u64,
+    /// The model name in responses (default `radixkv-sim`).
+    pub model_name: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_queue: 256,
+            max_tokens_limit: 4096,
+            default_max_tokens: 16,
+            max_body_bytes: 4 << 20,
+            drain_timeout: Duration::from_secs(30),
+            retry_after_s: 1,
+            model_name: "radixkv-sim".into(),
+        }
+    }
+}
+
+/// What the handlers share.
+#[derive(Debug)]
+pub(crate) struct AppState {
+    /// The engine (behind a mutex: `Engine` is `Send` but not `Sync`);
+    /// every call under it is short.
+    engine: Mutex<Engine>,
+    /// Each device's cache and its id there, for scans outside the lock.
+    caches: Vec<(Arc<RadixCache>, DeviceId)>,
+    cfg: ServerConfig,
+    admission: Arc<Semaphore>,
+    stats: ServerStats,
+    draining: AtomicBool,
+    started: Instant,
+}
+
+impl AppState {
+    fn engine(&self) -> MutexGuard<'_, Engine> {
+        // A panic under the lock cannot leave the engine inconsistent (its
+        // methods only send messages and read counters).
+        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `/stats`, computed on a blocking thread.
+    fn stats(&self) -> metrics::Stats {
+        let m = self.engine().metrics();
+        let devices = metrics::device_stats(m, &self.caches);
+        metrics::stats(devices, self.http_stats(), || self.engine().audit())
+    }
+
+    /// `/metrics`, computed on a blocking thread.
+    fn prometheus(&self) -> Result<String, std::fmt::Error> {
+        let (m, latencies) = {
+            let engine = self.engine();
+            (engine.metrics(), engine.latency_histograms())
+        };
+        let devices = metrics::device_stats(m, &self.caches);
+        metrics::prometheus(devices, latencies, self.http_stats())
+    }
+
+    fn in_flight(&self) -> usize {
+        self.cfg
+            .max_queue
+            .saturating_sub(self.admission.available_permits())
+    }
+
+    fn http_stats(&self) -> HttpStats {
+        HttpStats {
+            in_flight: self.in_flight(),
+            max_queue: self.cfg.max_queue,
+            // Relaxed: statistics.
+            rejected_busy: self.stats.rejected_busy.load(Ordering::Relaxed),
+            disconnects: self.stats.disconnects.load(Ordering::Relaxed),
+            responses: self.stats.responses(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            draining: self.draining.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// How a [`Server::run`] ended.
+#[derive(Debug)]
+pub struct ShutdownReport {
+    /// Every in-flight request finished within the drain timeout.
+    pub drained: bool,
+    /// Requests still in flight when the drain timed out (they were
+    /// stopped).
+    pub abandoned: usize,
+    /// The engine's report, when it could be shut down cleanly (every
+    /// handler had let go of it).
+    pub engine: Option<EngineReport>,
+}
+
+/// A bound, not yet running server.
+#[derive(Debug)]
+pub struct Server {
+    listener: TcpListener,
+    state: Arc<AppState>,
+}
+
+impl Server {
+    /// Binds `addr` (port 0: an ephemeral port) for `engine`.
+    pub async fn bind(
+        addr: SocketAddr,
+        engine: Engine,
+        cfg: ServerConfig,
+    ) -> Result<Server, ServerError> {
+        if cfg.max_queue == 0 || cfg.max_queue > Semaphore::MAX_PERMITS {
+            return Err(ServerError::Config(format!(
+                "max_queue must be between 1 and {}",
+                Semaphore::MAX_PERMITS
+            )));
+        }
+        if cfg.max_tokens_limit == 0 || cfg.default_max_tokens == 0 {
+            return Err(ServerError::Config(
+                "max_tokens_limit and default_max_tokens must be at least 1".into(),
+            ));
+        }
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServerError::Io {
+                context: format!("cannot listen on {addr}"),
+                source,
+            })?;
+        let devices = engine.config().devices;
+        let caches = (0..devices)
+            .filter_map(|d| engine.cache(d).map(|(c, dev)| (Arc::clone(c), dev)))
+            .collect();
+        let state = Arc::new(AppState {
+            engine: Mutex::new(engine),
+            caches,
+            admission: Arc::new(Semaphore::new(cfg.max_queue)),
+            cfg,
+            stats: ServerStats::new(),
+            draining: AtomicBool::new(false),
+            started: Instant::now(),
+        });
+        Ok(Server { listener, state })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> Result<SocketAddr, ServerError> {
+        self.listener
+            .local_addr()
+            .map_err(|source| ServerError::Io {
+                context: "cannot read the listening address".into(),
+                source,
+            })
+    }
+
+    /// Serves until `shutdown` completes, then drains: stops accepting,
+    /// waits up to the drain timeout for in-flight requests, stops the
+    /// engine if they did not finish, and shuts the engine down.
+    pub async fn run<F>(self, shutdown: F) -> Result<ShutdownReport, ServerError>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let state = self.state;
+        let app = app(Arc::clone(&state));
+        let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
+        let st = Arc::clone(&state);
+        let signal = async move {
+            shutdown.await;
+            // Relaxed: advisory (health and new completions answer 503).
+            st.draining.store(true, Ordering::Relaxed);
+            let _ = signalled_tx.send(());
+        };
+        let mut serve = tokio::spawn(
+            axum::serve(self.listener, app)
+                .with_graceful_shutdown(signal)
+                .into_future(),
+        );
+        let io_err = |source| ServerError::Io {
+            context: "the server failed".into(),
+            source,
+        };
+        let join_err = |e: tokio::task::JoinError| ServerError::Io {
+            context: "the server task failed".into(),
+            source: std::io::Error::other(e.to_string()),
+        };
+        let drained = tokio::select! {
+            r = &mut serve => {
+                r.map_err(join_err)?.map_err(io_err)?;
+                true
+            }
+            _ = signalled_rx => {
+                match tokio::time::timeout(state.cfg.drain_timeout, &mut serve).await {
+                    Ok(r) => {
+                        r.map_err(join_err)?.map_err(io_err)?;
+                        true
+                    }
+                    Err(_) => {
+                        serve.abort();
+                        false
+                    }
+                }
+            }
+        };
+        let abandoned = if drained { 0 } else { state.in_flight() };
+        if !drained {
+            state.engine().stop();
+        }
+        // Connections still open (after a timed-out drain) hold the state
+        // until their requests fail with "stopped": wait a little for them.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Arc::strong_count(&state) > 1 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let engine = Arc::try_unwrap(state)
+            .ok()
+            .map(|s| s.engine.into_inner().unwrap_or_else(|p| p.into_inner()));
+        let engine = match engine {
+            Some(e) => tokio::task::spawn_blocking(move || e.shutdown()).await.ok(),
+            None => None,
+        };
+        Ok(ShutdownReport {
+            drained,
+            abandoned,
+            engine,
+        })
+    }
+}
+
+/// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+fn app(state: Arc<AppState>) -> Router {
+    let limit = state.cfg.max_body_bytes;
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/metrics", get(prometheus))
+        .route("/stats", get(stats))
+        .route("/health", get(health))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            count_responses,
+        ))
+        .with_state(state)
+}
+
+/// A JSON response.
+pub(crate) fn json_response<T: serde::Serialize>(status: StatusCode, body: &T) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(v) => (status, [(header::CONTENT_TYPE, "application/json")], v).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot serialize the response: {e}"),
+        )
+            .into_response(),
+    }
+}
+
+async fn count_responses(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let r = next.run(req).await;
+    s.stats.response(r.status().as_u16());
+    r
+}
+
+async fn not_found(uri: Uri) -> ApiError {
+    ApiError::NotFound(uri.path().to_string())
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+async fn health(State(s): State<Arc<AppState>>) -> Response {
+    if s.draining.load(Ordering::Relaxed) {
+        json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({"status": "draining"}),
+        )
+    } else {
+        json_response(StatusCode::OK, &serde_json::json!({"status": "ok"}))
+    }
+}
+
+async fn stats(State(s): State<Arc<AppState>>) -> Response {
+    let st = Arc::clone(&s);
+    match tokio::task::spawn_blocking(move || st.stats()).await {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => ApiError::Internal(format!("stats failed: {e}")).into_response(),
+    }
+}
+
+async fn prometheus(State(s): State<Arc<AppState>>) -> Response {
+    let st = Arc::clone(&s);
+    let text = tokio::task::spawn_blocking(move || st.prometheus()).await;
+    match text {
+        Ok(Ok(t)) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+            t,
+        )
+            .into_response(),
+        Ok(Err(e)) => ApiError::Internal(format!("cannot encode the metrics: {e}")).into_response(),
+        Err(e) => ApiError::Internal(format!("metrics failed: {e}")).into_response(),
+    }
+}
+
+/// The API error for a failed completion, `None` if it finished.
+pub(crate) fn completion_error(c: &Completion) -> Option<ApiError> {
+    let e = c.error.as_deref()?;
+    Some(match e {
+        "cancelled" | "stopped" => ApiError::Unavailable(format!("request {e}")),
+        other => ApiError::Internal(format!("request failed: {other}")),
+    })
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn completions(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge {
+                limit: s.cfg.max_body_bytes,
+            }
+        } else {
+            ApiError::BadRequest(r.body_text())
+        }
+    })?;
+    let req = CompletionRequest::parse(
+        &body,
+        Limits {
+            max_tokens_limit: s.cfg.max_tokens_limit,
+            default_max_tokens: s.cfg.default_max_tokens,
+        },
+    )?;
+    // Whole pages: the prompt, the output and one page of slack must fit
+    // one device's pool (the engine's own rule).
+    let (pool, page) = {
+        let e = s.engine();
+        (e.max_request_tokens(), e.config().page_size)
+    };
+    if req.tokens.len() + req.max_tokens + page > pool {
+        return Err(ApiError::BadRequest(format!(
+            "prompt too long: {} prompt tokens + {} max_tokens do not fit a device's KV pool \
+             of {pool} tokens (at most {} prompt tokens with this max_tokens)",
+            req.tokens.len(),
+            req.max_tokens,
+            pool.saturating_sub(req.max_tokens + page)
+        )));
+    }
+    if s.draining.load(Ordering::Relaxed) {
+        return Err(ApiError::Unavailable("the server is shutting down".into()));
+    }
+    let permit = Arc::clone(&s.admission).try_acquire_owned().map_err(|_| {
+        // Relaxed: a statistic.
+        s.stats.rejected_busy.fetch_add(1, Ordering::Relaxed);
+        ApiError::Busy {
+            in_flight: s.in_flight(),
+            limit: s.cfg.max_queue,
+            retry_after_s: s.cfg.retry_after_s,
+        }
+    })?;
+    let mut er = EngineRequest::new(req.tokens.clone(), req.max_tokens);
+    er.namespace = req.cache_salt.as_deref().map(Arc::from);
+    let submitted = s.engine().submit_streaming(er);
+    let (id, rx) = submitted.map_err(|e| match e {
+        EngineError::Rejected(m) => ApiError::BadRequest(m),
+        EngineError::Stopped => ApiError::Unavailable("the engine is stopped".into()),
+        other => ApiError::Internal(other.to_string()),
+    })?;
+    let mut guard = stream::CancelGuard::new(Arc::clone(&s), id);
+    let mut events = stream::forward(rx)
+        .map_err(|e| ApiError::Unavailable(format!("cannot start the request's stream: {e}")))?;
+    let model = req
+        .model
+        .clone()
+        .unwrap_or_else(|| s.cfg.model_name.clone());
+    let meta = stream::ChunkMeta {
+        id: format!("cmpl-{id}"),
+        created: unix_now(),
+        model,
+    };
+    if req.stream {
+        let st = stream::CompletionStream::new(
+            events,
+            guard,
+            permit,
+            meta,
+            req.max_tokens,
+            req.include_usage,
+        );
+        return Ok(Sse::new(st)
+            .keep_alive(KeepAlive::new().interval(Duration::from_secs(5)))
+            .into_response());
+    }
+    let mut tokens = Vec::with_capacity(req.max_tokens);
+    let c = loop {
+        match events.recv().await {
+            Some(StreamEvent::Token(t)) => tokens.push(t),
+            Some(StreamEvent::Done(c)) => break c,
+            None => {
+                guard.disarm();
+                return Err(ApiError::Unavailable("the engine stopped".into()));
+            }
+        }
+    };
+    guard.disarm();
+    drop(permit);
+    if let Some(e) = completion_error(&c) {
+        return Err(e);
+    }
+    let body = CompletionResponse {
+        id: meta.id,
+        object: "text_completion",
+        created: meta.created,
+        model: meta.model,
+        choices: vec![Choice {
+            text: api::decode(&tokens),
+            index: 0,
+            logprobs: None,
+            finish_reason: Some("length"),
+        }],
+        usage: Some(Usage::new(
+            c.prompt_tokens,
+            c.output_tokens,
+            c.cached_tokens,
+        )),
+        radixkv: Some(RunInfo {
+            device: c.device.0,
+            ttft_ms: c.ttft.as_secs_f64() * 1e3,
+            e2e_ms: c.e2e.as_secs_f64() * 1e3,
+            retractions: c.retractions,
+        }),
+    };
+    Ok(json_response(StatusCode::OK, &body))
+}

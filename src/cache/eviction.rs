@@ -1,0 +1,374 @@
+//! The eviction engine: per device, a candidate heap of leaves in policy
+//! order (lazily validated), the eviction loop over it (or, for the
+//! policies ranked by a scan, over the device's leaves), replica-aware
+//! choice among the next candidates, the accounting of evicted values and
+//! pages, eviction metrics, and reclamation of what evictions unlinked.
+//! The background thread that calls it is `evictor`; the orders themselves
+//! are `policy`.
+
+use super::policy::{self, EvictionPolicy, LeafStats};
+use super::{CacheError, Evicted, RadixCache};
+use crate::device::DeviceId;
+use crate::sync::{Arc, Ordering};
+use crate::tree::node::{arc_of, Node};
+use crate::tree::values::Values;
+use crate::tree::{is_candidate, is_leaf_on};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// A node in a candidate heap, ordered by address (only to break exact key
+/// ties between two entries of the same node).
+#[derive(Debug)]
+struct ByAddr(Arc<Node>);
+
+impl PartialEq for ByAddr {
+    fn eq(&self, o: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &o.0)
+    }
+}
+impl Eq for ByAddr {}
+impl PartialOrd for ByAddr {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for ByAddr {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        Arc::as_ptr(&self.0).cmp(&Arc::as_ptr(&o.0))
+    }
+}
+
+/// The evictor's per-device candidates: a heap of (key when pushed, node)
+/// and the pinned leaves met on the last pass.
+///
+/// Lazy validation is exact for policies whose keys only grow while a node
+/// waits (lru, lfu, fifo, priority): a popped entry whose key grew is pushed
+/// back with its current key, so the first entry popped with an unchanged
+/// key is the true minimum. Entries of nodes that stopped being leaves are
+/// dropped; every transition into leafhood pushes again (an insert's new or
+/// adopted node through the tree's lock-free inbox, a parent whose last
+/// resident child was evicted here), so no candidate is ever missing.
+///
+/// For sieve the heap holds the hand's order instead (see
+/// [`EvictionPolicy`]): keys are (round, creation stamp, stamp the visited
+/// bit is judged against), which only the evictor changes, and `hand` is
+/// the position of the last leaf evicted.
+///
+/// The same lock keeps the device's eviction metrics.
+#[derive(Debug, Default)]
+pub(super) struct Candidates {
+    heap: BinaryHeap<Reverse<(policy::EvictionKey, ByAddr)>>,
+    aside: Vec<Arc<Node>>,
+    /// Sieve: (round, creation stamp) of the last leaf evicted.
+    hand: (u64, u64),
+    metrics: crate::metrics::EvictionRecorder,
+}
+
+/// Replica-aware eviction looks at this many candidates in policy order
+/// and takes the first one also resident on another device.
+const REPLICA_WINDOW: usize = 8;
+
+impl RadixCache {
+    /// Evicts whole unpinned leaves of `device` in policy order until at
+    /// least `tokens` tokens are freed or nothing evictable is left, and
+    /// returns their values. A parent whose last resident child goes
+    /// becomes a candidate in turn. A node left with no residency on any
+    /// device and no children leaves the tree.
+    pub fn evict(&self, device: DeviceId, tokens: usize) -> Result<Evicted, CacheError> {
+        let d = self.device(device)?;
+        let mut out = Evicted::default();
+        if tokens == 0 {
+            return Ok(out);
+        }
+        let start = std::time::Instant::now();
+        // The evictor frees what earlier changes unlinked (see
+        // `tree::reclaim`), so that matching threads never do.
+        self.tree.reclaim();
+        let guard = crossbeam_epoch::pin();
+        if self.tree.tracks_leaves() {
+            let mut c = crate::sync::lock(&self.candidates[d]);
+            self.evict_tracked(&mut c, d, tokens, &mut out, &guard);
+            c.metrics
+                .record_evict(out.leaves, out.tokens, out.pages, start.elapsed());
+            return Ok(out);
+        }
+        let mut nodes: Vec<&Node> = self.tree.leaves(d, &guard);
+        out.examined = nodes.len();
+        let mut heap: BinaryHeap<_> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Reverse((self.key_of(n, d), i)))
+            .collect();
+        while out.tokens < tokens {
+            let Some(Reverse((_, i))) = heap.pop() else {
+                break;
+            };
+            let Some(ev) = self.tree.evict_leaf(nodes[i], d, &guard) else {
+                continue;
+            };
+            self.account(&ev.values, d, &mut out);
+            if is_leaf_on(ev.parent, d) {
+                // Relaxed: as in `evict_tracked` (one evictor per device).
+                let hits = ev.parent.dev(d).hits.load(Ordering::Relaxed);
+                ev.parent.dev(d).hits_base.store(hits, Ordering::Relaxed);
+            }
+            if is_candidate(ev.parent, d) {
+                heap.push(Reverse((self.key_of(ev.parent, d), nodes.len())));
+                nodes.push(ev.parent);
+            }
+        }
+        crate::sync::lock(&self.candidates[d]).metrics.record_evict(
+            out.leaves,
+            out.tokens,
+            out.pages,
+            start.elapsed(),
+        );
+        Ok(out)
+    }
+
+    /// What eviction did on `device` since the cache was built: calls,
+    /// leaves, tokens and pages evicted, the latency histogram of `evict`
+    /// calls, and the background evictor's wake-ups and time below the low
+    /// watermark. Waits for an eviction in progress on that device.
+    ///
+    /// ```
+    /// use radixkv::{DeviceId, RadixCache, TokenKey};
+    /// let c = RadixCache::builder().build().unwrap();
+    /// c.insert(TokenKey::new(&[1, 2, 3]), DeviceId(0), &[4, 5, 6], 0).unwrap();
+    /// c.evict(DeviceId(0), 1).unwrap();
+    /// let m = c.eviction_metrics(DeviceId(0)).unwrap();
+    /// assert_eq!((m.evict_calls, m.evicted_leaves, m.evicted_tokens), (1, 1, 3));
+    /// assert_eq!(m.latency.count, 1);
+    /// ```
+    pub fn eviction_metrics(
+        &self,
+        device: DeviceId,
+    ) -> Result<crate::metrics::EvictionMetrics, CacheError> {
+        let d = self.device(device)?;
+        Ok(crate::sync::lock(&self.candidates[d]).metrics.metrics())
+    }
+
+    /// A copy of the latency histogram of `evict` calls on `device` (the
+    /// one [`eviction_metrics`](Self::eviction_metrics) summarizes), for
+    /// exposition as buckets. Taken under the device's eviction lock, so it
+    /// waits for an eviction in progress there.
+    ///
+    /// ```
+    /// use radixkv::{DeviceId, RadixCache, TokenKey};
+    /// let c = RadixCache::builder().build().unwrap();
+    /// c.insert(TokenKey::new(&[1, 2, 3]), DeviceId(0), &[4, 5, 6], 0).unwrap();
+    /// c.evict(DeviceId(0), 1).unwrap();
+    /// let h = c.eviction_latency(DeviceId(0)).unwrap();
+    /// assert_eq!(h.len(), 1);
+    /// assert_eq!(h.cumulative_counts(&[u64::MAX]), [1]);
+    /// assert!(h.sum_ns() > 0);
+    /// ```
+    pub fn eviction_latency(
+        &self,
+        device: DeviceId,
+    ) -> Result<crate::metrics::LatencyHistogram, CacheError> {
+        let d = self.device(device)?;
+        Ok(crate::sync::lock(&self.candidates[d])
+            .metrics
+            .latency()
+            .clone())
+    }
+
+    /// The background evictor's observations of device `d`.
+    #[cfg(not(loom))]
+    pub(crate) fn record_evictor(&self, d: usize, wakeup: bool, below_low: std::time::Duration) {
+        let mut c = crate::sync::lock(&self.candidates[d]);
+        if wakeup {
+            c.metrics.record_wakeup();
+        }
+        c.metrics.add_time_below_low(below_low);
+    }
+
+    /// Frees the nodes, images and arrays that earlier changes unlinked
+    /// and whose epoch grace period has passed. [`evict`](Self::evict) does
+    /// this first, and inserts do it once a few thousand objects wait, so
+    /// that matching threads never pay for freeing memory; an application
+    /// that neither evicts nor inserts for a while may call it from any
+    /// thread to return that memory sooner.
+    pub fn reclaim(&self) {
+        self.tree.reclaim();
+    }
+
+    /// Adds one evicted leaf's values to `out`; with page ownership, returns
+    /// its pages to the allocator instead of reporting the values.
+    fn account(&self, values: &Values, d: usize, out: &mut Evicted) {
+        let before = out.values.len();
+        values.append_to(&mut out.values, self.page_size());
+        out.tokens += out.values.len() - before;
+        out.leaves += 1;
+        if let Some(a) = self.allocators.get(d) {
+            let ps = self.page_size();
+            let pages: Vec<u32> = out.values[before..]
+                .iter()
+                .step_by(ps)
+                .map(|&slot| slot / ps as u32)
+                .collect();
+            out.pages += pages.len();
+            a.give_back(&pages);
+            out.values.truncate(before);
+        }
+    }
+
+    /// Eviction from the device's candidate heap: O(evicted · log leaves)
+    /// plus the leaves inserted since the last call.
+    fn evict_tracked(
+        &self,
+        c: &mut Candidates,
+        d: usize,
+        tokens: usize,
+        out: &mut Evicted,
+        guard: &crossbeam_epoch::Guard,
+    ) {
+        // New leaves and the pinned ones set aside earlier, heapified in bulk.
+        let mut fresh = Vec::new();
+        {
+            let mut add = |n: Arc<Node>| {
+                if is_leaf_on(&n, d) {
+                    fresh.push(Reverse((self.entry_key(c.hand, &n, d), ByAddr(n))));
+                }
+            };
+            self.tree.drain_leaves(d, &mut add);
+            std::mem::take(&mut c.aside).into_iter().for_each(&mut add);
+        }
+        out.examined += fresh.len();
+        c.heap.extend(fresh);
+        let replicas = self.replica_aware && self.devices() > 1;
+        while out.tokens < tokens {
+            let Some(first) = self.next_candidate(c, d, out) else {
+                break;
+            };
+            let (stored, n) = if replicas && !self.replicated(&first.1, d) {
+                // Look a few candidates further for one with a replica; the
+                // others go back unchanged (they were just validated).
+                let mut window = vec![first];
+                while window.len() < REPLICA_WINDOW {
+                    let Some(next) = self.next_candidate(c, d, out) else {
+                        break;
+                    };
+                    let found = self.replicated(&next.1, d);
+                    window.push(next);
+                    if found {
+                        break;
+                    }
+                }
+                let pick = if self.replicated(&window[window.len() - 1].1, d) {
+                    window.len() - 1
+                } else {
+                    0
+                };
+                let chosen = window.swap_remove(pick);
+                for (k, n) in window {
+                    c.heap.push(Reverse((k, ByAddr(n))));
+                }
+                chosen
+            } else {
+                first
+            };
+            // `n` was seen linked (not obsolete) under `guard` just above.
+            let Some(ev) = self.tree.evict_leaf(&n, d, guard) else {
+                c.aside.push(n); // lost a race with a pin or a new child
+                continue;
+            };
+            if self.policy == EvictionPolicy::Sieve {
+                let (round, order, _) = stored.sieve_parts();
+                c.hand = (round, order);
+            }
+            self.account(&ev.values, d, out);
+            if is_leaf_on(ev.parent, d) {
+                let p = arc_of(ev.parent);
+                // Relaxed: written and read by this device's evictor, under
+                // the candidates lock.
+                let hits = p.dev(d).hits.load(Ordering::Relaxed);
+                p.dev(d).hits_base.store(hits, Ordering::Relaxed);
+                let mut k = self.entry_key(c.hand, &p, d);
+                if self.policy == EvictionPolicy::Sieve {
+                    // Its hits so far were passes through to the children
+                    // just evicted: it joins right at the hand (the next
+                    // candidate, like its coldest descendants) with its
+                    // visited bit clear.
+                    let last = p.dev(d).last_access.load(Ordering::Relaxed);
+                    k = policy::EvictionKey::sieve(c.hand.0, c.hand.1, last, p.id);
+                }
+                c.heap.push(Reverse((k, ByAddr(p))));
+            }
+        }
+    }
+
+    /// The next valid candidate of the heap in policy order: a leaf on `d`,
+    /// unpinned, whose key is current. Stale entries are dropped, pinned
+    /// leaves set aside, grown keys pushed back; for sieve, a leaf hit since
+    /// the hand last passed it gets its second chance here.
+    fn next_candidate(
+        &self,
+        c: &mut Candidates,
+        d: usize,
+        out: &mut Evicted,
+    ) -> Option<(policy::EvictionKey, Arc<Node>)> {
+        loop {
+            let Reverse((stored, ByAddr(n))) = c.heap.pop()?;
+            out.examined += 1;
+            if !is_leaf_on(&n, d) {
+                continue; // stale: evicted, unlinked or no longer a leaf
+            }
+            if n.dev(d).residency.load().pins() > 0 {
+                c.aside.push(n); // a candidate again once unpinned
+                continue;
+            }
+            if self.policy == EvictionPolicy::Sieve {
+                // An entry of a node evicted and cached again meanwhile is
+                // older than its new one: harmless, it only offers the node
+                // to the hand once more.
+                let (round, order, seen) = stored.sieve_parts();
+                let last = n.dev(d).last_access.load(Ordering::Relaxed);
+                if last > seen {
+                    // Visited: clear the bit, wait for the next round.
+                    let k = policy::EvictionKey::sieve(round + 1, order, last, n.id);
+                    c.heap.push(Reverse((k, ByAddr(n))));
+                    continue;
+                }
+                return Some((stored, n));
+            }
+            let now = self.key_of(&n, d);
+            if now != stored {
+                c.heap.push(Reverse((now, ByAddr(n))));
+                continue;
+            }
+            return Some((stored, n));
+        }
+    }
+
+    /// Whether `n`'s tokens are also resident on a device other than `d`.
+    fn replicated(&self, n: &Node, d: usize) -> bool {
+        (0..self.devices()).any(|e| e != d && n.dev(e).residency.load().resident())
+    }
+
+    /// The heap key of a leaf joining the candidates: its policy key, or for
+    /// sieve its place relative to the hand (this round if the hand has not
+    /// passed its creation stamp yet, otherwise the next).
+    fn entry_key(&self, hand: (u64, u64), n: &Node, d: usize) -> policy::EvictionKey {
+        let k = self.key_of(n, d);
+        if self.policy != EvictionPolicy::Sieve {
+            return k;
+        }
+        let (_, created, seen) = k.sieve_parts();
+        let round = if created > hand.1 { hand.0 } else { hand.0 + 1 };
+        policy::EvictionKey::sieve(round, created, seen, n.id)
+    }
+
+    fn key_of(&self, n: &Node, d: usize) -> policy::EvictionKey {
+        let s = &n.dev(d);
+        self.policy.key(&LeafStats {
+            last_access: s.last_access.load(Ordering::Relaxed),
+            created: s.created.load(Ordering::Relaxed),
+            hits: s.hits.load(Ordering::Relaxed),
+            hits_base: s.hits_base.load(Ordering::Relaxed),
+            priority: n.priority.load(Ordering::Relaxed),
+            id: n.id,
+        })
+    }
+}

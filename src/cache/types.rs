@@ -1,0 +1,319 @@
+//! The public value types of the cache API: keys ([`TokenKey`]), the clock
+//! choice ([`ClockKind`]), errors ([`CacheError`]), pins and handles
+//! ([`Lease`], [`NodeHandle`]) and what operations return
+//! ([`MatchResult`], [`InsertResult`], [`Evicted`], [`Sizes`]). They are
+//! re-exported from [`crate::cache`]; the operations that make them are on
+//! [`RadixCache`](super::RadixCache).
+
+use super::policy::UnknownPolicy;
+use crate::alloc::AllocError;
+use crate::device::DeviceId;
+use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::tree::node::Node;
+use crossbeam_utils::CachePadded;
+use std::ops::Range;
+
+/// A key: token ids plus an optional namespace (SGLang's `extra_key`: a
+/// LoRA id, cache salt or tenant). Keys in different namespaces never share
+/// cached prefixes; namespace `None` and `Some("")` are different.
+///
+/// ```
+/// use radixkv::TokenKey;
+/// let k = TokenKey::new(&[1, 2, 3]).with_namespace("tenant-a");
+/// assert_eq!(k.tokens(), &[1, 2, 3]);
+/// assert_eq!(k.namespace(), Some("tenant-a"));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TokenKey<'a> {
+    pub(super) tokens: &'a [u32],
+    pub(super) namespace: Option<&'a str>,
+}
+
+impl<'a> TokenKey<'a> {
+    /// A key in the default namespace (`None`).
+    pub fn new(tokens: &'a [u32]) -> Self {
+        TokenKey {
+            tokens,
+            namespace: None,
+        }
+    }
+
+    /// The same tokens in namespace `ns`.
+    pub fn with_namespace(self, ns: &'a str) -> Self {
+        TokenKey {
+            namespace: Some(ns),
+            ..self
+        }
+    }
+
+    /// The same tokens in namespace `ns` (which may be `None`).
+    pub fn in_namespace(self, ns: Option<&'a str>) -> Self {
+        TokenKey {
+            namespace: ns,
+            ..self
+        }
+    }
+
+    /// The token ids.
+    pub fn tokens(&self) -> &'a [u32] {
+        self.tokens
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> Option<&'a str> {
+        self.namespace
+    }
+}
+
+impl<'a> From<&'a [u32]> for TokenKey<'a> {
+    fn from(tokens: &'a [u32]) -> Self {
+        TokenKey::new(tokens)
+    }
+}
+
+/// Where access and creation stamps come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ClockKind {
+    /// A counter per device: stamps never tie (what SGLang's conformance
+    /// vectors assume). One relaxed `fetch_add` on the device's own counter
+    /// per operation.
+    #[default]
+    Logical,
+    /// Monotonic nanoseconds; ties are broken by creation stamp, then node id.
+    #[cfg(not(loom))]
+    Monotonic,
+}
+
+/// Errors of cache operations. Every error leaves the cache unchanged.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CacheError {
+    /// An insert key whose length is not a multiple of the page size.
+    #[error("key of {len} tokens is not a multiple of the page size {page_size}")]
+    Unaligned {
+        /// Key length in tokens.
+        len: usize,
+        /// The cache's page size.
+        page_size: usize,
+    },
+    /// An insert whose values do not match its tokens one to one.
+    #[error("{values} values for {tokens} tokens")]
+    LengthMismatch {
+        /// Key length in tokens.
+        tokens: usize,
+        /// Number of values given.
+        values: usize,
+    },
+    /// A device outside `0..devices`.
+    #[error("{device} does not exist (the cache has {devices} devices)")]
+    UnknownDevice {
+        /// The device asked for.
+        device: DeviceId,
+        /// How many devices the cache has.
+        devices: usize,
+    },
+    /// A handle whose node left the tree on its device (evicted, possibly
+    /// re-inserted since).
+    #[error("stale handle: the matched node left the tree on {0}")]
+    StaleHandle(DeviceId),
+    /// A handle made by another cache.
+    #[error("the handle belongs to another cache")]
+    ForeignHandle,
+    /// 2^32 - 1 leases on one node and device.
+    #[error("too many leases on one node")]
+    PinOverflow,
+    /// A builder setting out of range.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// An unknown eviction policy name.
+    #[error(transparent)]
+    UnknownPolicy(#[from] UnknownPolicy),
+    /// The device's allocator could not serve the request.
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
+    /// A page operation on a cache built without allocators
+    /// (`RadixCacheBuilder::pages_per_device`).
+    #[error("this cache has no page allocators (external-value mode)")]
+    NoAllocator,
+    /// A plain-values insert on a cache that owns its pages: use
+    /// `insert_pages`.
+    #[error("this cache owns its pages: insert a PageSpan with insert_pages")]
+    ValuesOwnedByCache,
+    /// A span of another device or another cache's allocator.
+    #[error("the span belongs to another device or cache")]
+    ForeignSpan,
+}
+
+/// A pin on a matched prefix on one device: while it lives, the prefix's
+/// values stay resident on that device, unchanged (I3). Dropping it
+/// releases the pin. A lease on an empty match protects nothing.
+#[derive(Debug)]
+pub struct Lease {
+    node: Option<Arc<Node>>,
+    device: usize,
+    counters: Arc<[CachePadded<AtomicU64>]>,
+}
+
+impl Lease {
+    /// A lease on `node` (already pinned on `device` by the caller), counted
+    /// in `counters` while it lives.
+    pub(super) fn new(
+        node: Option<Arc<Node>>,
+        device: usize,
+        counters: &Arc<[CachePadded<AtomicU64>]>,
+    ) -> Self {
+        if node.is_some() {
+            counters[device].fetch_add(1, Ordering::SeqCst);
+        }
+        Lease {
+            node,
+            device,
+            counters: Arc::clone(counters),
+        }
+    }
+
+    /// The device the lease holds pages on.
+    pub fn device(&self) -> DeviceId {
+        DeviceId(self.device as u32)
+    }
+
+    /// Whether the lease protects nothing (the match was empty).
+    pub fn is_empty(&self) -> bool {
+        self.node.is_none()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(n) = self.node.take() {
+            // The node cannot have been freed: this lease holds an `Arc` to
+            // it, and while pinned it cannot be unlinked. After the
+            // decrement it may be evicted at once; nothing here touches it.
+            n.dev(self.device).residency.unpin();
+            self.counters[self.device].fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A reference to the end node of a match that outlives the match: it can be
+/// pinned later with [`RadixCache::pin`](super::RadixCache::pin), which fails with
+/// [`CacheError::StaleHandle`] if the node left the tree on that device in
+/// between (generation-checked).
+#[derive(Clone, Debug)]
+pub struct NodeHandle {
+    pub(super) cache: u64,
+    pub(super) node: Option<Arc<Node>>,
+    pub(super) device: usize,
+    pub(super) generation: u64,
+}
+
+impl NodeHandle {
+    /// Whether the match ended at the root (matched nothing).
+    pub fn is_root(&self) -> bool {
+        self.node.is_none()
+    }
+
+    /// The device of the match.
+    pub fn device(&self) -> DeviceId {
+        DeviceId(self.device as u32)
+    }
+}
+
+/// The result of a match on one device.
+#[non_exhaustive]
+#[derive(Debug)]
+pub struct MatchResult {
+    /// Tokens of the key resident on the asked device (a multiple of the
+    /// page size).
+    pub len: usize,
+    /// The values of those tokens; filled only by
+    /// [`RadixCache::match_and_pin`](super::RadixCache::match_and_pin).
+    pub values: Vec<u32>,
+    /// The pin, for [`RadixCache::match_and_pin`](super::RadixCache::match_and_pin).
+    pub lease: Option<Lease>,
+    /// The end node, to pin later.
+    pub handle: NodeHandle,
+    /// The longest prefix resident on any device…
+    pub any_len: usize,
+    /// …and the device holding it (the asked device when it ties).
+    pub any_device: Option<DeviceId>,
+}
+
+/// What an insert did with the caller's values.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InsertResult {
+    /// Leading tokens that were already cached on the device (SGLang's
+    /// return value). The caller's values for `0..prefix_len` are duplicates.
+    pub prefix_len: usize,
+    /// Ranges of the caller's values the cache now owns. Without concurrent
+    /// writers on the same prefix this is `prefix_len..len` (or nothing).
+    pub adopted: Vec<Range<usize>>,
+    len: usize,
+}
+
+impl InsertResult {
+    /// The result of an insert of `len` tokens in which the tree adopted
+    /// `adopted`: `prefix_len` is where the first adopted range starts.
+    pub(crate) fn from_adopted(adopted: Vec<Range<usize>>, len: usize) -> Self {
+        InsertResult {
+            prefix_len: adopted.first().map_or(len, |r| r.start),
+            adopted,
+            len,
+        }
+    }
+
+    /// Ranges of the caller's values that the cache did **not** take (the
+    /// caller frees them): `0..prefix_len`, plus, when another scheduler
+    /// inserted the same new prefix at the same moment, the ranges it won.
+    pub fn duplicates(&self) -> Vec<Range<usize>> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        let mut adopted = self.adopted.clone();
+        adopted.sort_by_key(|r| r.start);
+        for r in adopted {
+            if r.start > at {
+                out.push(at..r.start);
+            }
+            at = r.end;
+        }
+        if at < self.len {
+            out.push(at..self.len);
+        }
+        out
+    }
+}
+
+/// What an eviction freed.
+#[non_exhaustive]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Evicted {
+    /// Tokens evicted (whole leaves, so possibly more than asked).
+    pub tokens: usize,
+    /// Leaves evicted.
+    pub leaves: usize,
+    /// Their values, in eviction order (external-value mode; empty when the
+    /// cache owns its pages, which it has already returned).
+    pub values: Vec<u32>,
+    /// Pages returned to the device's allocator (when the cache owns its
+    /// pages).
+    pub pages: usize,
+    /// Candidates the call looked at: newly inserted leaves taken in, heap
+    /// entries popped, or, for the policies that rank by a scan (mru,
+    /// filo), every leaf of the device. A measure of the call's work.
+    pub examined: usize,
+}
+
+/// Cached token counts on one device.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sizes {
+    /// Tokens that eviction may take now.
+    pub evictable: usize,
+    /// Tokens on a pinned node's path.
+    pub protected: usize,
+    /// All tokens resident on the device.
+    pub total: usize,
+    /// Nodes resident on the device.
+    pub nodes: usize,
+}

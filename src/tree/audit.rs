@@ -1,0 +1,154 @@
+//! The audit of the tree: [`Tree::check`] walks every node in quiescent
+//! state and verifies the invariants I1 (prefix-closed residency), I4
+//! (shape: page-aligned keys, sorted children filed under their first
+//! page, values matching keys, resident-children counts), I5 (every node
+//! reachable once, one root per namespace) and the tree's own gauges. It
+//! takes no part in the concurrent protocol (the parent module).
+
+use super::children::page_hash;
+use super::node::Node;
+use super::Tree;
+use crate::sync::Ordering;
+use crossbeam_epoch::Guard;
+
+impl Tree {
+    /// Checks I1, I4, I5 and the tree's own counters. `Err` names the first
+    /// violation. Meaningful in quiescent state only.
+    pub(crate) fn check(&self, guard: &Guard) -> Result<(), String> {
+        let ps = self.page_size;
+        let mut seen = std::collections::HashSet::new();
+        let mut tokens = vec![0u64; self.devices];
+        let mut count = 0u64;
+        let mut stack: Vec<&Node> = Vec::new();
+        for (ns, root) in &self.table(guard).entries {
+            if !seen.insert(root.id) {
+                return Err(format!("I5: root of namespace {ns:?} appears twice"));
+            }
+            stack.push(&**root);
+        }
+        while let Some(n) = stack.pop() {
+            let img = n.image_ref(guard);
+            if n.obsolete.load(Ordering::SeqCst) {
+                return Err(format!("node {} is linked but marked obsolete", n.id));
+            }
+            if !n.is_root {
+                count += 1;
+                if img.key.is_empty() || img.key.len() % ps != 0 {
+                    return Err(format!(
+                        "I4: node {} has a key of {} tokens (page size {ps})",
+                        n.id,
+                        img.key.len()
+                    ));
+                }
+                if !n.resident_anywhere() && n.children_ref(guard).is_empty() {
+                    return Err(format!(
+                        "node {} has no residency and no children but is linked",
+                        n.id
+                    ));
+                }
+            }
+            // SAFETY: `n` is linked (reached from a root under `guard`).
+            let parent = (!img.parent.0.is_null()).then(|| unsafe { &*img.parent.0 });
+            for (e, tokens_e) in tokens.iter_mut().enumerate() {
+                let st = n.dev(e).residency.load();
+                if n.is_root {
+                    continue;
+                }
+                match (&img.values[e], st.resident()) {
+                    (Some(v), true) => {
+                        let nv = v.tokens(ps);
+                        if nv != img.key.len() {
+                            return Err(format!(
+                                "I4: node {} holds {nv} values for {} tokens on device {e}",
+                                n.id,
+                                img.key.len()
+                            ));
+                        }
+                        *tokens_e += nv as u64;
+                        if let Some(p) = parent {
+                            if !p.resident(e) {
+                                return Err(format!(
+                                    "I1: node {} is resident on device {e} but its parent {} is not",
+                                    n.id, p.id
+                                ));
+                            }
+                        }
+                    }
+                    (None, false) => {}
+                    (v, r) => {
+                        return Err(format!(
+                            "node {} on device {e}: values present = {}, RESIDENT = {r}",
+                            n.id,
+                            v.is_some()
+                        ))
+                    }
+                }
+            }
+            let children = n.children_ref(guard);
+            let mut resident_children = vec![0u32; self.devices];
+            let mut pages = std::collections::HashSet::new();
+            let mut last_hash = 0;
+            for (i, (hash, c)) in children.iter().enumerate() {
+                let c = c.node();
+                if i > 0 && last_hash > *hash {
+                    return Err(format!(
+                        "I4: children of node {} are not sorted by page hash",
+                        n.id
+                    ));
+                }
+                let cimg = c.image_ref(guard);
+                if !std::ptr::eq(cimg.parent.0, n) {
+                    return Err(format!("node {}'s parent link is not node {}", c.id, n.id));
+                }
+                if cimg.key.len() < ps || page_hash(&cimg.key[..ps]) != *hash {
+                    return Err(format!(
+                        "I4: node {} is filed under a page that is not its first",
+                        c.id
+                    ));
+                }
+                if !pages.insert(&cimg.key[..ps]) {
+                    return Err(format!(
+                        "I4: two children of node {} start with the same page",
+                        n.id
+                    ));
+                }
+                if !seen.insert(c.id) {
+                    return Err(format!("I5: node {} is reachable twice", c.id));
+                }
+                for (e, r) in resident_children.iter_mut().enumerate() {
+                    if c.dev(e).residency.load().resident() {
+                        *r += 1;
+                    }
+                }
+                last_hash = *hash;
+                stack.push(c);
+            }
+            if !n.is_root {
+                for (e, r) in resident_children.iter().enumerate() {
+                    let counted = n.dev(e).resident_children.load(Ordering::SeqCst);
+                    if counted != *r {
+                        return Err(format!(
+                            "node {} counts {counted} resident children on device {e}, has {r}",
+                            n.id
+                        ));
+                    }
+                }
+            }
+        }
+        for (e, t) in tokens.iter().enumerate() {
+            let g = self.resident_tokens(e);
+            if g != *t {
+                return Err(format!(
+                    "resident-token gauge of device {e} is {g}, the tree holds {t}"
+                ));
+            }
+        }
+        if count != self.node_count() {
+            return Err(format!(
+                "node gauge is {}, the tree has {count}",
+                self.node_count()
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,157 @@
+//! The values codec: [`Values`], the values of a node's tokens on one
+//! device (the KV slot of each token), stored in the smallest of three
+//! encodings. Images hold one per device (see `node`); the codec knows
+//! nothing of the tree.
+
+use crate::sync::Arc;
+
+/// The values of a node's tokens on one device, in one 16-byte handle.
+///
+/// The first word of the array says how the rest is stored; the smallest
+/// of three encodings is chosen when the values are stored:
+///
+/// * verbatim: one `u32` per token;
+/// * page bases (page size > 1, every page a contiguous run of slots, as a
+///   paged allocator hands out): one `u32` per page;
+/// * runs: `(first, length)` pairs of contiguous values, e.g. one pair for
+///   a request whose slots were allocated together.
+#[derive(Clone, Debug)]
+pub(crate) struct Values(Arc<[u32]>);
+
+const VERBATIM: u32 = 0;
+const PAGE_BASES: u32 = 1;
+const RUNS: u32 = 2;
+
+impl Values {
+    /// Values for `v` (whole pages of `ps` tokens).
+    pub(crate) fn new(v: &[u32], ps: usize) -> Values {
+        let mut runs: Vec<u32> = Vec::new();
+        for &x in v {
+            match runs.len() {
+                n if n >= 2 && runs[n - 2].checked_add(runs[n - 1]) == Some(x) => runs[n - 1] += 1,
+                _ => runs.extend([x, 1]),
+            }
+        }
+        let pages_ok = ps > 1
+            && v.chunks(ps).all(|c| {
+                c.iter()
+                    .enumerate()
+                    .all(|(j, &x)| c[0].checked_add(j as u32) == Some(x))
+            });
+        let pages = if pages_ok { v.len() / ps } else { usize::MAX };
+        let data: Vec<u32> = if runs.len() < v.len().min(pages) {
+            std::iter::once(RUNS).chain(runs).collect()
+        } else if pages < v.len() {
+            std::iter::once(PAGE_BASES)
+                .chain(v.chunks(ps).map(|c| c[0]))
+                .collect()
+        } else {
+            std::iter::once(VERBATIM).chain(v.iter().copied()).collect()
+        };
+        Values(Arc::from(data))
+    }
+
+    fn kind(&self) -> u32 {
+        self.0[0]
+    }
+
+    fn body(&self) -> &[u32] {
+        &self.0[1..]
+    }
+
+    /// How many tokens these values cover.
+    pub(crate) fn tokens(&self, ps: usize) -> usize {
+        match self.kind() {
+            PAGE_BASES => self.body().len() * ps,
+            RUNS => self.body().chunks(2).map(|r| r[1] as usize).sum(),
+            _ => self.body().len(),
+        }
+    }
+
+    /// The values of tokens `from..to` (multiples of `ps`).
+    pub(crate) fn slice(&self, from: usize, to: usize, ps: usize) -> Values {
+        let body = self.body();
+        let data: Vec<u32> = match self.kind() {
+            PAGE_BASES => std::iter::once(PAGE_BASES)
+                .chain(body[from / ps..to / ps].iter().copied())
+                .collect(),
+            RUNS => {
+                let mut out = vec![RUNS];
+                let mut at = 0;
+                for r in body.chunks(2) {
+                    let (first, len) = (r[0] as usize, r[1] as usize);
+                    let (lo, hi) = (from.max(at), to.min(at + len));
+                    if lo < hi {
+                        out.extend([(first + lo - at) as u32, (hi - lo) as u32]);
+                    }
+                    at += len;
+                }
+                out
+            }
+            _ => std::iter::once(VERBATIM)
+                .chain(body[from..to].iter().copied())
+                .collect(),
+        };
+        Values(Arc::from(data))
+    }
+
+    /// Appends one value per token to `out`.
+    pub(crate) fn append_to(&self, out: &mut Vec<u32>, ps: usize) {
+        let body = self.body();
+        match self.kind() {
+            PAGE_BASES => {
+                out.reserve(body.len() * ps);
+                for &b in body {
+                    out.extend(b..b + ps as u32);
+                }
+            }
+            RUNS => {
+                for r in body.chunks_exact(2) {
+                    out.extend(r[0]..r[0] + r[1]);
+                }
+            }
+            _ => out.extend_from_slice(body),
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_pick_the_smallest_encoding_and_expand_exactly() {
+        let expand = |v: &Values, ps| {
+            let mut out = Vec::new();
+            v.append_to(&mut out, ps);
+            out
+        };
+        // Two scattered pages: page bases.
+        let pages = [32, 33, 34, 35, 8, 9, 10, 11];
+        let v = Values::new(&pages, 4);
+        assert_eq!((v.kind(), v.body().len()), (PAGE_BASES, 2));
+        assert_eq!(expand(&v.slice(4, 8, 4), 4), [8, 9, 10, 11]);
+        // One contiguous run (any page size): one pair.
+        let run: Vec<u32> = (100..300).collect();
+        let v = Values::new(&run, 1);
+        assert_eq!((v.kind(), v.body()), (RUNS, &[100, 200][..]));
+        assert_eq!(v.tokens(1), 200);
+        assert_eq!(
+            expand(&v.slice(50, 60, 1), 1),
+            (150..160).collect::<Vec<_>>()
+        );
+        let two = [5, 6, 7, 1, 2, 3, 4, 9];
+        let v = Values::new(&two, 1);
+        assert_eq!(v.kind(), RUNS);
+        assert_eq!(expand(&v.slice(2, 7, 1), 1), [7, 1, 2, 3, 4]);
+        assert_eq!(expand(&v, 1), two);
+        // Scattered: verbatim.
+        let scattered = [1, 7, 3, 4];
+        let v = Values::new(&scattered, 2);
+        assert_eq!(v.kind(), VERBATIM);
+        assert_eq!(v.tokens(2), 4);
+        assert_eq!(expand(&v, 2), scattered);
+        // u32::MAX cannot start a run of two.
+        assert_eq!(Values::new(&[u32::MAX, 0], 2).kind(), VERBATIM);
+    }
+}
