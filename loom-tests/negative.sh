@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Negative controls: for every loom model, remove exactly the step that
 # protects it (RADIXKV_NEGATIVE=<step>, turned into --cfg radixkv_negative
-# by radixkv's build script, loom builds only) and require the model to FAIL.
-# A model that cannot fail proves nothing. Exits non-zero unless every
-# control fails its model.
+# by radixkv's build script, loom builds only) and require the model to FAIL
+# with its own assertion message. A model that cannot fail proves nothing.
+# Exits non-zero unless every control fails its model that way.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,34 +11,41 @@ export RUSTFLAGS="--cfg loom --cfg crossbeam_loom"
 export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
 target="${LOOM_TARGET_DIR:-target/loom}"
 
+# model | control step | the model's own assertion message it must fail with
+# (a panic with any other message, a build failure or an unwrap, does not
+# count as failing "as required").
 pairs=(
-  "race1_match_vs_evict evict_pin_check"
-  "race2_insert_below_evicted_node leaf_check"
-  "race3_split_vs_pin_counts split_copies_pins"
-  "race4_split_vs_reader reader_parent_check"
-  "race5_concurrent_insert_same_prefix attach_recheck"
-  "race6_unlink_vs_insert unlink_check"
-  "race7_epoch_reclamation defer_destroy"
-  "race8_residency_aba pin_then_read"
-  "race9_split_vs_evict split_recheck"
-  "model10_lease_drop_vs_evict unpin_rmw"
-  "model11_two_devices_shared_parent parent_lock"
-  "model12_pinned_insert_vs_evict born_pinned"
+  "race1_match_vs_evict|evict_pin_check|value 10 was evicted while a lease on it was live"
+  "race2_insert_below_evicted_node|leaf_check|I1: node 3 is resident on device 0 but its parent 2 is not"
+  "race3_split_vs_pin_counts|split_copies_pins|I6: device 0 has 1 live leases but 2 pins"
+  "race4_split_vs_reader|reader_parent_check|the whole key stayed cached"
+  "race5_concurrent_insert_same_prefix|attach_recheck|exactly one insert must own it"
+  "race6_unlink_vs_insert|unlink_check|the insert must not be lost"
+  "race7_epoch_reclamation|defer_destroy|use after free: a reader still holds an image that was freed"
+  "race8_residency_aba|pin_then_read|a lease returned values of an older residency"
+  "race9_split_vs_evict|split_recheck|node gauge is 1, the tree has 0"
+  "model10_lease_drop_vs_evict|unpin_rmw|I6: device 0 has 1 live leases but 2 pins"
+  "model11_two_devices_shared_parent|parent_lock|no node may survive without residency"
+  "model12_pinned_insert_vs_evict|born_pinned|the committed chunk must stay the request's"
 )
 
 failed_as_expected=0
 held=0
 for pair in "${pairs[@]}"; do
-  read -r model step <<<"$pair"
+  IFS='|' read -r model step want <<<"$pair"
   log=$(mktemp)
   RADIXKV_NEGATIVE="$step" cargo test -q -p loom-tests --release --target-dir "$target" \
     --test races -- --exact "$model" >"$log" 2>&1
   rc=$?
   # The model's own assertion: the first panic message that is not loom's.
   why=$(grep -A1 "panicked at" "$log" | grep -v "panicked at\|^--\|loom-0\|scheduler" | head -n 1)
-  if [ $rc -ne 0 ] && grep -q "panicked at" "$log"; then
+  if [ $rc -ne 0 ] && grep -qF -- "$want" "$log"; then
     printf 'FAILS as required  %-36s without %-20s: %s\n' "$model" "$step" "$why"
     failed_as_expected=$((failed_as_expected + 1))
+  elif [ $rc -ne 0 ]; then
+    printf 'FAILS, WRONG WHY   %-36s without %-20s: wanted "%s", got: %s\n' "$model" "$step" "$want" "$why"
+    tail -n 20 "$log"
+    held=$((held + 1))
   else
     printf 'STILL PASSES (bad) %-36s without %-20s (exit %s)\n' "$model" "$step" "$rc"
     tail -n 20 "$log"

@@ -7,11 +7,20 @@
 #   RADIXKV_PROPTEST_CASES=N   property-test cases (default 384)
 #   RADIXKV_SOAK_SECS=N        soak duration (default 10)
 #   LOOM_MAX_PREEMPTIONS=N     loom preemption bound (default 3)
+#   RADIXKV_TRACES=DIR         the shipped request traces (default ../shared/workloads)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== the core stays light (scripts/check-core-deps.sh)"
 bash scripts/check-core-deps.sh
+
+traces="${RADIXKV_TRACES:-$(pwd)/../shared/workloads}"
+if [ -f "$traces/mooncake_synthetic_trace.jsonl.zst" ]; then
+  echo "== shipped traces found in $traces: the trace tests read them"
+else
+  echo "SKIPPED: shipped-trace checks (no $traces/mooncake_synthetic_trace.jsonl.zst; set RADIXKV_TRACES)"
+fi
+export RADIXKV_TRACES="$traces"
 
 echo "== unit, integration, property and stress tests (every crate of the workspace)"
 cargo test --workspace --release --lib --bins --tests --examples
@@ -28,9 +37,12 @@ cargo test --workspace --doc
 echo "== the engine and CLI without the candle model (feature candle off)"
 cargo clippy -p radixkv-engine -p radixkv-server -p radixkv-cli --no-default-features -- -D warnings
 
-echo "== --features cuda (cudarc loaded at run time: builds without a toolkit; GPU checks skip without a driver)"
+echo "== --features cuda (cudarc loaded at run time: builds without a toolkit; the GPU tests are #[ignore]d: they need a driver, scripts/gpu-check.sh runs them)"
 cargo build --release -p radixkv-cli --features cuda
 cargo test --release -p radixkv-engine --features cuda --test kvpool --test tiny
+
+echo "== parked-writer negative control (readers that wait must fail the test)"
+bash scripts/parked-writer-control.sh
 
 echo "== loom models (LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-3})"
 RUSTFLAGS="--cfg loom --cfg crossbeam_loom" LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" \

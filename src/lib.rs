@@ -24,23 +24,40 @@
 //!
 //! ## Guarantees of each operation
 //!
-//! | operation | locks | writes | may wait for |
+//! | operation | progress | locks of radixkv's own | writes |
 //! | --- | --- | --- | --- |
-//! | [`RadixCache::peek`] (resident length per device) | none | nothing | a split in progress on its path (it retries) |
-//! | [`RadixCache::match_prefix`] / [`RadixCache::match_and_pin`] | none, unless the match ends inside a node: then that node's and its parent's | access stamps; a pin (one CAS) | the lock of the node it splits |
-//! | [`RadixCache::pin`] / dropping a [`Lease`] | none | one CAS on a per-(node, device) word | nothing |
-//! | [`RadixCache::insert`] | the node it changes and its parent, one pair at a time | the new or split nodes, residency | those two locks |
-//! | [`RadixCache::evict`] | the device's eviction lock, then each victim leaf and its parent | unlinks leaves | those locks |
-//! | [`RadixCache::reclaim`] | none of the tree's | frees what epochs allow | nothing |
-//! | [`RadixCache::sizes`], [`RadixCache::node_count`] | none | nothing | nothing |
-//! | [`RadixCache::audit`] | none (call it when the cache is quiescent) | nothing | nothing |
+//! | [`RadixCache::peek`] (resident length per device) | wait-free: at most a number of its own steps bounded by the key length, whatever other threads do | none | nothing |
+//! | [`RadixCache::match_prefix`] that ends on a node boundary | wait-free, as `peek` | none | access stamps, hit counts |
+//! | [`RadixCache::match_prefix`] that ends inside a node | lock-free: splits under try-locks of that node and its parent; if either is held it returns the prefix it has without splitting, and it re-walks only when another thread completed a change under it | try-locks only, never a wait | the split |
+//! | [`RadixCache::match_and_pin`], [`RadixCache::pin`] | as `match_prefix`, plus the pin: a CAS loop on a per-(node, device) word, retried only when another thread changed that word | as `match_prefix` | the pin |
+//! | dropping a [`Lease`] | wait-free (one atomic decrement) | none | the pin |
+//! | [`RadixCache::insert`] | blocking | the node it changes and its parent, one pair at a time, parent first | new or split nodes, residency |
+//! | [`RadixCache::evict`] | blocking | the device's eviction lock, then each victim leaf and its parent | unlinks leaves |
+//! | [`RadixCache::reclaim`] | never waits for a reader (it stops when one holds the epoch back) | none | frees retired objects |
+//! | [`RadixCache::sizes`], [`RadixCache::node_count`] | wait-free | none | nothing |
+//! | [`RadixCache::audit`] | call it when the cache is quiescent | none | nothing |
+//!
+//! Readers never wait for a writer: a reader that meets a split half done
+//! (the child already names its new parent, the parent's new children are
+//! not published yet) climbs the child's parent links to the node now
+//! below the parent instead of waiting (`tests/parked_writer.rs` parks a
+//! writer inside each structural change and checks that readers finish;
+//! its negative control restores the old wait and fails). Work that
+//! crossbeam-epoch defers to whichever thread collects, as every ~128th
+//! `pin()` does, is a lock-free hand-over of retired objects to the
+//! reclaimer queue; freeing happens in `evict`, `reclaim` or a long
+//! `insert`, never in a reader. Outside these bounds: the global allocator
+//! (an insert's or a split's allocations) and crossbeam-epoch's own
+//! collection.
 //!
 //! There is no tree-wide lock. A pin is taken only on the end node of a
 //! match; its ancestors stay resident because eviction takes only leaves
 //! on a device. Unlinked nodes, replaced key/value images and children
 //! arrays are reclaimed through crossbeam-epoch. Single-device results are
 //! SGLang 0.5.9's, vector for vector (the conformance tests of
-//! `radixkv-engine`).
+//! `radixkv-engine`), except that a match that would split a node whose
+//! lock another thread holds at that instant reports the shorter prefix
+//! instead (never in a single-threaded run).
 //!
 //! ## Memory cost
 //!
@@ -60,7 +77,7 @@
 //! | feature | default | what it adds |
 //! | --- | --- | --- |
 //! | `serde` | off | `serde::Serialize` for the [`metrics`] types |
-//! | `testing` | off | `reference`: a sequential model with the same semantics (the test oracle and the benchmarks' baseline); not for production |
+//! | `testing` | off | `reference`: a sequential model with the same semantics (the test oracle and the benchmarks' baseline); `pause`: pause points inside the tree's structural changes, for tests that park a writer; not for production |
 //!
 //! Under `--cfg loom` the same code is model-checked: every atomic goes
 //! through [`sync`].
@@ -75,10 +92,14 @@
 //! * [`sync`]: the std/loom shim every atomic goes through.
 //! * `reference` (feature `testing`): the sequential model.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod alloc;
 pub mod cache;
 pub mod device;
 pub mod metrics;
+#[cfg(all(feature = "testing", not(loom)))]
+pub mod pause;
 #[cfg(all(feature = "testing", not(loom)))]
 pub mod reference;
 pub mod sync;

@@ -35,6 +35,17 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     }
 }
 
+/// Locks `m` if it is free, without waiting (poisoning ignored, as in
+/// [`lock`]); `None` if another thread holds it.
+pub fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        // loom's mutex reports with std's error type too.
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// One step of a wait for another thread's short critical section.
 ///
 /// Under loom this yields so the model checker can schedule the thread that

@@ -34,7 +34,10 @@ fn background_evictor_restores_the_high_watermark() {
     for d in [DeviceId(0), DeviceId(1)] {
         fill(&c, d, 0, 60); // 120 of 128 pages: below the low watermark
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // Waits for the evictor thread however late it is scheduled (bounded:
+    // a loaded machine may start it seconds late; the test never assumes it
+    // ran by some time).
+    let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline
         && [0, 1]
             .iter()
@@ -79,7 +82,7 @@ fn dropping_the_evictor_mid_eviction_stops_it_cleanly() {
         let t = Instant::now();
         drop(ev); // joins the thread, whatever it was doing
         assert!(
-            t.elapsed() < Duration::from_secs(2),
+            t.elapsed() < Duration::from_secs(10),
             "the evictor took {:?} to stop",
             t.elapsed()
         );
@@ -100,7 +103,7 @@ fn dropping_the_cache_ends_the_evictor() {
     drop(c); // the thread holds only a weak reference
     let t = Instant::now();
     drop(ev);
-    assert!(t.elapsed() < Duration::from_secs(2));
+    assert!(t.elapsed() < Duration::from_secs(10));
 }
 
 #[test]

@@ -146,13 +146,21 @@ fn a_panic_inside_a_request_returns_pins_and_pages() {
 
 #[test]
 fn requests_and_a_hammering_evictor() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let c = cache(4, 256);
-    let stop = std::sync::atomic::AtomicBool::new(false);
+    let stop = AtomicBool::new(false);
+    // Tokens the evictor has freed so far: the workers wait on it halfway,
+    // so evictions provably happen while requests are in flight, however
+    // the threads are scheduled (a loaded CI machine once ran the workers
+    // to the end before the evictor thread started).
+    let evicted_so_far = AtomicUsize::new(0);
     std::thread::scope(|s| {
         let evictor = s.spawn(|| {
             let mut n = 0usize;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                n += c.evict(D0, 16).unwrap().tokens;
+            while !stop.load(Ordering::Relaxed) {
+                let got = c.evict(D0, 16).unwrap().tokens;
+                n += got;
+                evicted_so_far.fetch_add(got, Ordering::SeqCst);
                 std::thread::yield_now();
             }
             n
@@ -160,9 +168,28 @@ fn requests_and_a_hammering_evictor() {
         let workers: Vec<_> = (0..3u32)
             .map(|t| {
                 let c = &c;
+                let evicted_so_far = &evicted_so_far;
                 s.spawn(move || {
                     let mut done = 0;
+                    let mut seen = 0;
                     for i in 0..600u32 {
+                        if i == 300 {
+                            // Halfway, with a cache full of this worker's
+                            // prefixes: wait (bounded) for the evictor to
+                            // free something after this point.
+                            seen = evicted_so_far.load(Ordering::SeqCst);
+                        }
+                        if i == 301 {
+                            let deadline =
+                                std::time::Instant::now() + std::time::Duration::from_secs(60);
+                            while evicted_so_far.load(Ordering::SeqCst) == seen {
+                                assert!(
+                                    std::time::Instant::now() < deadline,
+                                    "the evictor freed nothing in 60 s"
+                                );
+                                std::thread::yield_now();
+                            }
+                        }
                         let mut key: Vec<u32> = (0..24).map(|j| (i % 7) * 100 + j).collect();
                         key.extend((0..(i % 5) * 4 + 1).map(|j| 10_000 + t * 1000 + i + j));
                         let mut r = match c.begin(TokenKey::new(&key), D0) {
@@ -192,9 +219,10 @@ fn requests_and_a_hammering_evictor() {
             })
             .collect();
         let done: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        stop.store(true, Ordering::Relaxed);
         let evicted = evictor.join().unwrap();
         assert!(done > 100, "only {done} requests completed");
+        // Forced above: every worker saw an eviction in the middle of its run.
         assert!(evicted > 0);
     });
     c.audit();

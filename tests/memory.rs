@@ -1,8 +1,10 @@
 //! I7 reclamation: build, churn and drop large trees repeatedly and show
 //! that allocated bytes return to the baseline, so unlinked nodes, replaced
 //! images and children arrays really are freed (no `Arc` cycles, no leaked
-//! epoch garbage). A counting global allocator measures live bytes; this
-//! file holds one test so no other test allocates concurrently.
+//! epoch garbage), both in a live cache (after evicting everything and
+//! `reclaim()`, within 64 KiB of an empty cache) and after dropping it. A
+//! counting global allocator measures live bytes; this file holds one test
+//! so no other test allocates concurrently.
 
 use radixkv::{DeviceId, RadixCache, TokenKey};
 use rand::rngs::StdRng;
@@ -15,15 +17,39 @@ use counting_alloc::{flush_epoch, live, Counting};
 #[global_allocator]
 static ALLOC: Counting = Counting;
 
-/// Builds a tree with splits on two devices, churns it (pins, evictions,
-/// re-inserts) and drops it. Returns the peak of live bytes above `base`.
-fn round(seed: u64, base: isize) -> isize {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let cache = RadixCache::builder()
+fn new_cache() -> RadixCache {
+    RadixCache::builder()
         .devices(2)
         .page_size(1)
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// Live bytes of an empty cache like the rounds' (measured, not assumed).
+fn empty_cache_bytes() -> isize {
+    flush_epoch();
+    let before = live();
+    let cache = new_cache();
+    flush_epoch();
+    let size = live() - before;
+    drop(cache);
+    size
+}
+
+/// What one round measured, in bytes above the baseline.
+struct Round {
+    /// The peak while the tree was in use.
+    peak: isize,
+    /// The live cache after evicting everything on both devices and
+    /// `reclaim()`, less an empty cache's bytes.
+    live_after_evict: isize,
+}
+
+/// Builds a tree with splits on two devices, churns it (pins, evictions,
+/// re-inserts), evicts everything and reclaims, then drops it.
+fn round(seed: u64, base: isize, empty: isize) -> Round {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let cache = new_cache();
     let prompts: Vec<Vec<u32>> = (0..64)
         .map(|_| {
             (0..rng.random_range(20..200))
@@ -53,25 +79,50 @@ fn round(seed: u64, base: isize) -> isize {
         }
     }
     cache.audit();
+    for d in 0..2 {
+        cache.evict(DeviceId(d), usize::MAX).unwrap();
+    }
+    assert_eq!(cache.node_count(), 0, "everything evicted");
+    // reclaim() alone, no test-side epoch flushing.
+    cache.reclaim();
+    let live_after_evict = live() - base - empty;
+
+    cache.audit();
     drop(cache);
-    peak
+    Round {
+        peak,
+        live_after_evict,
+    }
 }
 
 #[test]
 fn dropped_trees_return_memory_to_baseline() {
     // Warm up lazily allocated statics (epoch collector, thread locals).
-    round(1, 0);
+    round(1, 0, 0);
+    flush_epoch();
+    let empty = empty_cache_bytes();
     flush_epoch();
     let base = live();
     let mut after = Vec::new();
     for r in 0..5 {
-        let peak = round(100 + r, base);
+        let Round {
+            peak,
+            live_after_evict,
+        } = round(100 + r, base, empty);
         flush_epoch();
         let left = live() - base;
-        eprintln!("round {r}: peak {peak} bytes above baseline, {left} after drop");
+        eprintln!(
+            "round {r}: peak {peak} bytes above baseline, {live_after_evict} above an empty \
+             cache ({empty} bytes) after evicting everything and reclaim(), {left} after drop"
+        );
         assert!(
             peak > 1_000_000,
             "the tree should have held real memory (peak {peak})"
+        );
+        assert!(
+            live_after_evict < 64 * 1024,
+            "round {r}: a live cache holds {live_after_evict} bytes more than an empty one \
+             after evicting everything and reclaim()"
         );
         after.push(left);
     }

@@ -348,7 +348,9 @@ impl RadixCache {
     ) -> MatchResult {
         let node = match w.end {
             End::Root => None,
-            End::Node(n) => Some(arc_of(n)),
+            // SAFETY: `n` is a tree node reached under the walk's guard,
+            // alive for this call.
+            End::Node(n) => Some(unsafe { arc_of(n) }),
         };
         MatchResult {
             len: w.len,
@@ -393,7 +395,9 @@ impl RadixCache {
             let gen = Some(w.generation);
             match n.dev(d).residency.try_pin(gen) {
                 Ok(_) => {
-                    let lease = Lease::new(Some(arc_of(n)), d, &self.leases);
+                    // SAFETY: `n` is a tree node reached under the walk's
+                    // guard, alive for this call.
+                    let lease = Lease::new(Some(unsafe { arc_of(n) }), d, &self.leases);
                     #[cfg(radixkv_negative = "pin_then_read")]
                     let values = early;
                     #[cfg(not(radixkv_negative = "pin_then_read"))]

@@ -245,7 +245,10 @@ impl RadixCache {
         a.give_back(&dups);
         let (lease, slots) = match w.pinned {
             Some((node, depth)) => {
-                let lease = Lease::new(Some(crate::tree::node::arc_of(node)), d, &self.leases);
+                // SAFETY: `node` is a tree node the insert reached under its
+                // guard, alive for this call (and pinned).
+                let held = unsafe { crate::tree::node::arc_of(node) };
+                let lease = Lease::new(Some(held), d, &self.leases);
                 let slots = self
                     .tree
                     .path_values(node, d, depth, &guard)

@@ -19,9 +19,13 @@
 //! Readers hold an epoch guard and take no lock. From a node `cur` they load
 //! `cur.children`, find the child by page, and load the child's [`node::Image`]
 //! (parent, key and values in one immutable object). If the image's parent is
-//! not `cur`, a split has just put a new node between them: the reader
-//! re-reads `cur.children` (race 4). Values are only read *after* a pin on
-//! the end node succeeded, walking the images up to the root (race 8).
+//! not `cur`, a split has just put a new node between them (and may not
+//! have published `cur`'s new children yet): the reader climbs the parent
+//! links to the node now hanging below `cur` and goes on from there, never
+//! waiting for the splitter (race 4, [`climb_to`]). Values are only read
+//! *after* a pin on the end node succeeded, walking the images up to the
+//! root (race 8). A match that must split takes the two locks only if they
+//! are free ([`Locking::Try`]); otherwise it reports the prefix it has.
 //!
 //! # Writers
 //!
@@ -101,6 +105,24 @@ const RECLAIM_AT: usize = 4096;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Conflict;
 
+/// How a split takes its two locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Locking {
+    /// Wait for them (inserts: a writer among writers).
+    Wait,
+    /// Only if free now (matches: a reader never waits for a lock).
+    Try,
+}
+
+/// Why a split did not happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SplitFailed {
+    /// The tree changed (re-walk).
+    Changed,
+    /// With [`Locking::Try`]: a lock was held by another thread.
+    Busy,
+}
+
 /// The namespace table: one root per namespace, copy-on-write.
 #[derive(Debug, Default)]
 struct NsTable {
@@ -166,8 +188,55 @@ pub(crate) struct Scan {
 
 enum Step<'g> {
     None,
-    Retry,
     Found(&'g Node, Shared<'g, Image>, usize),
+}
+
+/// Splits can put nodes between a parent `cur` and a `child` a reader
+/// found in `cur`'s children array (an array loaded before the split
+/// published its successor). From `child`, follows image parent links up
+/// to the node whose parent is `cur`, and returns it with its image: the
+/// node a fresh read of `cur`'s children would have found. Each hop goes
+/// one node closer to `cur`, and the nodes between were cut from `child`'s
+/// key (every node holds at least one page), so the climb takes at most
+/// as many hops as `child` had pages when the reader's array was current:
+/// bounded, and never a wait for another thread.
+///
+/// Memory: every node on the way was linked at some moment after the
+/// caller's guard was pinned (it was `child`'s or a climbed node's parent
+/// in an image loaded under the guard, and a node is only unlinked after
+/// its children are), so it is retired, if at all, after that pin, and
+/// stays allocated while the guard lives.
+///
+/// `None` only if the links never reach `cur` (which the split protocol
+/// rules out; a caller then treats the page as not found).
+fn climb_to<'g>(
+    cur: &Node,
+    child: &'g Node,
+    img: Shared<'g, Image>,
+    guard: &'g Guard,
+) -> Option<(&'g Node, Shared<'g, Image>)> {
+    let (mut n, mut img) = (child, img);
+    // A generous bound that the protocol never reaches (see above).
+    for _ in 0..(1usize << 26) {
+        // SAFETY: images are never null and are retired with defer_destroy;
+        // `img` was loaded under `guard`.
+        let parent = unsafe { img.deref() }.parent.0;
+        if std::ptr::eq(parent, cur) {
+            return Some((n, img));
+        }
+        if parent.is_null() {
+            return None;
+        }
+        // SAFETY: `parent` was the parent in an image loaded under `guard`,
+        // so it was linked after the guard was pinned and is not freed
+        // before the guard drops (see above).
+        n = unsafe { &*parent };
+        img = n.image(guard);
+        #[cfg(all(feature = "testing", not(loom)))]
+        crate::pause::climbed();
+    }
+    debug_assert!(false, "a parent chain that never reaches the parent");
+    None
 }
 
 /// The tree.
@@ -240,7 +309,9 @@ impl Tree {
     /// Records that `n` may now be a leaf on `d` (when leaves are tracked).
     fn note_leaf(&self, n: &Node, d: usize) {
         if let Some(inbox) = &self.inbox {
-            inbox[d].push(node::arc_of(n));
+            // SAFETY: callers pass nodes they just linked or changed under
+            // their guard: tree nodes, alive for this call.
+            inbox[d].push(unsafe { node::arc_of(n) });
         }
     }
 
@@ -262,6 +333,12 @@ impl Tree {
     /// calls this; see [`reclaim`]).
     pub(crate) fn reclaim(&self) {
         self.reclaimer.reclaim();
+    }
+
+    /// [`reclaim`](Self::reclaim), first letting the epoch advance so that
+    /// recent retirements are handed over too (never waits for a reader).
+    pub(crate) fn reclaim_all(&self) {
+        self.reclaimer.reclaim_all();
     }
 
     /// Non-root nodes in the tree (exact in quiescent state).
@@ -330,9 +407,7 @@ impl Tree {
         let page = &rest[..ps];
         for child in cur.children_ref(guard).with_hash(page_hash(page)) {
             let img = child.image(guard);
-            // SAFETY: images are never null and are retired with defer_destroy.
-            let r = unsafe { img.deref() };
-            if let Some(step) = self.step_into(cur, child, img, r, rest) {
+            if let Some(step) = self.step_into(cur, child, img, rest, guard) {
                 return step;
             }
         }
@@ -346,17 +421,39 @@ impl Tree {
         cur: &Node,
         child: &'g Node,
         img: Shared<'g, Image>,
-        r: &Image,
         rest: &[u32],
+        guard: &'g Guard,
     ) -> Option<Step<'g>> {
         // The protecting step of race 4: a child whose image names another
-        // parent was just split (a node now sits between `cur` and it; the
-        // writer holds `cur`'s lock and is about to publish `cur`'s new
-        // children): re-read instead of comparing against its shortened key.
-        #[cfg(not(radixkv_negative = "reader_parent_check"))]
-        if !std::ptr::eq(r.parent.0, cur) {
-            return Some(Step::Retry);
+        // parent was just split (a node now sits between `cur` and it, and
+        // `cur`'s new children may not be published yet: the splitter holds
+        // `cur`'s lock). The reader never waits for that publication: it
+        // climbs the child's parent links to the node that now hangs below
+        // `cur` (the split's new prefix node, fully built before the child's
+        // image named it) and compares against that node's key instead of
+        // the child's shortened one.
+        #[cfg(not(any(
+            radixkv_negative = "reader_parent_check",
+            radixkv_negative = "reader_waits"
+        )))]
+        let (child, img) = match climb_to(cur, child, img, guard) {
+            Some(found) => found,
+            None => return Some(Step::None),
+        };
+        // The control of the parked-writer test: the reader of old waited
+        // for the splitter to publish `cur`'s children, then read again.
+        #[cfg(radixkv_negative = "reader_waits")]
+        // SAFETY: as below.
+        if !std::ptr::eq(unsafe { img.deref() }.parent.0, cur) {
+            let seen = cur.children.load(Ordering::SeqCst, guard);
+            while cur.children.load(Ordering::SeqCst, guard) == seen {
+                crate::sync::spin_wait();
+            }
+            return Some(self.step(cur, rest, guard));
         }
+        // SAFETY: images are never null and are retired with defer_destroy;
+        // `img` was loaded under `guard`.
+        let r = unsafe { img.deref() };
         let ps = self.page_size;
         if ps > 1 && r.key.get(..ps) != Some(&rest[..ps]) {
             return None;
@@ -383,10 +480,6 @@ impl Tree {
         while pos < tokens.len() {
             let (child, img, k) = match self.step(cur, &tokens[pos..], guard) {
                 Step::None => break,
-                Step::Retry => {
-                    spin_wait();
-                    continue;
-                }
                 Step::Found(c, i, k) => (c, i, k),
             };
             let mut any = false;
@@ -437,30 +530,30 @@ impl Tree {
         while pos < tokens.len() {
             let (mut child, img, k) = match self.step(cur, &tokens[pos..], guard) {
                 Step::None => break,
-                Step::Retry => {
-                    spin_wait();
-                    continue;
-                }
                 Step::Found(c, i, k) => (c, i, k),
             };
             // SAFETY: loaded under `guard`, retired with defer_destroy.
             let full = k == unsafe { img.deref() }.key.len();
             if on_d && child.resident(d) {
                 child.stamp(d, stamp);
+                let mut split = true;
                 if !full {
-                    match self.split(cur, child, img, k, Some(d), None, guard) {
+                    // A match never waits for a lock: it splits only if
+                    // both locks are free now. Otherwise its answer on `d`
+                    // ends at `cur`, the longest prefix it can report
+                    // without splitting.
+                    match self.split(cur, child, img, k, Some(d), None, Locking::Try, guard) {
                         Ok(p) => child = p,
-                        Err(Conflict) => {
-                            spin_wait();
-                            continue;
-                        }
+                        Err(SplitFailed::Busy) => split = false,
+                        Err(SplitFailed::Changed) => continue,
                     }
                 }
-                // Relaxed suffices: hit counts are statistics for eviction
-                // keys, read in quiescent state or tolerated stale.
-                child.dev(d).hits.fetch_add(1, Ordering::Relaxed);
                 let st = child.dev(d).residency.load();
-                if st.resident() {
+                if split && st.resident() {
+                    // Relaxed suffices: hit counts are statistics for
+                    // eviction keys, read in quiescent state or tolerated
+                    // stale.
+                    child.dev(d).hits.fetch_add(1, Ordering::Relaxed);
                     w.end = End::Node(child);
                     w.len = pos + k;
                     w.generation = st.generation();
@@ -572,7 +665,6 @@ impl Tree {
             while pos < len {
                 let rest = &tokens[pos..];
                 match self.step(cur, rest, guard) {
-                    Step::Retry => spin_wait(),
                     Step::None => {
                         if overlaps(&adopted, pos..len) {
                             // Part of what we adopted was evicted meanwhile;
@@ -601,9 +693,19 @@ impl Tree {
                         child.stamp(d, stamp);
                         // SAFETY: loaded under `guard`, retired with defer_destroy.
                         let node = if k < unsafe { img.deref() }.key.len() {
-                            match self.split(cur, child, img, k, Some(d), Some(priority), guard) {
+                            let locking = Locking::Wait;
+                            match self.split(
+                                cur,
+                                child,
+                                img,
+                                k,
+                                Some(d),
+                                Some(priority),
+                                locking,
+                                guard,
+                            ) {
                                 Ok(p) => p,
-                                Err(Conflict) => {
+                                Err(_) => {
                                     spin_wait();
                                     continue;
                                 }
@@ -669,25 +771,34 @@ impl Tree {
         k: usize,
         fresh: Option<usize>,
         priority: Option<i64>,
+        locking: Locking,
         guard: &'g Guard,
-    ) -> Result<&'g Node, Conflict> {
+    ) -> Result<&'g Node, SplitFailed> {
         let ps = self.page_size;
-        let _pl = crate::sync::lock(&parent.lock);
+        let take = |m| match locking {
+            Locking::Wait => Some(crate::sync::lock(m)),
+            Locking::Try => crate::sync::try_lock(m),
+        };
+        let Some(_pl) = take(&parent.lock) else {
+            return Err(SplitFailed::Busy);
+        };
         if parent.obsolete.load(Ordering::SeqCst) {
-            return Err(Conflict);
+            return Err(SplitFailed::Changed);
         }
-        let _cl = crate::sync::lock(&child.lock);
+        let Some(_cl) = take(&child.lock) else {
+            return Err(SplitFailed::Busy);
+        };
         // The protecting step of race 9: split only the image the caller
         // computed from, of a node still linked; eviction changes both
         // under the same two locks.
         #[cfg(not(radixkv_negative = "split_recheck"))]
         if child.obsolete.load(Ordering::SeqCst) || child.image(guard) != seen {
-            return Err(Conflict);
+            return Err(SplitFailed::Changed);
         }
         // SAFETY: loaded under `guard`, retired with defer_destroy.
         let img = unsafe { seen.deref() };
         if !std::ptr::eq(img.parent.0, parent) || k == 0 || k >= img.key.len() {
-            return Err(Conflict);
+            return Err(SplitFailed::Changed);
         }
         let len = img.key.len();
         let pvals: Box<[Option<Values>]> = img
@@ -758,6 +869,11 @@ impl Tree {
             guard,
             &mut retired,
         );
+        // A writer parked here (the test-only pause point) holds both locks
+        // with the child's new image published and the parent's children
+        // not yet: readers must still finish (they climb, see `climb_to`).
+        #[cfg(all(feature = "testing", not(loom)))]
+        crate::pause::at(crate::pause::Point::Split);
         let hash = page_hash(&img.key[..ps]);
         let new_children = parent
             .children_ref(guard)
@@ -821,6 +937,8 @@ impl Tree {
         if pin {
             let _ = leaf.dev(d).residency.try_pin(None);
         }
+        #[cfg(all(feature = "testing", not(loom)))]
+        crate::pause::at(crate::pause::Point::Attach);
         let leaf = NodePtr::link(leaf);
         let mut retired = Retired::default();
         parent.publish_children(children.with_added(hash, leaf), guard, &mut retired);
@@ -867,6 +985,8 @@ impl Tree {
         }
         let mut vals = img.values.clone();
         vals[d] = Some(Values::new(values, self.page_size));
+        #[cfg(all(feature = "testing", not(loom)))]
+        crate::pause::at(crate::pause::Point::Adopt);
         let mut retired = Retired::default();
         node.publish_image(
             Image {
@@ -938,6 +1058,8 @@ impl Tree {
                 return None;
             }
             node.dev(d).residency.try_evict().ok()?;
+            #[cfg(all(feature = "testing", not(loom)))]
+            crate::pause::at(crate::pause::Point::Evict);
             let img = node.image_ref(guard);
             let Some(values) = img.values[d].clone() else {
                 debug_assert!(false, "RESIDENT without values");
@@ -963,6 +1085,8 @@ impl Tree {
             self.resident_tokens[d].fetch_sub(key.len() as u64, Ordering::SeqCst);
             if !node.resident_anywhere() && node.children_ref(guard).is_empty() {
                 node.obsolete.store(true, Ordering::SeqCst);
+                #[cfg(all(feature = "testing", not(loom)))]
+                crate::pause::at(crate::pause::Point::Unlink);
                 let hash = page_hash(&key[..self.page_size]);
                 let rest = parent.children_ref(guard).with_changed(hash, node, None);
                 parent.publish_children(rest, guard, &mut retired);

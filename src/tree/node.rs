@@ -119,14 +119,20 @@ impl NodePtr {
     }
 }
 
-/// A new strong reference to a node that is linked, or was reached under a
-/// guard that is still alive (handles and leases hold one).
-pub(crate) fn arc_of(n: &Node) -> Arc<Node> {
+/// A new strong reference to a node (handles and leases hold one).
+///
+/// # Safety
+///
+/// `n` must be a node of a tree — allocated in an `Arc` (linked nodes
+/// through `NodePtr::link`, roots in the namespace table) — that is linked,
+/// or was reached under an epoch guard that is still alive, or is kept
+/// alive by another strong reference: then that `Arc`'s strong count is at
+/// least one for as long as `n` is borrowed.
+pub(crate) unsafe fn arc_of(n: &Node) -> Arc<Node> {
     let p: *const Node = n;
-    // SAFETY: every node lives in an `Arc` (linked nodes through
-    // `NodePtr::link`, roots in the namespace table) whose strong count is
-    // at least one while `n` can be borrowed (see `NodePtr::node`), so the
-    // count may be incremented and the pointer turned back into an `Arc`.
+    // SAFETY: by the caller's contract, `p` is the payload of a live `Arc`
+    // whose strong count is at least one, so the count may be incremented
+    // and the pointer turned back into an `Arc` (which owns that increment).
     unsafe {
         Arc::increment_strong_count(p);
         Arc::from_raw(p)

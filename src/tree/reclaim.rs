@@ -9,15 +9,20 @@
 //! the batch is pushed onto the tree's [`Reclaimer`] queue, and the evictor
 //! (or an insert, once the queue is long) frees it.
 //!
-//! The queue uses `std`'s mutex and counter, not the `sync` shim: it only
-//! moves ownership of objects whose grace period is over, and is part of no
-//! protocol that the loom models check (the grace period itself is
-//! crossbeam-epoch's, which loom does check).
+//! The hand-over takes no lock: it runs inside crossbeam-epoch's
+//! collection, which any `pin()` may trigger (a `peek` included), so it is
+//! one push onto a lock-free queue (crossbeam's `SegQueue`). Under loom the
+//! queue is a std mutex instead, as for the leaf inbox: loom cannot see the
+//! queue's own synchronization, and the queue only moves ownership of
+//! objects whose grace period is over. It is part of no protocol that the
+//! loom models check (the grace period itself is crossbeam-epoch's, which
+//! loom does check); its counter is std's, not the `sync` shim's, for the
+//! same reason.
 
 use super::node::{Children, Image, NodePtr};
 use crossbeam_epoch::{Guard, Shared};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Objects unlinked by one structural change.
 #[derive(Default)]
@@ -85,8 +90,13 @@ impl Drop for Retired {
 /// The tree's queue of batches whose grace period has passed.
 #[derive(Default)]
 pub(crate) struct Reclaimer {
-    queue: Mutex<Vec<Retired>>,
+    #[cfg(not(loom))]
+    queue: crossbeam_queue::SegQueue<Retired>,
+    #[cfg(loom)]
+    queue: std::sync::Mutex<Vec<Retired>>,
     pending: AtomicUsize,
+    /// Batches handed over so far (to tell whether collection progresses).
+    handed_over: AtomicUsize,
 }
 
 impl std::fmt::Debug for Reclaimer {
@@ -106,15 +116,35 @@ impl Reclaimer {
         let me = Arc::clone(self);
         guard.defer(move || {
             batch.expired = true;
-            // Relaxed: `pending` is a size hint for when to reclaim; the
-            // queue's mutex orders the hand-over itself.
+            // Relaxed: `pending` and `handed_over` are hints (when to
+            // reclaim, whether collection progresses); the queue orders the
+            // hand-over itself.
             me.pending.fetch_add(batch.len(), Ordering::Relaxed);
-            let mut q = match me.queue.lock() {
-                Ok(q) => q,
-                Err(p) => p.into_inner(),
-            };
-            q.push(batch);
+            me.handed_over.fetch_add(1, Ordering::Relaxed);
+            me.push(batch);
         });
+    }
+
+    /// The hand-over: lock-free (see the module docs).
+    fn push(&self, batch: Retired) {
+        #[cfg(not(loom))]
+        self.queue.push(batch);
+        #[cfg(loom)]
+        match self.queue.lock() {
+            Ok(mut q) => q.push(batch),
+            Err(p) => p.into_inner().push(batch),
+        }
+    }
+
+    /// Takes every batch handed over so far.
+    fn take_all(&self) -> Vec<Retired> {
+        #[cfg(not(loom))]
+        return std::iter::from_fn(|| self.queue.pop()).collect();
+        #[cfg(loom)]
+        return match self.queue.lock() {
+            Ok(mut q) => std::mem::take(&mut *q),
+            Err(p) => std::mem::take(&mut *p.into_inner()),
+        };
     }
 
     /// Objects waiting to be freed.
@@ -122,17 +152,40 @@ impl Reclaimer {
         self.pending.load(Ordering::Relaxed)
     }
 
-    /// Frees every batch whose grace period has passed (outside the lock).
+    /// Frees every batch whose grace period has passed and was handed over.
     pub(crate) fn reclaim(&self) {
-        let batches = {
-            let mut q = match self.queue.lock() {
-                Ok(q) => q,
-                Err(p) => p.into_inner(),
-            };
-            std::mem::take(&mut *q)
-        };
+        let batches = self.take_all();
         let n: usize = batches.iter().map(Retired::len).sum();
         self.pending.fetch_sub(n, Ordering::Relaxed);
         drop(batches);
+    }
+
+    /// Like [`reclaim`](Self::reclaim), after first letting crossbeam-epoch
+    /// advance and run the hand-overs whose grace period is over: pins and
+    /// flushes this thread until no further batch arrives (a pinned reader
+    /// elsewhere holds the epoch back; then this stops, it never waits).
+    /// For an explicit `RadixCache::reclaim`, not for hot paths.
+    pub(crate) fn reclaim_all(&self) {
+        #[cfg(not(loom))]
+        {
+            // The epoch must advance twice past a retirement before its
+            // function runs, and each flush collects a bounded number of
+            // bags (crossbeam's own garbage too): flush at least 32 times,
+            // then until three in a row hand nothing over.
+            let mut idle = 0;
+            for i in 0..4096 {
+                let before = self.handed_over.load(Ordering::Relaxed);
+                crossbeam_epoch::pin().flush();
+                if self.handed_over.load(Ordering::Relaxed) == before {
+                    idle += 1;
+                    if idle >= 3 && i >= 32 {
+                        break;
+                    }
+                } else {
+                    idle = 0;
+                }
+            }
+        }
+        self.reclaim();
     }
 }

@@ -18,6 +18,17 @@
 //! * Becoming resident bumps the generation, so a reader that saw an earlier
 //!   residency can tell it from the new one (race 8, residency ABA).
 //!
+//! The generation has 31 bits and wraps (explicitly, leaving the pin count
+//! and `RESIDENT` untouched: a unit test shows it). A wrap can only matter
+//! to a reader that read generation `g` in its match walk and then, before
+//! its pin CAS, saw the same (node, device) evicted and made resident
+//! again exactly 2³¹ times, so that the generation is `g` once more. Each
+//! such cycle is an eviction and an insert of that node under its and its
+//! parent's write locks plus an allocation, well over 100 ns, so the
+//! reader would have to stall between two of its own steps (a few hundred
+//! nanoseconds apart) for more than 2³¹ × 100 ns ≈ 3.6 minutes while other
+//! threads did nothing but cycle that one node: not a case that occurs.
+//!
 //! All operations use `SeqCst`: the word is the linearization point of pins
 //! against evictions and the ordering argument is then the plain
 //! interleaving one the loom models check.
@@ -27,6 +38,8 @@ use crate::sync::{AtomicU64, Ordering};
 const PIN_MASK: u64 = 0xFFFF_FFFF;
 const RESIDENT: u64 = 1 << 32;
 const GEN_SHIFT: u32 = 33;
+/// The generation field, after the shift: 31 bits.
+const GEN_MASK: u64 = (1 << (64 - GEN_SHIFT)) - 1;
 
 /// A decoded snapshot of a state word.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,8 +163,9 @@ impl Residency {
         let mut cur = self.0.load(Ordering::SeqCst);
         loop {
             debug_assert!(cur & RESIDENT == 0, "make_resident on a resident state");
-            let next =
-                ((ResidencyState(cur).generation() + 1) << GEN_SHIFT) | RESIDENT | (cur & PIN_MASK);
+            // The generation wraps within its 31 bits (see the module docs).
+            let generation = (ResidencyState(cur).generation() + 1) & GEN_MASK;
+            let next = (generation << GEN_SHIFT) | RESIDENT | (cur & PIN_MASK);
             match self
                 .0
                 .compare_exchange(cur, next, Ordering::SeqCst, Ordering::SeqCst)
@@ -187,5 +201,33 @@ mod tests {
         r.make_resident();
         assert_eq!(r.load().generation(), 2);
         assert_eq!(r.try_pin(Some(g)), Err(PinRefused::Stale));
+    }
+
+    /// The generation wraps from 2³¹ − 1 to 0 without touching the pin
+    /// count or the `RESIDENT` bit, and pins keep working across the wrap.
+    #[test]
+    fn generation_wraps_without_touching_pins() {
+        let top = GEN_MASK;
+        // Absent after its 2³¹ − 1st residency.
+        let r = Residency(AtomicU64::new(top << GEN_SHIFT));
+        assert_eq!(r.load().generation(), top);
+        r.make_resident();
+        let s = r.load();
+        assert_eq!(s.generation(), 0, "wrapped");
+        assert!(s.resident());
+        assert_eq!(s.pins(), 0);
+        for _ in 0..3 {
+            assert!(r.try_pin(Some(0)).is_ok());
+        }
+        assert_eq!(r.try_pin(Some(top)), Err(PinRefused::Stale));
+        let s = r.load();
+        assert_eq!((s.pins(), s.generation(), s.resident()), (3, 0, true));
+        assert!(r.try_evict().is_err(), "pinned");
+        for _ in 0..3 {
+            r.unpin();
+        }
+        assert!(r.try_evict().is_ok());
+        r.make_resident();
+        assert_eq!(r.load().generation(), 1);
     }
 }

@@ -99,17 +99,23 @@ impl Values {
     pub(crate) fn append_to(&self, out: &mut Vec<u32>, ps: usize) {
         let body = self.body();
         match self.kind() {
-            PAGE_BASES => {
+            // Inclusive ends: a page or run may end at `u32::MAX` itself,
+            // where `first + len` would overflow (`new` only stores pages
+            // and runs that fit, so `len - 1` more never does).
+            PAGE_BASES if ps > 0 => {
                 out.reserve(body.len() * ps);
                 for &b in body {
-                    out.extend(b..b + ps as u32);
+                    out.extend(b..=b + (ps as u32 - 1));
                 }
             }
             RUNS => {
                 for r in body.chunks_exact(2) {
-                    out.extend(r[0]..r[0] + r[1]);
+                    if r[1] > 0 {
+                        out.extend(r[0]..=r[0] + (r[1] - 1));
+                    }
                 }
             }
+            PAGE_BASES => {}
             _ => out.extend_from_slice(body),
         }
     }
@@ -153,5 +159,70 @@ mod tests {
         assert_eq!(expand(&v, 2), scattered);
         // u32::MAX cannot start a run of two.
         assert_eq!(Values::new(&[u32::MAX, 0], 2).kind(), VERBATIM);
+    }
+
+    /// Every encoding at the top of the value space and with scattered
+    /// values, at page sizes 1, 2 and 16: expanding gives back exactly the
+    /// values stored, as many as `tokens()` says, and so does every
+    /// page-aligned slice.
+    #[test]
+    fn values_round_trip_at_u32_max_and_scattered() {
+        let expand = |v: &Values, ps| {
+            let mut out = Vec::new();
+            v.append_to(&mut out, ps);
+            out
+        };
+        for ps in [1usize, 2, 16] {
+            let n = 4 * ps;
+            let top = u32::MAX - (n as u32 - 1);
+            let cases: Vec<Vec<u32>> = vec![
+                // One run ending at u32::MAX (runs).
+                (top..=u32::MAX).collect(),
+                // Pages whose last one ends at u32::MAX, bases scattered.
+                (0..n as u32)
+                    .map(|j| {
+                        let page = j / ps as u32;
+                        let base = if page == 3 {
+                            u32::MAX - (ps as u32 - 1)
+                        } else {
+                            1000 * (3 - page)
+                        };
+                        base + j % ps as u32
+                    })
+                    .collect(),
+                // Two runs, the second ending at u32::MAX.
+                (0..n as u32)
+                    .map(|j| {
+                        if (j as usize) < n / 2 {
+                            7 + j
+                        } else {
+                            u32::MAX - (n as u32 - 1 - j)
+                        }
+                    })
+                    .collect(),
+                // Scattered (verbatim), including both extremes.
+                (0..n as u32)
+                    .map(|j| match j % 3 {
+                        0 => u32::MAX - j,
+                        1 => j,
+                        _ => j.wrapping_mul(0x9E37_79B1),
+                    })
+                    .collect(),
+                // The single top value, alone in its pages.
+                vec![u32::MAX; n],
+            ];
+            for v in cases {
+                let enc = Values::new(&v, ps);
+                assert_eq!(enc.tokens(ps), n, "ps {ps} {v:?}");
+                assert_eq!(expand(&enc, ps), v, "ps {ps} kind {}", enc.kind());
+                for from in (0..=n).step_by(ps) {
+                    for to in (from..=n).step_by(ps) {
+                        let s = enc.slice(from, to, ps);
+                        assert_eq!(s.tokens(ps), to - from, "ps {ps} {from}..{to}");
+                        assert_eq!(expand(&s, ps), v[from..to], "ps {ps} {from}..{to}");
+                    }
+                }
+            }
+        }
     }
 }

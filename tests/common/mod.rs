@@ -16,6 +16,8 @@ pub enum Op {
         key: Vec<u32>,
         dev: usize,
         prio: i64,
+        /// How the values are drawn ([`values_for`]).
+        vals: u8,
     },
     Match {
         ns: u8,
@@ -51,8 +53,8 @@ fn op_strategy(devices: usize) -> impl Strategy<Value = Op> {
     let key = prop::collection::vec(1u32..=3, 0..14);
     let ns = prop_oneof![6 => Just(0u8), 1 => Just(1u8), 1 => Just(2u8)];
     prop_oneof![
-        4 => (ns.clone(), key.clone(), 0..devices, 0i64..3)
-            .prop_map(|(ns, key, dev, prio)| Op::Insert { ns, key, dev, prio }),
+        4 => (ns.clone(), key.clone(), 0..devices, 0i64..3, 0u8..4)
+            .prop_map(|(ns, key, dev, prio, vals)| Op::Insert { ns, key, dev, prio, vals }),
         4 => (ns.clone(), key.clone(), 0..devices, any::<bool>())
             .prop_map(|(ns, key, dev, pin)| Op::Match { ns, key, dev, pin }),
         1 => (ns, key).prop_map(|(ns, key)| Op::Peek { ns, key }),
@@ -87,6 +89,39 @@ pub fn case_strategy() -> impl Strategy<Value = (usize, usize, EvictionPolicy, V
         })
 }
 
+/// The values of an insert of `n` tokens at page size `ps`, drawn four
+/// ways so that every encoding of the tree's value codec and its edges are
+/// exercised: `0` one contiguous run from `next` (a request's slots
+/// allocated together); `1` scattered (a multiplicative hash of `next + j`:
+/// no two consecutive); `2` a contiguous run that ends at `u32::MAX`; `3`
+/// whole pages with scattered bases, the last page ending at `u32::MAX`.
+pub fn values_for(shape: u8, n: usize, ps: usize, next: u32) -> Vec<u32> {
+    let n32 = n as u32;
+    match shape {
+        1 => (0..n32)
+            .map(|j| next.wrapping_add(j).wrapping_mul(0x9E37_79B1) | 1)
+            .collect(),
+        2 => (0..n32).map(|j| u32::MAX - (n32 - 1) + j).collect(),
+        3 => {
+            let pages = n.div_ceil(ps) as u32;
+            (0..n32)
+                .map(|j| {
+                    let page = j / ps as u32;
+                    // The last page is the top of the value space; earlier
+                    // ones sit far below it, each at its own base.
+                    let base = if page + 1 == pages {
+                        u32::MAX - (ps as u32 - 1)
+                    } else {
+                        (page + 1).wrapping_mul(0x0101_0101) % (u32::MAX / 2)
+                    };
+                    base + j % ps as u32
+                })
+                .collect()
+        }
+        _ => (0..n32).map(|j| next + j).collect(),
+    }
+}
+
 pub fn run_case(
     devices: usize,
     ps: usize,
@@ -105,14 +140,20 @@ pub fn run_case(
     let mut next_value = 1u32;
     for (step, op) in ops.iter().enumerate() {
         match op {
-            Op::Insert { ns, key, dev, prio } => {
+            Op::Insert {
+                ns,
+                key,
+                dev,
+                prio,
+                vals,
+            } => {
                 // Mostly aligned keys; a few unaligned ones test the error.
                 let key = if key.len() % 5 == 4 {
                     key.clone()
                 } else {
                     key[..key.len() / ps * ps].to_vec()
                 };
-                let values: Vec<u32> = (0..key.len() as u32).map(|j| next_value + j).collect();
+                let values = values_for(*vals, key.len(), ps, next_value);
                 next_value += key.len() as u32;
                 let k = TokenKey::new(&key).in_namespace(ns_of(*ns));
                 let real = cache.insert(k, DeviceId(*dev as u32), &values, *prio);
@@ -259,6 +300,7 @@ pub fn decode(bytes: &[u8]) -> (usize, usize, EvictionPolicy, Vec<Op>) {
                 key: key(),
                 dev,
                 prio: (arg / 3 % 3) as i64,
+                vals: (arg / 9 % 4) as u8,
             },
             2 | 3 => Op::Match {
                 ns,
