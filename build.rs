@@ -16,6 +16,8 @@ const STEPS: &[&str] = &[
     "unpin_rmw",
     "parent_lock",
     "born_pinned",
+    "claim_cas",
+    "root_obsolete_check",
     "reader_waits",
 ];
 

@@ -240,7 +240,18 @@ impl PageAllocator {
                     mask |= low;
                     rest &= !low;
                 }
-                match word.compare_exchange(cur, cur & !mask, Ordering::SeqCst, Ordering::SeqCst) {
+                // The protecting step of the allocator model: the claim is a
+                // CAS, so two claimers that read the same word cannot both
+                // take a bit. The control stores blindly.
+                #[cfg(not(radixkv_negative = "claim_cas"))]
+                let claimed =
+                    word.compare_exchange(cur, cur & !mask, Ordering::SeqCst, Ordering::SeqCst);
+                #[cfg(radixkv_negative = "claim_cas")]
+                let claimed: Result<u64, u64> = {
+                    word.store(cur & !mask, Ordering::SeqCst);
+                    Ok(cur)
+                };
+                match claimed {
                     Ok(_) => {
                         let mut m = mask;
                         while m != 0 {

@@ -69,11 +69,14 @@ static CLIMBS: AtomicU64 = AtomicU64::new(0);
 struct State {
     parked: bool,
     released: bool,
+    /// Panic at the point instead of parking.
+    panic: bool,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
     parked: false,
     released: false,
+    panic: false,
 });
 static WAKE: Condvar = Condvar::new();
 
@@ -93,6 +96,18 @@ impl Gate {
     /// Arms `point`: the next thread to reach it parks there.
     pub fn arm(point: Point) -> Gate {
         *state() = State::default();
+        ARMED.store(point.code(), Ordering::SeqCst);
+        Gate { point }
+    }
+
+    /// Arms `point` to panic instead: the next thread to reach it panics
+    /// there, inside the change, holding its locks (for tests that a panic
+    /// mid-change leaks nothing).
+    pub fn arm_panic(point: Point) -> Gate {
+        *state() = State {
+            panic: true,
+            ..State::default()
+        };
         ARMED.store(point.code(), Ordering::SeqCst);
         Gate { point }
     }
@@ -152,6 +167,12 @@ pub(crate) fn at(point: Point) {
         return;
     }
     let mut s = state();
+    if s.panic {
+        s.parked = true;
+        drop(s);
+        WAKE.notify_all();
+        panic!("injected panic at pause point {point:?}");
+    }
     s.parked = true;
     WAKE.notify_all();
     while !s.released {

@@ -36,6 +36,17 @@ fn empty_cache_bytes() -> isize {
     size
 }
 
+/// Live bytes of an empty cache built like `c` (page size 16, one device).
+fn empty_cache_bytes_like(_c: &RadixCache) -> isize {
+    flush_epoch();
+    let before = live();
+    let e = RadixCache::builder().page_size(16).build().unwrap();
+    flush_epoch();
+    let size = live() - before;
+    drop(e);
+    size
+}
+
 /// What one round measured, in bytes above the baseline.
 struct Round {
     /// The peak while the tree was in use.
@@ -126,6 +137,38 @@ fn dropped_trees_return_memory_to_baseline() {
         );
         after.push(left);
     }
+    // Many namespaces (a cache salt per user): one 64-token insert into
+    // each of 5,000 namespaces, then everything evicted and reclaim(): the
+    // empty roots and the namespace table's grown slots are given back.
+    flush_epoch();
+    let before = live();
+    let c = RadixCache::builder().page_size(16).build().unwrap();
+    let key: Vec<u32> = (0..64).collect();
+    for i in 0..5_000 {
+        let ns = format!("tenant-{i}");
+        c.insert(
+            TokenKey::new(&key).with_namespace(&ns),
+            DeviceId(0),
+            &key,
+            0,
+        )
+        .unwrap();
+    }
+    let full = live() - before;
+    c.evict(DeviceId(0), usize::MAX).unwrap();
+    assert_eq!(c.node_count(), 0);
+    c.reclaim();
+    let left = live() - before - empty_cache_bytes_like(&c);
+    eprintln!(
+        "5,000 namespaces: {full} bytes full, {left} above an empty cache after evict + reclaim()"
+    );
+    assert!(full > 1_000_000, "the namespaces held real memory ({full})");
+    assert!(
+        left < 64 * 1024,
+        "{left} bytes more than an empty cache after evicting 5,000 namespaces and reclaim()"
+    );
+    c.audit();
+    drop(c);
     for (r, left) in after.iter().enumerate() {
         assert!(
             *left < 64 * 1024,

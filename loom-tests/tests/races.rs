@@ -15,10 +15,17 @@ const D0: DeviceId = DeviceId(0);
 const D1: DeviceId = DeviceId(1);
 
 fn model<F: Fn() + Sync + Send + 'static>(f: F) {
+    model_with_branches(1_000, f);
+}
+
+/// A model whose execution takes up to `branches` atomic steps (loom's
+/// default is 1,000: a setup of many inserts needs more).
+fn model_with_branches<F: Fn() + Sync + Send + 'static>(branches: usize, f: F) {
     let mut b = loom::model::Builder::new();
     if b.preemption_bound.is_none() {
         b.preemption_bound = Some(2);
     }
+    b.max_branches = b.max_branches.max(branches);
     b.check(f);
 }
 
@@ -83,6 +90,12 @@ fn race2_insert_below_evicted_node() {
 /// suffix, so a split copies no count and cannot double- or un-count a pin
 /// taken concurrently. Control: `split_copies_pins` (copy the count into
 /// the new prefix, as SGLang copies `lock_ref`).
+///
+/// Why this control adds a step instead of removing one: the protection is
+/// an omission by design (no pin state moves in a split), so there is no
+/// check to take out; the only way to lose it is to do what the design
+/// avoids. The copied count is wrong in every interleaving where the pin
+/// was taken before the split, which the model reaches first.
 #[test]
 fn race3_split_vs_pin_counts() {
     model(|| {
@@ -111,8 +124,9 @@ fn race3_split_vs_pin_counts() {
 }
 
 /// Race 4, split vs reader. Protecting step: a reader checks that the
-/// child's image names the node it came from as parent, and re-reads the
-/// children otherwise (`Tree::step`). Control: `reader_parent_check`.
+/// child's image names the node it came from as parent, and otherwise
+/// climbs the child's parent links to the node now below it (`climb_to`),
+/// without waiting for the splitter. Control: `reader_parent_check`.
 #[test]
 fn race4_split_vs_reader() {
     model(|| {
@@ -160,6 +174,10 @@ fn race6_unlink_vs_insert() {
     model(|| {
         let c = cache(2);
         c.insert(key(&[1, 2]), D1, &[90, 91], 0).unwrap();
+        // A sibling keeps the namespace root alive when [1, 2] is unlinked,
+        // so the model shows the node's own check, not the root's reclaim
+        // (model 17 covers that).
+        c.insert(key(&[7]), D0, &[70], 0).unwrap();
         let c1 = Arc::clone(&c);
         let t = thread::spawn(move || c1.insert(key(&[1, 2]), D0, &[10, 11], 0).unwrap());
         // Evicting device 1's residency unlinks the node unless device 0
@@ -234,8 +252,11 @@ fn race8_residency_aba() {
 #[test]
 fn race9_split_vs_evict() {
     model(|| {
-        let c = cache(1);
+        let c = cache(2);
         c.insert(key(&[1, 2]), D0, &[10, 11], 0).unwrap();
+        // A sibling on the other device keeps the namespace root alive, so
+        // the model shows the split's own re-check, not the root's reclaim.
+        c.insert(key(&[7]), D1, &[70], 0).unwrap();
         let c1 = Arc::clone(&c);
         let t = thread::spawn(move || {
             c1.match_prefix(key(&[1]), D0).unwrap();
@@ -248,7 +269,7 @@ fn race9_split_vs_evict() {
         all.extend(&rest.values);
         all.sort_unstable();
         assert_eq!(all, vec![10, 11], "every value has exactly one owner");
-        assert_eq!(c.node_count(), 0);
+        assert_eq!(c.node_count(), 1, "only the sibling is left");
         c.audit();
     });
 }
@@ -257,6 +278,11 @@ fn race9_split_vs_evict() {
 /// lease releases its pin with one atomic RMW on the state word (which pins
 /// and eviction CAS too), and holds its node by `Arc` across it. Control:
 /// `unpin_rmw` (a load and a store).
+///
+/// This control removes the protecting step: the atomicity of the release.
+/// The load-store pair loses an update only when the other thread's pin
+/// CAS lands between the two, an interleaving loom finds; in a serial run
+/// it behaves like the RMW.
 #[test]
 fn model10_lease_drop_vs_evict() {
     model(|| {
@@ -328,6 +354,151 @@ fn model12_pinned_insert_vs_evict() {
         );
         c.audit();
         c.evict(D0, usize::MAX).unwrap();
+        c.audit();
+    });
+}
+
+/// Race 4 at page size 2: the reader compares whole pages (the page-hash
+/// lookup and the first-page check) while a match splits the node after
+/// its first page. Protecting step: the reader's parent check and climb.
+/// Control: `reader_parent_check`.
+#[test]
+fn model13_split_vs_reader_pages() {
+    model(|| {
+        let c = Arc::new(RadixCache::builder().page_size(2).build().unwrap());
+        c.insert(key(&[1, 2, 3, 4, 5, 6]), D0, &[10, 11, 12, 13, 14, 15], 0)
+            .unwrap();
+        let c1 = Arc::clone(&c);
+        let t = thread::spawn(move || c1.peek(key(&[1, 2, 3, 4, 5, 6])));
+        c.match_prefix(key(&[1, 2, 9, 9]), D0).unwrap();
+        assert_eq!(
+            t.join().unwrap(),
+            vec![6],
+            "the whole key stayed cached (page size 2)"
+        );
+        c.audit();
+    });
+}
+
+/// Race 5 under a wide node: the root has more than 64 children, so its
+/// array is chunked (copy-on-write per chunk), and two inserts of the same
+/// new first token race. Protecting step: the attach re-check under the
+/// parent's lock, on the chunked array. Control: `attach_recheck`.
+#[test]
+fn model14_wide_children_concurrent_insert() {
+    model_with_branches(200_000, || {
+        let c = cache(1);
+        for k in 100..166u32 {
+            c.insert(key(&[k]), D0, &[k], 0).unwrap();
+        }
+        let c1 = Arc::clone(&c);
+        let t = thread::spawn(move || c1.insert(key(&[7, 8]), D0, &[10, 11], 0).unwrap());
+        let b = c.insert(key(&[7, 8]), D0, &[20, 21], 0).unwrap();
+        let a = t.join().unwrap();
+        for j in 0..2 {
+            let in_a = a.adopted.iter().any(|r| r.contains(&j));
+            let in_b = b.adopted.iter().any(|r| r.contains(&j));
+            assert!(
+                in_a != in_b,
+                "token {j} under a wide node: exactly one insert must own it"
+            );
+        }
+        assert_eq!(c.peek(key(&[150])), vec![1], "the other children stay");
+        c.audit();
+    });
+}
+
+/// The allocator's reserve-then-claim protocol with two claimers and a
+/// free: each claimer reserves a count (CAS on the counter), then claims
+/// bits by CAS on the bitmap word; the free sets bits before it raises the
+/// counter. Protecting step: the claim's CAS on the word (two claimers that
+/// read the same word cannot both take a bit). Control: `claim_cas`.
+#[test]
+fn model15_alloc_two_claimers_and_a_free() {
+    use radixkv::alloc::PageAllocator;
+    model(|| {
+        // Pages 1, 2 and 3 (page 0 is reserved), all in one bitmap word.
+        let a = Arc::new(PageAllocator::new(D0, 4, 1).unwrap());
+        let first = a.alloc(1).unwrap();
+        let a1 = Arc::clone(&a);
+        let claimer = thread::spawn(move || a1.alloc(1).ok());
+        let freer = thread::spawn(move || drop(first));
+        let mine = a.alloc(1).ok();
+        let theirs = claimer.join().unwrap();
+        freer.join().unwrap();
+        let mut held: Vec<u32> = mine
+            .iter()
+            .chain(theirs.iter())
+            .flat_map(|s| s.pages().to_vec())
+            .collect();
+        let n = held.len();
+        held.sort_unstable();
+        held.dedup();
+        assert_eq!(held.len(), n, "a page was handed to two spans: {held:?}");
+        for &p in &held {
+            assert!(!a.is_free(p), "page {p} is both held and free");
+        }
+        assert_eq!(a.free_pages(), 3 - n, "free count and bitmap agree");
+        drop((mine, theirs));
+        assert_eq!(a.free_pages(), 3);
+        assert_eq!(a.double_frees(), 0);
+    });
+}
+
+/// A pin racing the evictor's candidate selection (page mode: the evictor
+/// pops leaves from its per-device heap, sets pinned ones aside, and claims
+/// a residency by CAS). Protecting step: the claim's CAS expects zero pins,
+/// whatever the heap said. Control: `evict_pin_check`.
+#[test]
+fn model16_pin_vs_evictor_candidates() {
+    model(|| {
+        let c = Arc::new(RadixCache::builder().pages_per_device(8).build().unwrap());
+        let span = c.alloc(D0, 2).unwrap();
+        c.insert_pages(key(&[1, 2]), span, 0).unwrap();
+        let c1 = Arc::clone(&c);
+        let t = thread::spawn(move || {
+            let m = c1.match_and_pin(key(&[1, 2]), D0).unwrap();
+            (m.values, m.lease)
+        });
+        c.evict(D0, 2).unwrap();
+        let (values, lease) = t.join().unwrap();
+        let alloc = c.allocator(D0).unwrap();
+        for v in &values {
+            assert!(
+                !alloc.is_free(*v),
+                "page {v} was freed while a lease on it was live"
+            );
+        }
+        drop(lease);
+        c.audit();
+    });
+}
+
+/// A namespace root reclaimed while an insert into that namespace races it:
+/// the eviction of the namespace's last node marks its root obsolete under
+/// the root's lock and removes it from the table; an insert that found the
+/// root before must not hang its node below it (it would be unreachable).
+/// Protecting step: attaching re-checks, under the parent's lock, that the
+/// parent (here the root) is not obsolete; the insert then walks again and
+/// gets a fresh root. Control: `root_obsolete_check`.
+#[test]
+fn model17_namespace_root_reclaimed_vs_insert() {
+    model(|| {
+        let c = cache(1);
+        c.insert(key(&[1]).with_namespace("t"), D0, &[10], 0)
+            .unwrap();
+        let c1 = Arc::clone(&c);
+        let t = thread::spawn(move || {
+            c1.insert(key(&[2]).with_namespace("t"), D0, &[20], 0)
+                .unwrap();
+        });
+        c.evict(D0, 1).unwrap();
+        t.join().unwrap();
+        assert_eq!(
+            c.peek(key(&[2]).with_namespace("t")),
+            vec![1],
+            "the insert into a reclaimed namespace must not be lost"
+        );
         c.audit();
     });
 }

@@ -6,6 +6,7 @@
 //! takes no part in the concurrent protocol (the parent module).
 
 use super::children::page_hash;
+use super::namespaces;
 use super::node::Node;
 use super::Tree;
 use crate::sync::Ordering;
@@ -20,11 +21,19 @@ impl Tree {
         let mut tokens = vec![0u64; self.devices];
         let mut count = 0u64;
         let mut stack: Vec<&Node> = Vec::new();
-        for (ns, root) in &self.table(guard).entries {
+        for (ns, root) in self.roots.roots(guard) {
             if !seen.insert(root.id) {
                 return Err(format!("I5: root of namespace {ns:?} appears twice"));
             }
-            stack.push(&**root);
+            if namespaces::name_of(&root.image_ref(guard).key).as_deref() != ns {
+                return Err(format!("the root of namespace {ns:?} names another"));
+            }
+            if root.children_ref(guard).is_empty() {
+                return Err(format!(
+                    "namespace {ns:?} has an empty root (it should have been reclaimed)"
+                ));
+            }
+            stack.push(root);
         }
         while let Some(n) = stack.pop() {
             let img = n.image_ref(guard);

@@ -55,6 +55,7 @@
 mod audit;
 pub(crate) mod children;
 pub(crate) mod clock;
+pub(crate) mod namespaces;
 pub(crate) mod node;
 pub(crate) mod reclaim;
 pub(crate) mod residency;
@@ -62,7 +63,7 @@ pub(crate) mod values;
 
 use crate::sync::{spin_wait, Arc, AtomicU64, Ordering};
 use clock::Clock;
-use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
+use crossbeam_epoch::{Guard, Shared};
 
 /// A per-device inbox of nodes that may have become leaves: lock-free
 /// (crossbeam's `SegQueue`) normally; under loom a shim mutex, because loom
@@ -121,21 +122,6 @@ enum SplitFailed {
     Changed,
     /// With [`Locking::Try`]: a lock was held by another thread.
     Busy,
-}
-
-/// The namespace table: one root per namespace, copy-on-write.
-#[derive(Debug, Default)]
-struct NsTable {
-    entries: Vec<(Option<Box<str>>, Arc<Node>)>,
-}
-
-impl NsTable {
-    fn find(&self, ns: Option<&str>) -> Option<&Node> {
-        self.entries
-            .iter()
-            .find(|(n, _)| n.as_deref() == ns)
-            .map(|(_, r)| &**r)
-    }
 }
 
 /// The end node of a walk.
@@ -244,7 +230,7 @@ fn climb_to<'g>(
 pub(crate) struct Tree {
     page_size: usize,
     devices: usize,
-    roots: Atomic<NsTable>,
+    roots: namespaces::Namespaces,
     clock: Clock,
     next_id: AtomicU64,
     resident_tokens: Box<[CachePadded<AtomicU64>]>,
@@ -277,7 +263,7 @@ impl Tree {
         Tree {
             page_size,
             devices,
-            roots: Atomic::new(NsTable::default()),
+            roots: namespaces::Namespaces::default(),
             clock,
             next_id: AtomicU64::new(1),
             resident_tokens: (0..devices)
@@ -351,55 +337,32 @@ impl Tree {
         self.resident_tokens[d].load(Ordering::SeqCst)
     }
 
-    fn table<'g>(&self, guard: &'g Guard) -> &'g NsTable {
-        // SAFETY: never null (set in `new`, only replaced by CAS with a new
-        // table); old tables are retired with `defer_destroy`.
-        unsafe { self.roots.load(Ordering::SeqCst, guard).deref() }
-    }
-
     fn find_root<'g>(&self, ns: Option<&str>, guard: &'g Guard) -> Option<&'g Node> {
-        self.table(guard).find(ns)
+        self.roots.find(ns, guard)
     }
 
     fn root_or_create<'g>(&self, ns: Option<&str>, guard: &'g Guard) -> &'g Node {
-        loop {
-            let cur = self.roots.load(Ordering::SeqCst, guard);
-            // SAFETY: as in `table`.
-            let t = unsafe { cur.deref() };
-            if let Some(r) = t.find(ns) {
-                return r;
-            }
-            let root = Node::new(
-                self.new_id(),
-                true,
-                Image {
-                    parent: ParentPtr(std::ptr::null()),
-                    key: Arc::from(&[][..]),
-                    values: vec![None; self.devices].into_boxed_slice(),
-                },
-                Children::default(),
-                0,
-            );
-            let mut entries = t.entries.clone();
-            entries.push((ns.map(Box::from), Arc::new(root)));
-            if let Ok(new) = self.roots.compare_exchange(
-                cur,
-                Owned::new(NsTable { entries }),
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-                guard,
-            ) {
-                // SAFETY: `cur` is no longer reachable from `roots`; readers
-                // that loaded it hold guards and destruction is deferred.
-                unsafe { guard.defer_destroy(cur) };
-                // SAFETY: just published, non-null, retired only by a later
-                // CAS with `defer_destroy`.
-                let t = unsafe { new.deref() };
-                if let Some(r) = t.find(ns) {
-                    return r;
-                }
-            }
-        }
+        let mut retired = Retired::default();
+        let root = self.roots.get_or_create(
+            ns,
+            || {
+                Node::new(
+                    self.new_id(),
+                    true,
+                    Image {
+                        parent: ParentPtr(std::ptr::null()),
+                        key: namespaces::key_of(ns),
+                        values: vec![None; self.devices].into_boxed_slice(),
+                    },
+                    Children::default(),
+                    0,
+                )
+            },
+            guard,
+            &mut retired,
+        );
+        self.reclaimer.retire(retired, guard);
+        root
     }
 
     fn step<'g>(&self, cur: &Node, rest: &[u32], guard: &'g Guard) -> Step<'g> {
@@ -649,14 +612,22 @@ impl Tree {
             adopted.iter().any(|a| a.start < r.end && r.start < a.end)
         };
         // Pins: `walk` is this pass's deepest pin, `kept` a pin kept across a
-        // restart (protecting the path adopted so far) until the end.
-        let mut walk: Option<(&'g Node, usize)> = None;
-        let mut kept: Option<(&'g Node, usize)> = None;
-        let take = |walk: &mut Option<(&'g Node, usize)>, n: &'g Node, depth: usize| {
-            if let Some((old, _)) = walk.replace((n, depth)) {
-                old.dev(d).residency.unpin();
-            }
+        // restart (protecting the path adopted so far) until the end. Both
+        // are `HeldPin`s: replaced, dropped or unwound (a panic mid-insert),
+        // a pin is released; only the one handed on at the end survives.
+        let mut walk: Option<HeldPin<'g>> = None;
+        let mut kept: Option<HeldPin<'g>> = None;
+        let take = |walk: &mut Option<HeldPin<'g>>, n: &'g Node, depth: usize| {
+            // The old pin, if any, is released as it is replaced.
+            *walk = Some(HeldPin::new(n, d, depth));
         };
+        if len == 0 {
+            // Nothing to cache: no namespace root is created for it.
+            return InsertWalk {
+                adopted,
+                pinned: None,
+            };
+        }
         'restart: loop {
             let root = self.root_or_create(ns, guard);
             root.priority.fetch_max(priority, Ordering::SeqCst);
@@ -724,7 +695,7 @@ impl Tree {
                             {
                                 spin_wait();
                                 if let Some(w) = walk.take() {
-                                    keep_deeper(&mut kept, w, d);
+                                    keep_deeper(&mut kept, w);
                                 }
                                 continue 'restart;
                             }
@@ -733,7 +704,7 @@ impl Tree {
                             // Evicted since we looked: walk again.
                             spin_wait();
                             if let Some(w) = walk.take() {
-                                keep_deeper(&mut kept, w, d);
+                                keep_deeper(&mut kept, w);
                             }
                             continue 'restart;
                         }
@@ -748,14 +719,9 @@ impl Tree {
             break;
         }
         // The kept pin protected the path while we walked again; the walk's
-        // own pin (deeper or equal) now does.
-        let pinned = match (walk, kept) {
-            (Some(w), Some((k, _))) => {
-                k.dev(d).residency.unpin();
-                Some(w)
-            }
-            (w, k) => w.or(k),
-        };
+        // own pin (deeper or equal) now does, and the kept one is released
+        // as it drops here.
+        let pinned = walk.or(kept).map(HeldPin::hand_on);
         InsertWalk { adopted, pinned }
     }
 
@@ -898,8 +864,14 @@ impl Tree {
         let ps = self.page_size;
         let _pl = crate::sync::lock(&parent.lock);
         // The protecting step of race 2 (inserter side): attach only below a
-        // parent that is still resident on `d`, under the parent's lock.
-        if parent.obsolete.load(Ordering::SeqCst) || !parent.resident(d) {
+        // parent that is still resident on `d`, under the parent's lock. For
+        // a namespace root, the same check refuses a root that was reclaimed
+        // (the namespace model; its control skips it for roots).
+        #[cfg(not(radixkv_negative = "root_obsolete_check"))]
+        let gone = parent.obsolete.load(Ordering::SeqCst);
+        #[cfg(radixkv_negative = "root_obsolete_check")]
+        let gone = parent.obsolete.load(Ordering::SeqCst) && !parent.is_root;
+        if gone || !parent.resident(d) {
             return Err(Conflict);
         }
         let children = parent.children_ref(guard);
@@ -1089,11 +1061,20 @@ impl Tree {
                 crate::pause::at(crate::pause::Point::Unlink);
                 let hash = page_hash(&key[..self.page_size]);
                 let rest = parent.children_ref(guard).with_changed(hash, node, None);
+                let parent_empty = rest.is_empty();
                 parent.publish_children(rest, guard, &mut retired);
                 // The tree's one reference goes once no reader can hold the
                 // node: it is unreachable from the current arrays now.
                 retired.node(NodePtr(node));
                 self.live_nodes.fetch_sub(1, Ordering::SeqCst);
+                if parent.is_root && parent_empty {
+                    // The namespace's last node left: reclaim its root. Marked
+                    // obsolete under its lock (held), so no attach, adopt or
+                    // split below it can succeed from now on; then its table
+                    // entry goes (namespaces module docs).
+                    parent.obsolete.store(true, Ordering::SeqCst);
+                    self.roots.remove_root(parent, guard, &mut retired);
+                }
             }
             self.reclaimer.retire(retired, guard);
             return Some(EvictedLeaf { values, parent });
@@ -1105,7 +1086,7 @@ impl Tree {
     pub(crate) fn nodes<'g>(&self, guard: &'g Guard) -> Vec<(&'g Node, Option<usize>)> {
         let mut out = Vec::new();
         let mut stack: Vec<(&'g Node, Option<usize>)> = Vec::new();
-        for (_, root) in &self.table(guard).entries {
+        for (_, root) in self.roots.roots(guard) {
             for (_, c) in root.children_ref(guard).iter().rev() {
                 stack.push((c.node(), None));
             }
@@ -1126,10 +1107,10 @@ impl Tree {
     pub(crate) fn leaves<'g>(&self, d: usize, guard: &'g Guard) -> Vec<&'g Node> {
         let mut out = Vec::new();
         let mut stack: Vec<&'g Node> = self
-            .table(guard)
-            .entries
-            .iter()
-            .map(|(_, r)| &**r)
+            .roots
+            .roots(guard)
+            .into_iter()
+            .map(|(_, r)| r)
             .collect();
         while let Some(n) = stack.pop() {
             if is_candidate(n, d) {
@@ -1184,15 +1165,43 @@ impl Tree {
 }
 
 /// Keeps the deeper of two pins in `kept`, releasing the other.
-fn keep_deeper<'g>(kept: &mut Option<(&'g Node, usize)>, w: (&'g Node, usize), d: usize) {
-    let loser = match *kept {
-        Some(k) if k.1 >= w.1 => w,
-        _ => match kept.replace(w) {
-            Some(old) => old,
-            None => return,
-        },
-    };
-    loser.0.dev(d).residency.unpin();
+fn keep_deeper<'g>(kept: &mut Option<HeldPin<'g>>, w: HeldPin<'g>) {
+    // The shallower of the two is released as it drops.
+    match kept {
+        Some(k) if k.depth >= w.depth => drop(w),
+        _ => *kept = Some(w),
+    }
+}
+
+/// A pin an insert holds on `(node, d)`, covering `depth` tokens from the
+/// root: released when dropped (replaced, discarded, or unwound by a panic
+/// mid-insert, so no pin leaks: I6), unless handed on to the caller, who
+/// wraps it in a `Lease`.
+#[derive(Debug)]
+pub(crate) struct HeldPin<'g> {
+    node: &'g Node,
+    d: usize,
+    depth: usize,
+}
+
+impl<'g> HeldPin<'g> {
+    /// Owns a pin just taken on `(node, d)`.
+    fn new(node: &'g Node, d: usize, depth: usize) -> Self {
+        HeldPin { node, d, depth }
+    }
+
+    /// The node and depth, the pin handed on (no longer released here).
+    fn hand_on(self) -> (&'g Node, usize) {
+        let out = (self.node, self.depth);
+        std::mem::forget(self);
+        out
+    }
+}
+
+impl Drop for HeldPin<'_> {
+    fn drop(&mut self) {
+        self.node.dev(self.d).residency.unpin();
+    }
 }
 
 /// Appends `r`, merging it into the last range when they touch.
@@ -1224,16 +1233,10 @@ impl Drop for Tree {
     fn drop(&mut self) {
         self.reclaimer.reclaim();
         // Tear down iteratively: a recursive drop of a deep chain would
-        // overflow the stack.
-        // SAFETY: `&mut self`: no reader can traverse this tree any more.
-        let guard = unsafe { crossbeam_epoch::unprotected() };
-        let t = self
-            .roots
-            .swap(Owned::new(NsTable::default()), Ordering::Relaxed, guard);
-        // SAFETY: exclusive access; the table is non-null and now ours.
-        let table = unsafe { t.into_owned() }.into_box();
+        // overflow the stack. `&mut self`: no reader can traverse this tree
+        // any more.
         let mut stack: Vec<NodePtr> = Vec::new();
-        for (_, root) in table.entries {
+        for root in self.roots.take_all() {
             stack.extend(detach_children(&root).into_iter().map(|(_, c)| c));
         }
         while let Some(n) = stack.pop() {
@@ -1244,9 +1247,6 @@ impl Drop for Tree {
             // node itself alive, without children.
             unsafe { n.release() };
         }
-        let t = self.roots.swap(Shared::null(), Ordering::Relaxed, guard);
-        // SAFETY: exclusive access; the empty table installed above.
-        drop(unsafe { t.into_owned() });
     }
 }
 

@@ -19,8 +19,9 @@
 //! loom does check); its counter is std's, not the `sync` shim's, for the
 //! same reason.
 
+use super::namespaces::{Entry, Table};
 use super::node::{Children, Image, NodePtr};
-use crossbeam_epoch::{Guard, Shared};
+use crossbeam_epoch::{Guard, Owned, Shared};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -30,6 +31,10 @@ pub(crate) struct Retired {
     images: Vec<*mut Image>,
     children: Vec<*mut Children>,
     nodes: Vec<NodePtr>,
+    /// Namespace entries removed from the table (each drops its root).
+    ns_entries: Vec<*mut Entry>,
+    /// Replaced namespace slot arrays (not the entries they point at).
+    ns_tables: Vec<*mut Table>,
     /// Set once the grace period has passed; until then dropping frees
     /// nothing (a panic mid-change leaks rather than frees too early).
     expired: bool,
@@ -60,8 +65,27 @@ impl Retired {
         self.nodes.push(n);
     }
 
+    /// A namespace entry that was just removed from (or replaced in) the
+    /// table.
+    pub(crate) fn ns_entry(&mut self, e: Shared<'_, Entry>) {
+        if !e.is_null() {
+            self.ns_entries.push(e.as_raw() as *mut Entry);
+        }
+    }
+
+    /// A namespace slot array that was just replaced.
+    pub(crate) fn ns_table(&mut self, t: Shared<'_, Table>) {
+        if !t.is_null() {
+            self.ns_tables.push(t.as_raw() as *mut Table);
+        }
+    }
+
     fn len(&self) -> usize {
-        self.images.len() + self.children.len() + self.nodes.len()
+        self.images.len()
+            + self.children.len()
+            + self.nodes.len()
+            + self.ns_entries.len()
+            + self.ns_tables.len()
     }
 }
 
@@ -70,19 +94,34 @@ impl Drop for Retired {
         if !self.expired {
             return;
         }
+        // Freed through crossbeam-epoch's own API: `Owned::from_raw` takes
+        // back a pointer that an `Owned` published (`Owned::into_shared` /
+        // `Atomic::swap`), and dropping the `Owned` frees it.
         for &p in &self.images {
-            // SAFETY: `p` came from `Owned::new` (a `Box`), was unlinked
-            // before retirement, and its grace period has passed.
-            drop(unsafe { Box::from_raw(p) });
+            // SAFETY: `p` came from an `Owned<Image>` published into an
+            // `Atomic`, was unlinked (replaced) before retirement, is in no
+            // other batch, and its grace period has passed: no reader holds
+            // it, and this is its only release.
+            drop(unsafe { Owned::from_raw(p) });
         }
         for &p in &self.children {
-            // SAFETY: as for images.
-            drop(unsafe { Box::from_raw(p) });
+            // SAFETY: as for images, for an `Owned<Children>`.
+            drop(unsafe { Owned::from_raw(p) });
         }
         for n in self.nodes.drain(..) {
             // SAFETY: the node was unlinked once, its one tree reference
             // retired once, and the grace period has passed.
             unsafe { n.release() };
+        }
+        for &p in &self.ns_entries {
+            // SAFETY: as for images, for an `Owned<Entry>` that left the
+            // namespace table (no table a reader can load holds it).
+            drop(unsafe { Owned::from_raw(p) });
+        }
+        for &p in &self.ns_tables {
+            // SAFETY: as for images, for an `Owned<Table>`; dropping a slot
+            // array frees no entry (crossbeam's `Atomic` owns nothing).
+            drop(unsafe { Owned::from_raw(p) });
         }
     }
 }
@@ -170,15 +209,16 @@ impl Reclaimer {
         {
             // The epoch must advance twice past a retirement before its
             // function runs, and each flush collects a bounded number of
-            // bags (crossbeam's own garbage too): flush at least 32 times,
-            // then until three in a row hand nothing over.
+            // bags (crossbeam's own garbage too, which hands nothing over):
+            // flush at least 32 times, then until 16 in a row hand nothing
+            // over (a few microseconds when there is nothing left).
             let mut idle = 0;
-            for i in 0..4096 {
+            for i in 0..(1 << 16) {
                 let before = self.handed_over.load(Ordering::Relaxed);
                 crossbeam_epoch::pin().flush();
                 if self.handed_over.load(Ordering::Relaxed) == before {
                     idle += 1;
-                    if idle >= 3 && i >= 32 {
+                    if idle >= 16 && i >= 32 {
                         break;
                     }
                 } else {
