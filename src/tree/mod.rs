@@ -35,7 +35,10 @@
 //! ancestor order of any two nodes never flips). The transaction re-checks
 //! what it relied on (image unchanged, parent still the parent, nodes not
 //! unlinked, parent resident) and reports a conflict otherwise; the caller
-//! re-walks. Residency is added with the parent's lock held and only when
+//! re-walks. Locking and those checks are one guard type,
+//! [`node::Locked`]: its constructors take the locks and validate, and
+//! images and children arrays can be published only through it. Pins an
+//! insert holds are [`HeldPin`]s, released on drop (a panic included). Residency is added with the parent's lock held and only when
 //! the parent is resident on that device; it is removed only when no child
 //! is resident on that device, a count changed only under the node's lock
 //! (race 2, race 6); splits and evictions of a node take the same two
@@ -93,7 +96,7 @@ impl LeafInbox {
 }
 use children::{page_hash, ChildEntry, Children};
 use crossbeam_utils::CachePadded;
-use node::{Image, Node, NodePtr, ParentPtr};
+use node::{Expect, Image, LockFailed, Locked, Locking, Node, NodePtr, ParentPtr};
 use reclaim::{Reclaimer, Retired};
 use std::ops::Range;
 use values::Values;
@@ -105,24 +108,6 @@ const RECLAIM_AT: usize = 4096;
 /// A transaction found the tree changed under it; the caller re-walks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Conflict;
-
-/// How a split takes its two locks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Locking {
-    /// Wait for them (inserts: a writer among writers).
-    Wait,
-    /// Only if free now (matches: a reader never waits for a lock).
-    Try,
-}
-
-/// Why a split did not happen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SplitFailed {
-    /// The tree changed (re-walk).
-    Changed,
-    /// With [`Locking::Try`]: a lock was held by another thread.
-    Busy,
-}
 
 /// The end node of a walk.
 #[derive(Clone, Copy, Debug)]
@@ -507,8 +492,8 @@ impl Tree {
                     // without splitting.
                     match self.split(cur, child, img, k, Some(d), None, Locking::Try, guard) {
                         Ok(p) => child = p,
-                        Err(SplitFailed::Busy) => split = false,
-                        Err(SplitFailed::Changed) => continue,
+                        Err(LockFailed::Busy) => split = false,
+                        Err(LockFailed::Changed) => continue,
                     }
                 }
                 let st = child.dev(d).residency.load();
@@ -739,32 +724,21 @@ impl Tree {
         priority: Option<i64>,
         locking: Locking,
         guard: &'g Guard,
-    ) -> Result<&'g Node, SplitFailed> {
+    ) -> Result<&'g Node, LockFailed> {
         let ps = self.page_size;
-        let take = |m| match locking {
-            Locking::Wait => Some(crate::sync::lock(m)),
-            Locking::Try => crate::sync::try_lock(m),
-        };
-        let Some(_pl) = take(&parent.lock) else {
-            return Err(SplitFailed::Busy);
-        };
-        if parent.obsolete.load(Ordering::SeqCst) {
-            return Err(SplitFailed::Changed);
-        }
-        let Some(_cl) = take(&child.lock) else {
-            return Err(SplitFailed::Busy);
-        };
         // The protecting step of race 9: split only the image the caller
         // computed from, of a node still linked; eviction changes both
         // under the same two locks.
         #[cfg(not(radixkv_negative = "split_recheck"))]
-        if child.obsolete.load(Ordering::SeqCst) || child.image(guard) != seen {
-            return Err(SplitFailed::Changed);
-        }
+        let expect = Expect::Image(seen);
+        #[cfg(radixkv_negative = "split_recheck")]
+        let expect = Expect::Nothing;
+        let locked =
+            Locked::parent(parent, None, locking)?.with_child(child, expect, locking, guard)?;
         // SAFETY: loaded under `guard`, retired with defer_destroy.
         let img = unsafe { seen.deref() };
         if !std::ptr::eq(img.parent.0, parent) || k == 0 || k >= img.key.len() {
-            return Err(SplitFailed::Changed);
+            return Err(LockFailed::Changed);
         }
         let len = img.key.len();
         let pvals: Box<[Option<Values>]> = img
@@ -826,7 +800,7 @@ impl Tree {
         }
         let prefix = NodePtr::link(prefix);
         let mut retired = Retired::default();
-        child.publish_image(
+        locked.publish_child_image(
             Image {
                 parent: ParentPtr(prefix.0),
                 key: skey,
@@ -844,7 +818,7 @@ impl Tree {
         let new_children = parent
             .children_ref(guard)
             .with_changed(hash, child, Some(prefix));
-        parent.publish_children(new_children, guard, &mut retired);
+        locked.publish_parent_children(new_children, guard, &mut retired);
         self.live_nodes.fetch_add(1, Ordering::SeqCst);
         self.reclaimer.retire(retired, guard);
         Ok(prefix.node_in(guard))
@@ -862,18 +836,14 @@ impl Tree {
         guard: &'g Guard,
     ) -> Result<&'g Node, Conflict> {
         let ps = self.page_size;
-        let _pl = crate::sync::lock(&parent.lock);
         // The protecting step of race 2 (inserter side): attach only below a
         // parent that is still resident on `d`, under the parent's lock. For
         // a namespace root, the same check refuses a root that was reclaimed
         // (the namespace model; its control skips it for roots).
         #[cfg(not(radixkv_negative = "root_obsolete_check"))]
-        let gone = parent.obsolete.load(Ordering::SeqCst);
+        let locked = Locked::parent(parent, Some(d), Locking::Wait).map_err(|_| Conflict)?;
         #[cfg(radixkv_negative = "root_obsolete_check")]
-        let gone = parent.obsolete.load(Ordering::SeqCst) && !parent.is_root;
-        if gone || !parent.resident(d) {
-            return Err(Conflict);
-        }
+        let locked = Locked::parent_even_reclaimed_root(parent, Some(d)).map_err(|_| Conflict)?;
         let children = parent.children_ref(guard);
         // The protecting step of race 5: under the parent's lock, re-check
         // that nobody attached this first page meanwhile.
@@ -913,7 +883,7 @@ impl Tree {
         crate::pause::at(crate::pause::Point::Attach);
         let leaf = NodePtr::link(leaf);
         let mut retired = Retired::default();
-        parent.publish_children(children.with_added(hash, leaf), guard, &mut retired);
+        locked.publish_parent_children(children.with_added(hash, leaf), guard, &mut retired);
         self.reclaimer.retire(retired, guard);
         parent
             .dev(d)
@@ -937,18 +907,17 @@ impl Tree {
         pin: bool,
         guard: &Guard,
     ) -> Result<(), Conflict> {
-        let _pl = crate::sync::lock(&parent.lock);
-        if parent.obsolete.load(Ordering::SeqCst) || !parent.resident(d) {
-            return Err(Conflict);
-        }
-        let _nl = crate::sync::lock(&node.lock);
-        let img = node.image_ref(guard);
         // The protecting step of race 6: never make an unlinked node
-        // resident (its values would be lost with it).
+        // resident (its values would be lost with it): `Expect::Linked`
+        // checks it under both locks.
         #[cfg(not(radixkv_negative = "unlink_check"))]
-        if node.obsolete.load(Ordering::SeqCst) {
-            return Err(Conflict);
-        }
+        let expect = Expect::Linked;
+        #[cfg(radixkv_negative = "unlink_check")]
+        let expect = Expect::Nothing;
+        let locked = Locked::parent(parent, Some(d), Locking::Wait)
+            .and_then(|l| l.with_child(node, expect, Locking::Wait, guard))
+            .map_err(|_| Conflict)?;
+        let img = node.image_ref(guard);
         if !std::ptr::eq(img.parent.0, parent)
             || img.key.len() != values.len()
             || img.values[d].is_some()
@@ -960,7 +929,7 @@ impl Tree {
         #[cfg(all(feature = "testing", not(loom)))]
         crate::pause::at(crate::pause::Point::Adopt);
         let mut retired = Retired::default();
-        node.publish_image(
+        locked.publish_child_image(
             Image {
                 parent: img.parent,
                 key: Arc::clone(&img.key),
@@ -1003,26 +972,13 @@ impl Tree {
         if node.is_root {
             return None;
         }
-        loop {
-            let pp = node.image_ref(guard).parent;
-            if pp.0.is_null() {
-                return None;
-            }
-            // SAFETY: `node` was reached under `guard` (caller's contract);
-            // see `ParentPtr`.
-            let parent: &'g Node = unsafe { &*pp.0 };
+        {
             // The protecting step of the shared-parent model: the parent's
             // children array and counts change only under its lock.
-            #[cfg(not(radixkv_negative = "parent_lock"))]
-            let _pl = crate::sync::lock(&parent.lock);
-            if node.image_ref(guard).parent != pp {
-                // Split meanwhile: lock the new parent instead.
-                continue;
-            }
-            let _nl = crate::sync::lock(&node.lock);
-            if node.obsolete.load(Ordering::SeqCst) {
-                return None;
-            }
+            let lock_parent = cfg!(not(radixkv_negative = "parent_lock"));
+            let locked = Locked::parent_of(node, lock_parent, guard)?;
+            let parent = locked.parent_node();
+            let pp = ParentPtr(parent);
             // The protecting step of race 2 (evictor side): only a leaf on
             // `d`, re-checked under the node's lock, may lose residency.
             #[cfg(not(radixkv_negative = "leaf_check"))]
@@ -1041,7 +997,7 @@ impl Tree {
             vals[d] = None;
             let key = Arc::clone(&img.key);
             let mut retired = Retired::default();
-            node.publish_image(
+            locked.publish_child_image(
                 Image {
                     parent: pp,
                     key: Arc::clone(&key),
@@ -1056,13 +1012,13 @@ impl Tree {
                 .fetch_sub(1, Ordering::SeqCst);
             self.resident_tokens[d].fetch_sub(key.len() as u64, Ordering::SeqCst);
             if !node.resident_anywhere() && node.children_ref(guard).is_empty() {
-                node.obsolete.store(true, Ordering::SeqCst);
+                locked.mark_child_obsolete();
                 #[cfg(all(feature = "testing", not(loom)))]
                 crate::pause::at(crate::pause::Point::Unlink);
                 let hash = page_hash(&key[..self.page_size]);
                 let rest = parent.children_ref(guard).with_changed(hash, node, None);
                 let parent_empty = rest.is_empty();
-                parent.publish_children(rest, guard, &mut retired);
+                locked.publish_parent_children(rest, guard, &mut retired);
                 // The tree's one reference goes once no reader can hold the
                 // node: it is unreachable from the current arrays now.
                 retired.node(NodePtr(node));
@@ -1072,12 +1028,12 @@ impl Tree {
                     // obsolete under its lock (held), so no attach, adopt or
                     // split below it can succeed from now on; then its table
                     // entry goes (namespaces module docs).
-                    parent.obsolete.store(true, Ordering::SeqCst);
+                    locked.mark_parent_obsolete();
                     self.roots.remove_root(parent, guard, &mut retired);
                 }
             }
             self.reclaimer.retire(retired, guard);
-            return Some(EvictedLeaf { values, parent });
+            Some(EvictedLeaf { values, parent })
         }
     }
 

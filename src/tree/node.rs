@@ -24,7 +24,7 @@ use super::children::NO_CHILDREN;
 use super::reclaim::Retired;
 use super::residency::Residency;
 use super::values::Values;
-use crate::sync::{Arc, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Mutex, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
 use crossbeam_utils::CachePadded;
 
@@ -281,9 +281,9 @@ impl Node {
         unsafe { c.as_ref() }.unwrap_or(&NO_CHILDREN)
     }
 
-    /// Publishes a new image and retires the old one into `retired`.
-    /// Caller holds this node's lock and its parent's.
-    pub(crate) fn publish_image(&self, image: Image, guard: &Guard, retired: &mut Retired) {
+    /// Publishes a new image and retires the old one into `retired`. Only
+    /// through [`Locked`], which holds this node's lock and its parent's.
+    fn publish_image(&self, image: Image, guard: &Guard, retired: &mut Retired) {
         let old = self.image.swap(boxed(image), Ordering::SeqCst, guard);
         // `old` is unreachable from now on; readers that loaded it hold
         // guards, and `retired` frees it only after they are all gone. This
@@ -300,13 +300,8 @@ impl Node {
     }
 
     /// Publishes new children and retires the old array into `retired`.
-    /// Caller holds this node's lock.
-    pub(crate) fn publish_children(
-        &self,
-        children: Children,
-        guard: &Guard,
-        retired: &mut Retired,
-    ) {
+    /// Only through [`Locked`], which holds this node's lock.
+    fn publish_children(&self, children: Children, guard: &Guard, retired: &mut Retired) {
         let new = if children.is_empty() {
             Shared::null()
         } else {
@@ -352,5 +347,199 @@ impl Drop for Node {
                 drop(ch.into_owned());
             }
         }
+    }
+}
+
+/// How a [`Locked`] takes its locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Locking {
+    /// Wait for them (writers among writers).
+    Wait,
+    /// Only if free now (a match never waits for a lock).
+    Try,
+}
+
+/// What a [`Locked`] constructor found instead of a validated pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LockFailed {
+    /// The tree changed under the caller (re-walk).
+    Changed,
+    /// With [`Locking::Try`]: another thread holds a lock.
+    Busy,
+}
+
+/// What the child's state must still be, checked under both locks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Expect<'g> {
+    /// Linked (not obsolete) and still a child of the parent.
+    Linked,
+    /// As `Linked`, and its image is still exactly this one.
+    Image(Shared<'g, Image>),
+    /// Nothing (only a negative control asks for this).
+    #[allow(dead_code)]
+    Nothing,
+}
+
+fn take_lock(m: &Mutex<()>, locking: Locking) -> Option<MutexGuard<'_, ()>> {
+    match locking {
+        Locking::Wait => Some(crate::sync::lock(m)),
+        Locking::Try => crate::sync::try_lock(m),
+    }
+}
+
+/// The protocol step every structural change starts with: a parent and
+/// (usually) one of its children, both locked (parent first: the ancestor
+/// order of two nodes never flips, so this cannot deadlock), and checked
+/// under those locks by the constructor: the parent not unlinked (and,
+/// when asked, resident on a device), the child still linked below it (and,
+/// when asked, with the very image the caller computed from). Images and
+/// children arrays are published only through this guard, so no code can
+/// publish without holding the locks or without having validated; the
+/// locks go when it drops.
+#[derive(Debug)]
+pub(crate) struct Locked<'a> {
+    parent: &'a Node,
+    child: Option<&'a Node>,
+    _parent_lock: Option<MutexGuard<'a, ()>>,
+    _child_lock: Option<MutexGuard<'a, ()>>,
+}
+
+impl<'a> Locked<'a> {
+    /// Locks `parent` and checks that it is not unlinked and, with
+    /// `resident_on`, that it is resident on that device.
+    pub(crate) fn parent(
+        parent: &'a Node,
+        resident_on: Option<usize>,
+        locking: Locking,
+    ) -> Result<Self, LockFailed> {
+        let guard = take_lock(&parent.lock, locking).ok_or(LockFailed::Busy)?;
+        if parent.obsolete.load(Ordering::SeqCst)
+            || resident_on.is_some_and(|d| !parent.resident(d))
+        {
+            return Err(LockFailed::Changed);
+        }
+        Ok(Locked {
+            parent,
+            child: None,
+            _parent_lock: Some(guard),
+            _child_lock: None,
+        })
+    }
+
+    /// A parent locked as [`parent`](Self::parent), except that a reclaimed
+    /// (obsolete) namespace root passes: for the namespace model's negative
+    /// control only.
+    #[cfg(radixkv_negative = "root_obsolete_check")]
+    pub(crate) fn parent_even_reclaimed_root(
+        parent: &'a Node,
+        resident_on: Option<usize>,
+    ) -> Result<Self, LockFailed> {
+        let guard = crate::sync::lock(&parent.lock);
+        let gone = parent.obsolete.load(Ordering::SeqCst) && !parent.is_root;
+        if gone || resident_on.is_some_and(|d| !parent.resident(d)) {
+            return Err(LockFailed::Changed);
+        }
+        Ok(Locked {
+            parent,
+            child: None,
+            _parent_lock: Some(guard),
+            _child_lock: None,
+        })
+    }
+
+    /// Also locks `child` and checks `expect` under both locks.
+    pub(crate) fn with_child(
+        mut self,
+        child: &'a Node,
+        expect: Expect<'_>,
+        locking: Locking,
+        guard: &Guard,
+    ) -> Result<Self, LockFailed> {
+        let lock = take_lock(&child.lock, locking).ok_or(LockFailed::Busy)?;
+        let ok = match expect {
+            Expect::Nothing => true,
+            Expect::Linked => {
+                !child.obsolete.load(Ordering::SeqCst)
+                    && std::ptr::eq(child.image_ref(guard).parent.0, self.parent)
+            }
+            Expect::Image(seen) => {
+                !child.obsolete.load(Ordering::SeqCst) && child.image(guard) == seen
+            }
+        };
+        if !ok {
+            return Err(LockFailed::Changed);
+        }
+        self.child = Some(child);
+        self._child_lock = Some(lock);
+        Ok(self)
+    }
+
+    /// The parent of `child` (as its image names it) and `child`, both
+    /// locked: re-reads the parent under its lock until a split no longer
+    /// moves it; `None` if `child` is a root or was unlinked. With
+    /// `lock_parent` false (a negative control only), the parent is not
+    /// locked.
+    pub(crate) fn parent_of(child: &'a Node, lock_parent: bool, guard: &'a Guard) -> Option<Self> {
+        loop {
+            let pp = child.image_ref(guard).parent;
+            if pp.0.is_null() {
+                return None;
+            }
+            // SAFETY: `child` was reached under `guard` (the caller's
+            // contract); its image's parent was linked after the guard was
+            // pinned (see `ParentPtr`), so it is allocated while `guard` is.
+            let parent: &'a Node = unsafe { &*pp.0 };
+            let pl = lock_parent.then(|| crate::sync::lock(&parent.lock));
+            if child.image_ref(guard).parent != pp {
+                continue; // split meanwhile: lock the new parent instead
+            }
+            let cl = crate::sync::lock(&child.lock);
+            if child.obsolete.load(Ordering::SeqCst) {
+                return None;
+            }
+            return Some(Locked {
+                parent,
+                child: Some(child),
+                _parent_lock: pl,
+                _child_lock: Some(cl),
+            });
+        }
+    }
+
+    /// The locked parent.
+    pub(crate) fn parent_node(&self) -> &'a Node {
+        self.parent
+    }
+
+    /// Publishes the child's new image (both locks held), retiring the old.
+    pub(crate) fn publish_child_image(&self, image: Image, guard: &Guard, retired: &mut Retired) {
+        let Some(child) = self.child else {
+            debug_assert!(false, "no child locked");
+            return;
+        };
+        child.publish_image(image, guard, retired);
+    }
+
+    /// Publishes the parent's new children (its lock held), retiring the
+    /// old array.
+    pub(crate) fn publish_parent_children(
+        &self,
+        children: Children,
+        guard: &Guard,
+        retired: &mut Retired,
+    ) {
+        self.parent.publish_children(children, guard, retired);
+    }
+
+    /// Marks the child unlinked (both locks held).
+    pub(crate) fn mark_child_obsolete(&self) {
+        if let Some(c) = self.child {
+            c.obsolete.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Marks the parent unlinked (its lock held): a reclaimed namespace root.
+    pub(crate) fn mark_parent_obsolete(&self) {
+        self.parent.obsolete.store(true, Ordering::SeqCst);
     }
 }
