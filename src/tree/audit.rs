@@ -97,8 +97,8 @@ impl Tree {
             let mut resident_children = vec![0u32; self.devices];
             let mut pages = std::collections::HashSet::new();
             let mut last_hash = 0;
-            for (i, (hash, c)) in children.iter().enumerate() {
-                let c = c.node();
+            for (i, (hash, c)) in children.nodes().enumerate() {
+                let hash = &hash;
                 if i > 0 && last_hash > *hash {
                     return Err(format!(
                         "I4: children of node {} are not sorted by page hash",

@@ -99,7 +99,18 @@ impl Children {
             }))
             .skip_while(move |(h, _)| *h < hash)
             .take_while(move |(h, _)| *h == hash)
-            .map(|(_, c)| c.node())
+            // SAFETY: the entries are this array's, and arrays are read only
+            // through `children_ref(guard)`, whose borrow (and so this
+            // iterator's) the guard outlives.
+            .map(|(_, c)| unsafe { c.node_unchecked() })
+    }
+
+    /// Every child with the hash it is filed under, in hash order.
+    pub(crate) fn nodes(&self) -> impl DoubleEndedIterator<Item = (u64, &Node)> {
+        // SAFETY: as in `with_hash`: the references live no longer than this
+        // array's borrow, which its guard outlives.
+        self.iter()
+            .map(|(h, c)| (*h, unsafe { c.node_unchecked() }))
     }
 
     /// Chunked children from non-empty sorted chunks.
@@ -196,6 +207,13 @@ impl Children {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// A node of the test's own: the leaves it builds live until the end
+    /// of the test (it never releases them while using them).
+    fn node(n: &NodePtr) -> &Node {
+        // SAFETY: see above; no tree, no reclamation in these tests.
+        unsafe { n.node_unchecked() }
+    }
     use crate::tree::node::{Image, ParentPtr};
 
     fn leaf(id: u64) -> NodePtr {
@@ -231,7 +249,7 @@ mod tests {
             assert!(
                 c.with_hash(*h).any(|x| std::ptr::eq(x, n.0)),
                 "entry {} under {h}",
-                n.node().id
+                node(n).id
             );
             assert!(c
                 .with_hash(*h)
@@ -241,15 +259,15 @@ mod tests {
         let mut fresh = Vec::new();
         for (i, (h, n)) in all.iter().enumerate() {
             c = if i % 2 == 0 {
-                c.with_changed(*h, n.node(), None)
+                c.with_changed(*h, node(n), None)
             } else {
                 let f = leaf(10_000 + i as u64);
                 fresh.push(f);
-                c.with_changed(*h, n.node(), Some(f))
+                c.with_changed(*h, node(n), Some(f))
             };
         }
         assert_eq!(c.iter().count(), 300);
-        assert!(c.iter().all(|(_, n)| n.node().id >= 10_000));
+        assert!(c.iter().all(|(_, n)| node(n).id >= 10_000));
         let hashes: Vec<u64> = c.iter().map(|e| e.0).collect();
         assert!(hashes.windows(2).all(|w| w[0] <= w[1]));
         for (i, (h, _)) in all.iter().enumerate().filter(|(i, _)| i % 2 == 1) {

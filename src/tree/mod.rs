@@ -821,7 +821,8 @@ impl Tree {
         locked.publish_parent_children(new_children, guard, &mut retired);
         self.live_nodes.fetch_add(1, Ordering::SeqCst);
         self.reclaimer.retire(retired, guard);
-        Ok(prefix.node_in(guard))
+        // SAFETY: just linked under `guard`.
+        Ok(unsafe { prefix.node_in(guard) })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -891,7 +892,8 @@ impl Tree {
             .fetch_add(1, Ordering::SeqCst);
         self.resident_tokens[d].fetch_add(tokens.len() as u64, Ordering::SeqCst);
         self.live_nodes.fetch_add(1, Ordering::SeqCst);
-        let leaf = leaf.node_in(guard);
+        // SAFETY: just linked under `guard`.
+        let leaf = unsafe { leaf.node_in(guard) };
         self.note_leaf(leaf, d);
         Ok(leaf)
     }
@@ -1043,15 +1045,15 @@ impl Tree {
         let mut out = Vec::new();
         let mut stack: Vec<(&'g Node, Option<usize>)> = Vec::new();
         for (_, root) in self.roots.roots(guard) {
-            for (_, c) in root.children_ref(guard).iter().rev() {
-                stack.push((c.node(), None));
+            for (_, c) in root.children_ref(guard).nodes().rev() {
+                stack.push((c, None));
             }
         }
         while let Some((n, p)) = stack.pop() {
             let i = out.len();
             out.push((n, p));
-            for (_, c) in n.children_ref(guard).iter().rev() {
-                stack.push((c.node(), Some(i)));
+            for (_, c) in n.children_ref(guard).nodes().rev() {
+                stack.push((c, Some(i)));
             }
         }
         out
@@ -1073,8 +1075,7 @@ impl Tree {
                 out.push(n);
                 continue;
             }
-            for (_, c) in n.children_ref(guard).iter() {
-                let c = c.node();
+            for (_, c) in n.children_ref(guard).nodes() {
                 if c.resident(d) {
                     stack.push(c);
                 }
@@ -1196,7 +1197,10 @@ impl Drop for Tree {
             stack.extend(detach_children(&root).into_iter().map(|(_, c)| c));
         }
         while let Some(n) = stack.pop() {
-            stack.extend(detach_children(n.node()).into_iter().map(|(_, c)| c));
+            // SAFETY: teardown with exclusive access (`&mut self`); `n` is
+            // released only below, after its children are taken.
+            let node = unsafe { n.node_unchecked() };
+            stack.extend(detach_children(node).into_iter().map(|(_, c)| c));
             // SAFETY: each linked node appears in exactly one current array,
             // so this releases the tree's one reference exactly once; no
             // reader exists (`&mut self`). A handle or lease may keep the

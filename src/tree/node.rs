@@ -87,22 +87,33 @@ impl NodePtr {
         NodePtr(Arc::into_raw(Arc::new(node)))
     }
 
-    /// The node.
-    pub(crate) fn node(&self) -> &Node {
-        // SAFETY: a `NodePtr` is read from a children array loaded under an
-        // epoch guard (the borrow of `self` lives no longer than that
-        // array), or was just linked by the caller. A node in an array that
-        // was current at load time was linked then; unlinking it releases
-        // the tree's reference only through `Guard::defer`, i.e. after every
-        // guard that could have seen it, so the node outlives the borrow.
+    /// The node, for as long as this pointer is borrowed.
+    ///
+    /// # Safety
+    ///
+    /// The pointer was read from a children array loaded under an epoch
+    /// guard that outlives the returned reference (or the caller just
+    /// linked it under such a guard), or the caller has exclusive access to
+    /// the tree (teardown). Safe code reaches nodes through
+    /// [`Children::nodes`] and `Children::with_hash`, whose references are
+    /// bounded by the array's, itself bounded by its guard.
+    pub(crate) unsafe fn node_unchecked(&self) -> &Node {
+        // SAFETY: the caller's contract. A node in an array that was current
+        // at load time was linked then; unlinking it releases the tree's
+        // reference only through the reclaimer, after every guard that
+        // could have seen it, so the node outlives the borrow.
         unsafe { &*self.0 }
     }
 
-    /// The node, for as long as `guard` lives. The caller has just linked
-    /// it (or read it from an array loaded under `guard`).
-    pub(crate) fn node_in(self, _guard: &Guard) -> &Node {
-        // SAFETY: as in `node`: the tree's reference is released only after
-        // `guard` is dropped.
+    /// The node, for as long as `guard` lives.
+    ///
+    /// # Safety
+    ///
+    /// The caller has just linked it under `guard` (or read it from an
+    /// array loaded under `guard`).
+    pub(crate) unsafe fn node_in(self, _guard: &Guard) -> &Node {
+        // SAFETY: the caller's contract; the tree's reference is released
+        // only after `guard` is dropped.
         unsafe { &*self.0 }
     }
 
