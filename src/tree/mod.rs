@@ -841,10 +841,7 @@ impl Tree {
         // parent that is still resident on `d`, under the parent's lock. For
         // a namespace root, the same check refuses a root that was reclaimed
         // (the namespace model; its control skips it for roots).
-        #[cfg(not(radixkv_negative = "root_obsolete_check"))]
         let locked = Locked::parent(parent, Some(d), Locking::Wait).map_err(|_| Conflict)?;
-        #[cfg(radixkv_negative = "root_obsolete_check")]
-        let locked = Locked::parent_even_reclaimed_root(parent, Some(d)).map_err(|_| Conflict)?;
         let children = parent.children_ref(guard);
         // The protecting step of race 5: under the parent's lock, re-check
         // that nobody attached this first page meanwhile.
@@ -974,69 +971,67 @@ impl Tree {
         if node.is_root {
             return None;
         }
-        {
-            // The protecting step of the shared-parent model: the parent's
-            // children array and counts change only under its lock.
-            let lock_parent = cfg!(not(radixkv_negative = "parent_lock"));
-            let locked = Locked::parent_of(node, lock_parent, guard)?;
-            let parent = locked.parent_node();
-            let pp = ParentPtr(parent);
-            // The protecting step of race 2 (evictor side): only a leaf on
-            // `d`, re-checked under the node's lock, may lose residency.
-            #[cfg(not(radixkv_negative = "leaf_check"))]
-            if node.dev(d).resident_children.load(Ordering::SeqCst) != 0 {
-                return None;
-            }
-            node.dev(d).residency.try_evict().ok()?;
-            #[cfg(all(feature = "testing", not(loom)))]
-            crate::pause::at(crate::pause::Point::Evict);
-            let img = node.image_ref(guard);
-            let Some(values) = img.values[d].clone() else {
-                debug_assert!(false, "RESIDENT without values");
-                return None;
-            };
-            let mut vals = img.values.clone();
-            vals[d] = None;
-            let key = Arc::clone(&img.key);
-            let mut retired = Retired::default();
-            locked.publish_child_image(
-                Image {
-                    parent: pp,
-                    key: Arc::clone(&key),
-                    values: vals,
-                },
-                guard,
-                &mut retired,
-            );
-            parent
-                .dev(d)
-                .resident_children
-                .fetch_sub(1, Ordering::SeqCst);
-            self.resident_tokens[d].fetch_sub(key.len() as u64, Ordering::SeqCst);
-            if !node.resident_anywhere() && node.children_ref(guard).is_empty() {
-                locked.mark_child_obsolete();
-                #[cfg(all(feature = "testing", not(loom)))]
-                crate::pause::at(crate::pause::Point::Unlink);
-                let hash = page_hash(&key[..self.page_size]);
-                let rest = parent.children_ref(guard).with_changed(hash, node, None);
-                let parent_empty = rest.is_empty();
-                locked.publish_parent_children(rest, guard, &mut retired);
-                // The tree's one reference goes once no reader can hold the
-                // node: it is unreachable from the current arrays now.
-                retired.node(NodePtr(node));
-                self.live_nodes.fetch_sub(1, Ordering::SeqCst);
-                if parent.is_root && parent_empty {
-                    // The namespace's last node left: reclaim its root. Marked
-                    // obsolete under its lock (held), so no attach, adopt or
-                    // split below it can succeed from now on; then its table
-                    // entry goes (namespaces module docs).
-                    locked.mark_parent_obsolete();
-                    self.roots.remove_root(parent, guard, &mut retired);
-                }
-            }
-            self.reclaimer.retire(retired, guard);
-            Some(EvictedLeaf { values, parent })
+        // The protecting step of the shared-parent model: the parent's
+        // children array and counts change only under its lock.
+        let lock_parent = cfg!(not(radixkv_negative = "parent_lock"));
+        let locked = Locked::parent_of(node, lock_parent, guard)?;
+        let parent = locked.parent_node();
+        let pp = ParentPtr(parent);
+        // The protecting step of race 2 (evictor side): only a leaf on
+        // `d`, re-checked under the node's lock, may lose residency.
+        #[cfg(not(radixkv_negative = "leaf_check"))]
+        if node.dev(d).resident_children.load(Ordering::SeqCst) != 0 {
+            return None;
         }
+        node.dev(d).residency.try_evict().ok()?;
+        #[cfg(all(feature = "testing", not(loom)))]
+        crate::pause::at(crate::pause::Point::Evict);
+        let img = node.image_ref(guard);
+        let Some(values) = img.values[d].clone() else {
+            debug_assert!(false, "RESIDENT without values");
+            return None;
+        };
+        let mut vals = img.values.clone();
+        vals[d] = None;
+        let key = Arc::clone(&img.key);
+        let mut retired = Retired::default();
+        locked.publish_child_image(
+            Image {
+                parent: pp,
+                key: Arc::clone(&key),
+                values: vals,
+            },
+            guard,
+            &mut retired,
+        );
+        parent
+            .dev(d)
+            .resident_children
+            .fetch_sub(1, Ordering::SeqCst);
+        self.resident_tokens[d].fetch_sub(key.len() as u64, Ordering::SeqCst);
+        if !node.resident_anywhere() && node.children_ref(guard).is_empty() {
+            locked.mark_child_obsolete();
+            #[cfg(all(feature = "testing", not(loom)))]
+            crate::pause::at(crate::pause::Point::Unlink);
+            let hash = page_hash(&key[..self.page_size]);
+            let rest = parent.children_ref(guard).with_changed(hash, node, None);
+            let parent_empty = rest.is_empty();
+            locked.publish_parent_children(rest, guard, &mut retired);
+            // The tree's one reference goes once no reader can hold the
+            // node: it is unreachable from the current arrays now.
+            retired.node(NodePtr(node));
+            self.live_nodes.fetch_sub(1, Ordering::SeqCst);
+            if parent.is_root && parent_empty {
+                // The namespace's last node left: reclaim its root. Marked
+                // obsolete under its lock (held), so no attach, adopt or
+                // split below it can succeed from now on; then its table
+                // entry goes (namespaces module docs).
+                locked.mark_parent_obsolete();
+                self.roots.remove_root(parent, guard, &mut retired);
+            }
+        }
+        self.reclaimer.retire(retired, guard);
+        Some(EvictedLeaf { values, parent })
     }
 
     /// Every non-root node in pre-order, with the index of its parent in the

@@ -424,28 +424,13 @@ impl<'a> Locked<'a> {
         locking: Locking,
     ) -> Result<Self, LockFailed> {
         let guard = take_lock(&parent.lock, locking).ok_or(LockFailed::Busy)?;
-        if parent.obsolete.load(Ordering::SeqCst)
-            || resident_on.is_some_and(|d| !parent.resident(d))
-        {
-            return Err(LockFailed::Changed);
-        }
-        Ok(Locked {
-            parent,
-            child: None,
-            _parent_lock: Some(guard),
-            _child_lock: None,
-        })
-    }
-
-    /// A parent locked as [`parent`](Self::parent), except that a reclaimed
-    /// (obsolete) namespace root passes: for the namespace model's negative
-    /// control only.
-    #[cfg(radixkv_negative = "root_obsolete_check")]
-    pub(crate) fn parent_even_reclaimed_root(
-        parent: &'a Node,
-        resident_on: Option<usize>,
-    ) -> Result<Self, LockFailed> {
-        let guard = crate::sync::lock(&parent.lock);
+        // An obsolete parent was unlinked, or is a reclaimed namespace root:
+        // nothing may hang below it. The namespace model's control lets a
+        // reclaimed root pass (an obsolete root has no child, so only an
+        // attach can get past this).
+        #[cfg(not(radixkv_negative = "root_obsolete_check"))]
+        let gone = parent.obsolete.load(Ordering::SeqCst);
+        #[cfg(radixkv_negative = "root_obsolete_check")]
         let gone = parent.obsolete.load(Ordering::SeqCst) && !parent.is_root;
         if gone || resident_on.is_some_and(|d| !parent.resident(d)) {
             return Err(LockFailed::Changed);

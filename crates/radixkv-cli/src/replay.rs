@@ -54,6 +54,7 @@ pub struct ReplayArgs {
     /// With --model tiny: where the KV pools live, `host` or `cuda` (GPU
     /// memory; needs a build with --features cuda and a CUDA driver).
     #[arg(long, default_value = "host")]
+    #[cfg_attr(not(feature = "candle"), allow(dead_code))] // read only with the tiny model
     kv_pool: String,
 }
 
@@ -133,7 +134,6 @@ pub fn run(a: ReplayArgs) -> CmdResult {
             verify: a.verify,
         };
     }
-    let _ = &a.kv_pool;
     cfg.engine.pages_per_device = match a.engine.pages_per_device {
         Some(p) => p,
         #[cfg(feature = "candle")]
