@@ -169,6 +169,50 @@ fn dropped_trees_return_memory_to_baseline() {
     );
     c.audit();
     drop(c);
+
+    // A wide node (a system prompt with 3,000 continuations: its children
+    // array is chunked, and every insert and eviction replaces one chunk):
+    // every chunk is freed, whether evicted and reclaimed or dropped with
+    // the tree.
+    for evict_first in [true, false] {
+        flush_epoch();
+        let before = live();
+        let c = RadixCache::builder().page_size(16).build().unwrap();
+        let mut rng = StdRng::seed_from_u64(7);
+        let prompt: Vec<u32> = (0..64).collect();
+        for i in 0..3_000u32 {
+            let mut key = prompt.clone();
+            key.extend((0..32).map(|_| rng.random_range(0..100_000u32)));
+            c.insert(TokenKey::new(&key), DeviceId(0), &key, 0).unwrap();
+            if i % 7 == 0 {
+                c.evict(DeviceId(0), 32).unwrap();
+            }
+        }
+        c.audit();
+        let full = live() - before;
+        if evict_first {
+            c.evict(DeviceId(0), usize::MAX).unwrap();
+            assert_eq!(c.node_count(), 0);
+            c.reclaim();
+            let left = live() - before - empty_cache_bytes_like(&c);
+            eprintln!(
+                "wide node: {full} bytes full, {left} above an empty cache after evict + reclaim()"
+            );
+            assert!(
+                left < 64 * 1024,
+                "{left} bytes more than an empty cache after evicting a wide node and reclaim()"
+            );
+        }
+        drop(c);
+        flush_epoch();
+        let left = live() - before;
+        eprintln!("wide node: {left} bytes left after drop (evicted first: {evict_first})");
+        assert!(full > 1_000_000, "the wide node held real memory ({full})");
+        assert!(
+            left < 64 * 1024,
+            "{left} bytes still allocated after dropping a tree with a wide node"
+        );
+    }
     for (r, left) in after.iter().enumerate() {
         assert!(
             *left < 64 * 1024,

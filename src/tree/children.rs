@@ -4,7 +4,6 @@
 //! [`page_hash`], the hash a child is filed under.
 
 use super::node::{Node, NodePtr};
-use crate::sync::Arc;
 
 /// The hash a child is filed under: its first token at page size 1, a
 /// 64-bit mix of its first page otherwise. Equal hashes are resolved by
@@ -26,21 +25,84 @@ const FLAT_MAX: usize = 64;
 /// Chunks of a wide node's array split when they grow past this.
 const CHUNK_MAX: usize = 64;
 
+/// One sorted chunk of a wide node's array: immutable, shared by the
+/// versions of the array that did not change it, and owned by no reference
+/// count. Ownership follows the newest version: the array a node currently
+/// publishes owns every chunk it holds; a version built from it hands the
+/// chunks it keeps to the new version, and the chunks it replaces are
+/// retired with the old version when the new one is published
+/// ([`Children::settle`]), so each chunk is freed exactly once, after every
+/// reader that could hold an array naming it. Copying an array therefore
+/// copies plain pointers: no reference count is touched on a cold chunk when
+/// a child is added, nor when the old array is freed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Chunk(*const [ChildEntry]);
+
+// SAFETY: a chunk is an immutable boxed slice of `ChildEntry` (itself
+// `Send + Sync`); it is read through arrays under epoch guards and freed
+// once, by its owner (see above).
+unsafe impl Send for Chunk {}
+// SAFETY: as above; never mutated after construction.
+unsafe impl Sync for Chunk {}
+
+impl Chunk {
+    fn new(entries: &[ChildEntry]) -> Chunk {
+        Chunk(Box::into_raw(Box::<[ChildEntry]>::from(entries)))
+    }
+
+    /// The chunk's entries, for as long as the array holding it is borrowed.
+    fn entries(&self) -> &[ChildEntry] {
+        // SAFETY: a chunk named by an array is freed only after that array
+        // can no longer be read: a replaced chunk is retired together with
+        // the version that named it (after the grace period of every guard
+        // that could load it), and the chunks of a current array are freed
+        // only when its node is gone or the tree is torn down, with no
+        // reader left. `self` is borrowed from such an array.
+        unsafe { &*self.0 }
+    }
+
+    /// Frees the chunk.
+    ///
+    /// # Safety
+    /// Called once per chunk, by its owner, when no array that a reader can
+    /// still hold names it.
+    pub(crate) unsafe fn free(self) {
+        // SAFETY: the caller's contract; the pointer came from
+        // `Box::into_raw`.
+        drop(unsafe { Box::from_raw(self.0.cast_mut()) });
+    }
+}
+
+/// A wide node's array: sorted chunks and each chunk's first hash.
+#[derive(Debug)]
+pub(crate) struct Chunked {
+    /// Non-empty sorted chunks; every hash of chunk i is <= every hash of
+    /// chunk i + 1.
+    chunks: Vec<Chunk>,
+    /// Each chunk's first hash, contiguous, so a lookup touches one chunk.
+    firsts: Vec<u64>,
+    /// Chunks of the version this one was built from that it no longer
+    /// holds: retired when this version is published.
+    replaced: Vec<Chunk>,
+}
+
 /// An immutable array of children sorted by [`page_hash`], replaced
 /// copy-on-write. A node without children holds no array at all; up to
 /// `FLAT_MAX` children are one flat array (16 bytes each); wider nodes (a
 /// system prompt with thousands of continuations) keep sorted chunks of at
-/// most `CHUNK_MAX`, shared between versions, so adding or removing a child
-/// copies one chunk and the chunk index rather than the whole array.
+/// most `CHUNK_MAX`, shared between versions (see [`Chunk`]), so adding or
+/// removing a child copies one chunk and the chunk index rather than the
+/// whole array.
+///
+/// Dropping an array frees its own allocation only, never a chunk: an old
+/// version shares its chunks with the current one. The chunks of a current
+/// array are freed by [`Children::free_chunks`] (node drop, teardown).
 #[derive(Debug)]
 pub(crate) enum Children {
     /// Up to `FLAT_MAX` entries.
     Flat(Vec<ChildEntry>),
-    /// Non-empty sorted chunks; every hash of chunk i is <= every hash of
-    /// chunk i + 1.
-    /// The second vector holds each chunk's first hash, contiguous, so a
-    /// lookup touches one chunk only.
-    Chunked(Vec<Arc<[ChildEntry]>>, Vec<u64>),
+    /// Sorted chunks.
+    Chunked(Chunked),
 }
 
 impl Default for Children {
@@ -62,38 +124,48 @@ impl Children {
     pub(crate) fn is_empty(&self) -> bool {
         match self {
             Children::Flat(v) => v.is_empty(),
-            Children::Chunked(c, _) => c.is_empty(),
+            Children::Chunked(c) => c.chunks.is_empty(),
+        }
+    }
+
+    fn chunks(&self) -> &[Chunk] {
+        match self {
+            Children::Flat(_) => &[],
+            Children::Chunked(c) => &c.chunks,
         }
     }
 
     /// Every entry, in hash order.
     pub(crate) fn iter(&self) -> impl DoubleEndedIterator<Item = &ChildEntry> {
-        let (flat, chunks): (&[ChildEntry], &[Arc<[ChildEntry]>]) = match self {
-            Children::Flat(v) => (v, &[]),
-            Children::Chunked(c, _) => (&[], c),
+        let flat: &[ChildEntry] = match self {
+            Children::Flat(v) => v,
+            Children::Chunked(_) => &[],
         };
-        flat.iter().chain(chunks.iter().flat_map(|c| c.iter()))
+        flat.iter()
+            .chain(self.chunks().iter().flat_map(|c| c.entries().iter()))
     }
 
     /// The children filed under `hash` (usually one), in order.
     pub(crate) fn with_hash(&self, hash: u64) -> impl Iterator<Item = &Node> {
-        let (flat, chunks): (&[ChildEntry], &[Arc<[ChildEntry]>]) = match self {
+        let (flat, chunks): (&[ChildEntry], &[Chunk]) = match self {
             Children::Flat(v) => (v, &[]),
-            Children::Chunked(c, firsts) => {
+            Children::Chunked(c) => {
                 // The first chunk that can hold `hash`: the one before the
                 // first chunk starting above it, or an earlier one that ends
                 // with it (equal hashes may straddle a boundary).
+                let firsts = &c.firsts;
                 let mut at = firsts.partition_point(|&f| f <= hash).saturating_sub(1);
                 while at > 0 && firsts[at] == hash {
                     at -= 1;
                 }
-                (&[], &c[at..])
+                (&[], &c.chunks[at..])
             }
         };
         let lo = flat.partition_point(|(h, _)| *h < hash);
         flat[lo..]
             .iter()
             .chain(chunks.iter().flat_map(move |ch| {
+                let ch = ch.entries();
                 let lo = ch.partition_point(|(h, _)| *h < hash);
                 ch[lo..].iter()
             }))
@@ -114,9 +186,13 @@ impl Children {
     }
 
     /// Chunked children from non-empty sorted chunks.
-    fn chunked(chunks: Vec<Arc<[ChildEntry]>>) -> Children {
-        let firsts = chunks.iter().map(|ch| ch[0].0).collect();
-        Children::Chunked(chunks, firsts)
+    fn chunked(chunks: Vec<Chunk>, replaced: Vec<Chunk>) -> Children {
+        let firsts = chunks.iter().map(|ch| ch.entries()[0].0).collect();
+        Children::Chunked(Chunked {
+            chunks,
+            firsts,
+            replaced,
+        })
     }
 
     /// A copy with `child` added under `hash`.
@@ -131,28 +207,31 @@ impl Children {
                 if entries.len() <= FLAT_MAX {
                     Children::Flat(entries)
                 } else {
-                    Children::chunked(entries.chunks(CHUNK_MAX / 2).map(Arc::from).collect())
+                    Children::chunked(
+                        entries.chunks(CHUNK_MAX / 2).map(Chunk::new).collect(),
+                        Vec::new(),
+                    )
                 }
             }
-            Children::Chunked(chunks, firsts) => {
-                let c = firsts.partition_point(|&f| f <= hash).saturating_sub(1);
-                let old = &chunks[c];
+            Children::Chunked(ch) => {
+                let c = ch.firsts.partition_point(|&f| f <= hash).saturating_sub(1);
+                let old = ch.chunks[c].entries();
                 let at = old.partition_point(|(h, _)| *h <= hash);
                 let mut grown = Vec::with_capacity(old.len() + 1);
                 grown.extend_from_slice(&old[..at]);
                 grown.push((hash, child));
                 grown.extend_from_slice(&old[at..]);
-                let mut out = Vec::with_capacity(chunks.len() + 1);
-                out.extend_from_slice(&chunks[..c]);
+                let mut out = Vec::with_capacity(ch.chunks.len() + 1);
+                out.extend_from_slice(&ch.chunks[..c]);
                 if grown.len() > CHUNK_MAX {
                     let half = grown.len() / 2;
-                    out.push(Arc::from(&grown[..half]));
-                    out.push(Arc::from(&grown[half..]));
+                    out.push(Chunk::new(&grown[..half]));
+                    out.push(Chunk::new(&grown[half..]));
                 } else {
-                    out.push(Arc::from(grown));
+                    out.push(Chunk::new(&grown));
                 }
-                out.extend_from_slice(&chunks[c + 1..]);
-                Children::chunked(out)
+                out.extend_from_slice(&ch.chunks[c + 1..]);
+                Children::chunked(out, vec![ch.chunks[c]])
             }
         }
     }
@@ -175,32 +254,69 @@ impl Children {
         };
         match self {
             Children::Flat(v) => Children::Flat(change(v)),
-            Children::Chunked(chunks, _) => {
-                let mut out: Vec<Arc<[ChildEntry]>> = Vec::with_capacity(chunks.len());
-                for ch in chunks {
+            Children::Chunked(chunked) => {
+                let mut out: Vec<Chunk> = Vec::with_capacity(chunked.chunks.len());
+                let mut replaced = Vec::new();
+                for &chunk in &chunked.chunks {
+                    let ch = chunk.entries();
                     let touches = ch.first().is_some_and(|e| e.0 <= hash)
                         && ch.last().is_some_and(|e| e.0 >= hash)
                         && ch.iter().any(|(h, c)| *h == hash && std::ptr::eq(c.0, old));
                     if touches {
                         let v = change(ch);
                         if !v.is_empty() {
-                            out.push(Arc::from(v));
+                            out.push(Chunk::new(&v));
                         }
+                        replaced.push(chunk);
                     } else {
-                        out.push(Arc::clone(ch));
+                        out.push(chunk);
                     }
                 }
-                Children::chunked(out)
+                Children::chunked(out, replaced)
             }
         }
     }
 
-    /// All entries, for teardown.
-    pub(crate) fn into_entries(self) -> Vec<ChildEntry> {
+    /// Called when this version is published in place of the one it was
+    /// built from: hands over the chunks it replaced, which the caller
+    /// retires with the old version (they are freed after its grace period).
+    pub(crate) fn settle(&mut self) -> Vec<Chunk> {
         match self {
-            Children::Flat(v) => v,
-            Children::Chunked(c, _) => c.iter().flat_map(|ch| ch.iter().copied()).collect(),
+            Children::Flat(_) => Vec::new(),
+            Children::Chunked(c) => std::mem::take(&mut c.replaced),
         }
+    }
+
+    /// Frees the chunks of this array, the current one of a node that no
+    /// reader can reach any more.
+    ///
+    /// # Safety
+    /// This array is (or was, until just now) the current array of its node,
+    /// it was settled, and no reader can hold it or any older version.
+    pub(crate) unsafe fn free_chunks(&mut self) {
+        if let Children::Chunked(c) = self {
+            debug_assert!(c.replaced.is_empty(), "an unsettled version");
+            for chunk in c.chunks.drain(..) {
+                // SAFETY: the current array owns its chunks (see `Chunk`);
+                // the caller's contract says no reader remains.
+                unsafe { chunk.free() };
+            }
+            c.firsts.clear();
+        }
+    }
+
+    /// All entries, for teardown: frees the chunks.
+    ///
+    /// # Safety
+    /// As for [`free_chunks`](Self::free_chunks).
+    pub(crate) unsafe fn into_entries(mut self) -> Vec<ChildEntry> {
+        let entries = match &self {
+            Children::Flat(v) => v.clone(),
+            Children::Chunked(_) => self.iter().copied().collect(),
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.free_chunks() };
+        entries
     }
 }
 
@@ -214,6 +330,7 @@ mod tests {
         // SAFETY: see above; no tree, no reclamation in these tests.
         unsafe { n.node_unchecked() }
     }
+    use crate::sync::Arc;
     use crate::tree::node::{Image, ParentPtr};
 
     fn leaf(id: u64) -> NodePtr {
@@ -230,6 +347,17 @@ mod tests {
         ))
     }
 
+    /// What publishing does, without readers: the replaced chunks are
+    /// freed at once.
+    fn settled(mut c: Children) -> Children {
+        for chunk in c.settle() {
+            // SAFETY: no reader in this test; each replaced chunk was owned
+            // by the version just dropped and is named by no other.
+            unsafe { chunk.free() };
+        }
+        c
+    }
+
     #[test]
     fn wide_children_stay_sorted_and_findable() {
         let mut c = Children::default();
@@ -238,7 +366,7 @@ mod tests {
         for i in 0..600u64 {
             let h = (i * 7919) % 613 / 7 * 7;
             let n = leaf(i);
-            c = c.with_added(h, n);
+            c = settled(c.with_added(h, n));
             all.push((h, n));
         }
         assert!(matches!(c, Children::Chunked(..)));
@@ -259,11 +387,11 @@ mod tests {
         let mut fresh = Vec::new();
         for (i, (h, n)) in all.iter().enumerate() {
             c = if i % 2 == 0 {
-                c.with_changed(*h, node(n), None)
+                settled(c.with_changed(*h, node(n), None))
             } else {
                 let f = leaf(10_000 + i as u64);
                 fresh.push(f);
-                c.with_changed(*h, node(n), Some(f))
+                settled(c.with_changed(*h, node(n), Some(f)))
             };
         }
         assert_eq!(c.iter().count(), 300);
@@ -273,6 +401,8 @@ mod tests {
         for (i, (h, _)) in all.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
             assert!(c.with_hash(*h).any(|x| x.id == 10_000 + i as u64));
         }
+        // SAFETY: the test's current array; no reader.
+        unsafe { c.free_chunks() };
         for (_, n) in all {
             // SAFETY: linked once above, released once, not used after.
             unsafe { n.release() };

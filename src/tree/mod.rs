@@ -102,8 +102,13 @@ use std::ops::Range;
 use values::Values;
 
 /// Inserts free retired objects themselves once this many are waiting
-/// (normally the evictor does, so that matches never pay for it).
-const RECLAIM_AT: usize = 4096;
+/// (normally the evictor does, so that matches never pay for it)...
+const RECLAIM_AT: usize = 1024;
+/// ...a bounded share each ([`Reclaimer::reclaim_some`]): an insert
+/// retires a handful of objects, so freeing this many per insert drains the
+/// backlog without any one insert paying for thousands (a millisecond
+/// outlier in the insert histogram).
+const RECLAIM_STEP: usize = 32;
 
 /// A transaction found the tree changed under it; the caller re-walks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,6 +237,11 @@ pub(crate) fn common_prefix(a: &[u32], b: &[u32], page_size: usize) -> usize {
     const CHUNK: usize = 16;
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
+    // The usual answer (the whole overlap matches: a key that runs through
+    // this node) costs one memcmp; only a mismatch is then located.
+    if a == b {
+        return n - n % page_size;
+    }
     let mut i = 0;
     // Whole chunks compare as one memcmp.
     while i + CHUNK <= n && a[i..i + CHUNK] == b[i..i + CHUNK] {
@@ -430,19 +440,25 @@ impl Tree {
                 Step::None => break,
                 Step::Found(c, i, k) => (c, i, k),
             };
+            #[cfg(loom)]
+            crate::sync::probe::assert_live(img.as_raw() as usize);
+            // SAFETY: loaded under `guard`, retired with defer_destroy.
+            let r = unsafe { img.deref() };
             let mut any = false;
             for (e, o) in out.iter_mut().enumerate() {
                 // Prefix-closed residency: a device counts here only if it
-                // covered everything before.
-                if *o == pos && child.resident(e) {
+                // covered everything before. Residency as the image has it
+                // (values published with it, in one line for all devices,
+                // rather than one state word per device, each on a line of
+                // its own): it agrees with the state words whenever no
+                // change of this node is in flight, and during one it is
+                // either side of the change, which a routing answer may be.
+                if *o == pos && r.values.get(e).is_some_and(Option::is_some) {
                     *o = pos + k;
                     any = true;
                 }
             }
-            #[cfg(loom)]
-            crate::sync::probe::assert_live(img.as_raw() as usize);
-            // SAFETY: loaded under `guard`, retired with defer_destroy.
-            if !any || k < unsafe { img.deref() }.key.len() {
+            if !any || k < r.key.len() {
                 break;
             }
             pos += k;
@@ -588,7 +604,7 @@ impl Tree {
         guard: &'g Guard,
     ) -> InsertWalk<'g> {
         if self.reclaimer.pending() > RECLAIM_AT {
-            self.reclaimer.reclaim();
+            self.reclaimer.reclaim_some(RECLAIM_STEP);
         }
         let mut adopted: Vec<Range<usize>> = Vec::new();
         let len = tokens.len();
@@ -615,7 +631,7 @@ impl Tree {
         }
         'restart: loop {
             let root = self.root_or_create(ns, guard);
-            root.priority.fetch_max(priority, Ordering::SeqCst);
+            root.raise_priority(priority);
             let mut cur = root;
             let mut pos = 0;
             while pos < len {
@@ -667,7 +683,7 @@ impl Tree {
                                 }
                             }
                         } else {
-                            child.priority.fetch_max(priority, Ordering::SeqCst);
+                            child.raise_priority(priority);
                             child
                         };
                         if !node.resident(d) {
@@ -787,7 +803,7 @@ impl Tree {
             prefix.dev(d).created.store(self.tick(d), Ordering::Relaxed);
         }
         if let Some(p) = priority {
-            prefix.priority.fetch_max(p, Ordering::SeqCst);
+            prefix.raise_priority(p);
         }
         // Pins stay on the node object they were taken on, which keeps its
         // path as the suffix: a split copies no pin (race 3). The control
@@ -949,7 +965,7 @@ impl Tree {
             .last_access
             .store(self.tick(d), Ordering::Relaxed);
         node.dev(d).created.store(self.tick(d), Ordering::Relaxed);
-        node.priority.fetch_max(priority, Ordering::SeqCst);
+        node.raise_priority(priority);
         parent
             .dev(d)
             .resident_children
@@ -1217,5 +1233,7 @@ fn detach_children(n: &Node) -> Vec<ChildEntry> {
     }
     // SAFETY: as above; checked non-null.
     let owned = unsafe { old.into_owned() }.into_box();
-    owned.into_entries()
+    // SAFETY: the node's current array, settled when published; no reader
+    // exists during teardown.
+    unsafe { owned.into_entries() }
 }

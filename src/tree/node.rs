@@ -26,7 +26,6 @@ use super::residency::Residency;
 use super::values::Values;
 use crate::sync::{Arc, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
-use crossbeam_utils::CachePadded;
 
 /// A raw parent pointer. Null for a namespace root.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,14 +169,35 @@ pub(crate) struct DevSlot {
 }
 
 /// A node's device slots. With one device the slot lives inside the node;
-/// with several, each sits on its own cache line, so that schedulers of
-/// different devices never share a line on hot nodes.
+/// with several, each sits on a 64-byte line of its own, so that schedulers
+/// of different devices never write the same line on hot nodes.
 #[derive(Debug)]
 pub(crate) enum Slots {
     /// The single device's slot.
     One(DevSlot),
-    /// One padded slot per device.
-    Many(Box<[CachePadded<DevSlot>]>),
+    /// One line-aligned slot per device.
+    Many(Box<[SlotLine]>),
+}
+
+/// A device slot aligned to a 64-byte cache line (its 48 bytes fill one).
+/// Not `CachePadded`, which pads to 128 bytes on x86_64 against the
+/// adjacent-line prefetcher: that doubled a multi-device node's size (512
+/// bytes of slots at 4 devices, the largest part of a leaf) for a
+/// second-order effect; the stamps a scheduler writes still never share a
+/// line with another device's.
+#[derive(Debug)]
+#[repr(align(64))]
+pub(crate) struct SlotLine(pub(crate) DevSlot);
+
+// One line per slot, as the docs above say (loom's atomics are larger).
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::size_of::<SlotLine>() == 64);
+
+impl std::ops::Deref for SlotLine {
+    type Target = DevSlot;
+    fn deref(&self) -> &DevSlot {
+        &self.0
+    }
 }
 
 impl DevSlot {
@@ -227,7 +247,7 @@ impl Node {
             [one] => Slots::One(DevSlot::new(one.is_some())),
             many => Slots::Many(
                 many.iter()
-                    .map(|v| CachePadded::new(DevSlot::new(v.is_some())))
+                    .map(|v| SlotLine(DevSlot::new(v.is_some())))
                     .collect(),
             ),
         };
@@ -261,7 +281,7 @@ impl Node {
 
     /// Every device's slot, in device order.
     pub(crate) fn slots(&self) -> impl Iterator<Item = &DevSlot> {
-        let (one, many): (Option<&DevSlot>, &[CachePadded<DevSlot>]) = match &self.dev {
+        let (one, many): (Option<&DevSlot>, &[SlotLine]) = match &self.dev {
             Slots::One(s) => (Some(s), &[]),
             Slots::Many(v) => (None, v),
         };
@@ -312,7 +332,9 @@ impl Node {
 
     /// Publishes new children and retires the old array into `retired`.
     /// Only through [`Locked`], which holds this node's lock.
-    fn publish_children(&self, children: Children, guard: &Guard, retired: &mut Retired) {
+    fn publish_children(&self, mut children: Children, guard: &Guard, retired: &mut Retired) {
+        // The chunks the new version no longer holds go with the old one.
+        retired.chunks(children.settle());
         let new = if children.is_empty() {
             Shared::null()
         } else {
@@ -329,6 +351,21 @@ impl Node {
     /// Whether the node is resident on any device.
     pub(crate) fn resident_anywhere(&self) -> bool {
         self.slots().any(|s| s.residency.load().resident())
+    }
+
+    /// Raises the node's priority to at least `p` (SGLang keeps the maximum
+    /// of the priorities inserted through a node). Writes only when `p` is
+    /// higher: every insert passes through the root and the shared prompt
+    /// nodes, and an unconditional read-modify-write there would take the
+    /// line readers load the node's image and children from away from every
+    /// other core on each insert.
+    pub(crate) fn raise_priority(&self, p: i64) {
+        // SeqCst, as the read-modify-write it short-cuts: the priority only
+        // ever grows, so a load that already sees `p` or more means the
+        // fetch_max would have changed nothing.
+        if self.priority.load(Ordering::SeqCst) < p {
+            self.priority.fetch_max(p, Ordering::SeqCst);
+        }
     }
 
     /// Moves the access stamp of `d` forward to `stamp`.
@@ -355,7 +392,11 @@ impl Drop for Node {
             }
             let ch = self.children.load(Ordering::Relaxed, guard);
             if !ch.is_null() {
-                drop(ch.into_owned());
+                let mut owned = ch.into_owned();
+                // The node's current array owns its chunks; no reader can
+                // reach it (see above), and it was settled when published.
+                owned.free_chunks();
+                drop(owned);
             }
         }
     }

@@ -19,6 +19,7 @@
 //! loom does check); its counter is std's, not the `sync` shim's, for the
 //! same reason.
 
+use super::children::Chunk;
 use super::namespaces::{Entry, Table};
 use super::node::{Children, Image, NodePtr};
 use crossbeam_epoch::{Guard, Owned, Shared};
@@ -30,6 +31,7 @@ use std::sync::Arc;
 pub(crate) struct Retired {
     images: Vec<*mut Image>,
     children: Vec<*mut Children>,
+    chunks: Vec<Chunk>,
     nodes: Vec<NodePtr>,
     /// Namespace entries removed from the table (each drops its root).
     ns_entries: Vec<*mut Entry>,
@@ -61,6 +63,16 @@ impl Retired {
     }
 
     /// The tree's reference to a node that was just unlinked.
+    /// Chunks a newly published children array replaced (see
+    /// [`Chunk`]): freed with the array they belonged to.
+    pub(crate) fn chunks(&mut self, replaced: Vec<Chunk>) {
+        if self.chunks.is_empty() {
+            self.chunks = replaced;
+        } else {
+            self.chunks.extend(replaced);
+        }
+    }
+
     pub(crate) fn node(&mut self, n: NodePtr) {
         self.nodes.push(n);
     }
@@ -83,6 +95,7 @@ impl Retired {
     fn len(&self) -> usize {
         self.images.len()
             + self.children.len()
+            + self.chunks.len()
             + self.nodes.len()
             + self.ns_entries.len()
             + self.ns_tables.len()
@@ -107,6 +120,13 @@ impl Drop for Retired {
         for &p in &self.children {
             // SAFETY: as for images, for an `Owned<Children>`.
             drop(unsafe { Owned::from_raw(p) });
+        }
+        for c in self.chunks.drain(..) {
+            // SAFETY: a chunk replaced when a new array was published: no
+            // current array names it, and the grace period of every guard
+            // that could have loaded an older array naming it has passed;
+            // it is in this one batch only.
+            unsafe { c.free() };
         }
         for n in self.nodes.drain(..) {
             // SAFETY: the node was unlinked once, its one tree reference
@@ -189,6 +209,30 @@ impl Reclaimer {
     /// Objects waiting to be freed.
     pub(crate) fn pending(&self) -> usize {
         self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Frees handed-over batches until at least `budget` objects were freed
+    /// (or none is left): the bounded share an insert takes on, so that no
+    /// single operation frees thousands of objects inline.
+    pub(crate) fn reclaim_some(&self, budget: usize) {
+        let mut freed = 0;
+        while freed < budget {
+            #[cfg(not(loom))]
+            let Some(batch) = self.queue.pop() else {
+                break;
+            };
+            #[cfg(loom)]
+            let Some(batch) = (match self.queue.lock() {
+                Ok(mut q) => q.pop(),
+                Err(p) => p.into_inner().pop(),
+            }) else {
+                break;
+            };
+            let n = batch.len();
+            self.pending.fetch_sub(n, Ordering::Relaxed);
+            drop(batch);
+            freed += n;
+        }
     }
 
     /// Frees every batch whose grace period has passed and was handed over.

@@ -5,7 +5,7 @@
 
 use crate::sync::Arc;
 
-/// The values of a node's tokens on one device, in one 16-byte handle.
+/// The values of a node's tokens on one device, in one 24-byte handle.
 ///
 /// The first word of the array says how the rest is stored; the smallest
 /// of three encodings is chosen when the values are stored:
@@ -16,7 +16,44 @@ use crate::sync::Arc;
 /// * runs: `(first, length)` pairs of contiguous values, e.g. one pair for
 ///   a request whose slots were allocated together.
 #[derive(Clone, Debug)]
-pub(crate) struct Values(Arc<[u32]>);
+pub(crate) struct Values(Words);
+
+/// The encoded words: up to three inline (one run of a request's slots, or
+/// one or two page bases: the common cases, with no allocation of their
+/// own), more behind a shared pointer (slices of a node's values at a split
+/// share nothing: they are re-encoded).
+#[derive(Clone, Debug)]
+enum Words {
+    Inline { len: u8, words: [u32; 3] },
+    Shared(Arc<[u32]>),
+}
+
+impl Words {
+    fn of(words: &[u32]) -> Words {
+        match *words {
+            [a] => Words::Inline {
+                len: 1,
+                words: [a, 0, 0],
+            },
+            [a, b] => Words::Inline {
+                len: 2,
+                words: [a, b, 0],
+            },
+            [a, b, c] => Words::Inline {
+                len: 3,
+                words: [a, b, c],
+            },
+            _ => Words::Shared(Arc::from(words)),
+        }
+    }
+
+    fn as_slice(&self) -> &[u32] {
+        match self {
+            Words::Inline { len, words } => &words[..usize::from(*len)],
+            Words::Shared(w) => w,
+        }
+    }
+}
 
 const VERBATIM: u32 = 0;
 const PAGE_BASES: u32 = 1;
@@ -25,6 +62,27 @@ const RUNS: u32 = 2;
 impl Values {
     /// Values for `v` (whole pages of `ps` tokens).
     pub(crate) fn new(v: &[u32], ps: usize) -> Values {
+        // The common case (a request's slots allocated together): one run,
+        // found in one pass without building the run list.
+        if let Some((&first, _)) = v.split_first() {
+            // Chosen below too whenever one run is smaller than the page
+            // bases and the verbatim form: more than 2 tokens and pages.
+            let smaller = v.len() > 2 && (ps <= 1 || v.len() / ps > 2);
+            let one_run = smaller
+                && first.checked_add(v.len() as u32 - 1).is_some()
+                && v.iter().zip(first..).all(|(&x, y)| x == y);
+            if one_run {
+                return Values(Words::of(&[RUNS, first, v.len() as u32]));
+            }
+        }
+        Values::general(v, ps)
+    }
+
+    /// The encoding chosen by building every candidate (what [`new`]'s
+    /// one-run shortcut must agree with).
+    ///
+    /// [`new`]: Values::new
+    fn general(v: &[u32], ps: usize) -> Values {
         let mut runs: Vec<u32> = Vec::new();
         for &x in v {
             match runs.len() {
@@ -48,15 +106,15 @@ impl Values {
         } else {
             std::iter::once(VERBATIM).chain(v.iter().copied()).collect()
         };
-        Values(Arc::from(data))
+        Values(Words::of(&data))
     }
 
     fn kind(&self) -> u32 {
-        self.0[0]
+        self.0.as_slice()[0]
     }
 
     fn body(&self) -> &[u32] {
-        &self.0[1..]
+        &self.0.as_slice()[1..]
     }
 
     /// How many tokens these values cover.
@@ -92,7 +150,7 @@ impl Values {
                 .chain(body[from..to].iter().copied())
                 .collect(),
         };
-        Values(Arc::from(data))
+        Values(Words::of(&data))
     }
 
     /// Appends one value per token to `out`.
@@ -221,6 +279,29 @@ mod tests {
                         assert_eq!(s.tokens(ps), to - from, "ps {ps} {from}..{to}");
                         assert_eq!(expand(&s, ps), v[from..to], "ps {ps} {from}..{to}");
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_one_run_shortcut_picks_the_general_encoding() {
+        for ps in [1usize, 2, 4, 16] {
+            for pages in 1..=8usize {
+                let n = pages * ps;
+                for first in [
+                    0u32,
+                    5,
+                    1 << 20,
+                    u32::MAX - n as u32 + 1,
+                    u32::MAX - n as u32,
+                ] {
+                    let v: Vec<u32> = (0..n as u32).map(|j| first.wrapping_add(j)).collect();
+                    assert_eq!(
+                        Values::new(&v, ps).0.as_slice(),
+                        Values::general(&v, ps).0.as_slice(),
+                        "ps {ps}, {n} values from {first}"
+                    );
                 }
             }
         }
