@@ -231,14 +231,24 @@ impl RadixCache {
     ) {
         // New leaves and the pinned ones set aside earlier, heapified in bulk.
         let mut fresh = Vec::new();
-        {
-            let mut add = |n: Arc<Node>| {
-                if is_leaf_on(&n, d) {
-                    fresh.push(Reverse((self.entry_key(c.hand, &n, d), ByAddr(n))));
-                }
+        // Notes carry the statistics of their moment: taking thousands in
+        // visits none of the nodes (popping validates each).
+        self.tree.drain_leaves(d, |note| {
+            let stats = LeafStats {
+                last_access: note.last_access,
+                created: note.created,
+                hits: note.hits,
+                hits_base: note.hits_base,
+                priority: note.priority,
+                id: note.id,
             };
-            self.tree.drain_leaves(d, &mut add);
-            std::mem::take(&mut c.aside).into_iter().for_each(&mut add);
+            let k = self.ranked(c.hand, self.policy.key(&stats));
+            fresh.push(Reverse((k, ByAddr(note.node))));
+        });
+        for n in std::mem::take(&mut c.aside) {
+            if is_leaf_on(&n, d) {
+                fresh.push(Reverse((self.entry_key(c.hand, &n, d), ByAddr(n))));
+            }
         }
         out.examined += fresh.len();
         c.heap.extend(fresh);
@@ -367,13 +377,18 @@ impl RadixCache {
     /// sieve its place relative to the hand (this round if the hand has not
     /// passed its creation stamp yet, otherwise the next).
     fn entry_key(&self, hand: (u64, u64), n: &Node, d: usize) -> policy::EvictionKey {
-        let k = self.key_of(n, d);
+        self.ranked(hand, self.key_of(n, d))
+    }
+
+    /// A heap entry's key from a leaf's policy key (Sieve places it
+    /// relative to the hand).
+    fn ranked(&self, hand: (u64, u64), k: policy::EvictionKey) -> policy::EvictionKey {
         if self.policy != EvictionPolicy::Sieve {
             return k;
         }
         let (_, created, seen) = k.sieve_parts();
         let round = if created > hand.1 { hand.0 } else { hand.0 + 1 };
-        policy::EvictionKey::sieve(round, created, seen, n.id)
+        policy::EvictionKey::sieve(round, created, seen, k.id())
     }
 
     fn key_of(&self, n: &Node, d: usize) -> policy::EvictionKey {

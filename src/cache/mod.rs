@@ -543,6 +543,24 @@ impl RadixCache {
             .map(|(r, _, _)| r)
     }
 
+    /// Tokens resident on `device`, from a counter (O(1), no scan): exact
+    /// whenever no operation is in flight, and never off by more than the
+    /// changes in flight. [`sizes`](Self::sizes) scans the tree for the
+    /// evictable and protected parts as well.
+    ///
+    /// ```
+    /// use radixkv::{DeviceId, RadixCache, TokenKey};
+    /// let c = RadixCache::builder().devices(2).build().unwrap();
+    /// c.insert(TokenKey::new(&[1, 2, 3]), DeviceId(1), &[7, 8, 9], 0).unwrap();
+    /// assert_eq!(c.resident_tokens(DeviceId(1)).unwrap(), 3);
+    /// assert_eq!(c.resident_tokens(DeviceId(0)).unwrap(), 0);
+    /// assert!(c.resident_tokens(DeviceId(2)).is_err());
+    /// ```
+    pub fn resident_tokens(&self, device: DeviceId) -> Result<usize, CacheError> {
+        let d = self.device(device)?;
+        Ok(self.tree.resident_tokens(d) as usize)
+    }
+
     /// Token counts on `device` by a scan of the tree: exact whenever no
     /// operation is in flight.
     pub fn sizes(&self, device: DeviceId) -> Result<Sizes, CacheError> {

@@ -168,6 +168,11 @@ impl EvictionKey {
         EvictionKey(round, order, seen, id)
     }
 
+    /// The node id the key ends with (its last tie-breaker).
+    pub(crate) fn id(&self) -> u64 {
+        self.3
+    }
+
     /// Sieve: the key's (round, position, seen stamp).
     pub(crate) fn sieve_parts(&self) -> (u64, u64, u64) {
         (self.0, self.1, self.2)

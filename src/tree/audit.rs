@@ -63,7 +63,7 @@ impl Tree {
                 if n.is_root {
                     continue;
                 }
-                match (&img.values[e], st.resident()) {
+                match (img.values.get(e), st.resident()) {
                     (Some(v), true) => {
                         let nv = v.tokens(ps);
                         if nv != img.key.len() {

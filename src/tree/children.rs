@@ -4,6 +4,7 @@
 //! [`page_hash`], the hash a child is filed under.
 
 use super::node::{Node, NodePtr};
+use smallvec::SmallVec;
 
 /// The hash a child is filed under: its first token at page size 1, a
 /// 64-bit mix of its first page otherwise. Equal hashes are resolved by
@@ -83,7 +84,7 @@ pub(crate) struct Chunked {
     firsts: Vec<u64>,
     /// Chunks of the version this one was built from that it no longer
     /// holds: retired when this version is published.
-    replaced: Vec<Chunk>,
+    replaced: SmallVec<[Chunk; 2]>,
 }
 
 /// An immutable array of children sorted by [`page_hash`], replaced
@@ -153,11 +154,7 @@ impl Children {
                 // The first chunk that can hold `hash`: the one before the
                 // first chunk starting above it, or an earlier one that ends
                 // with it (equal hashes may straddle a boundary).
-                let firsts = &c.firsts;
-                let mut at = firsts.partition_point(|&f| f <= hash).saturating_sub(1);
-                while at > 0 && firsts[at] == hash {
-                    at -= 1;
-                }
+                let at = Children::first_chunk_for(&c.firsts, hash);
                 (&[], &c.chunks[at..])
             }
         };
@@ -185,14 +182,25 @@ impl Children {
             .map(|(h, c)| (*h, unsafe { c.node_unchecked() }))
     }
 
-    /// Chunked children from non-empty sorted chunks.
-    fn chunked(chunks: Vec<Chunk>, replaced: Vec<Chunk>) -> Children {
-        let firsts = chunks.iter().map(|ch| ch.entries()[0].0).collect();
+    /// Chunked children from non-empty sorted chunks and their first
+    /// hashes (kept by the caller: recomputing them would touch every
+    /// chunk, a cache miss each on a wide node).
+    fn chunked(chunks: Vec<Chunk>, firsts: Vec<u64>, replaced: SmallVec<[Chunk; 2]>) -> Children {
+        debug_assert_eq!(chunks.len(), firsts.len());
         Children::Chunked(Chunked {
             chunks,
             firsts,
             replaced,
         })
+    }
+
+    /// The first chunk of `c` that can hold `hash` (see `with_hash`).
+    fn first_chunk_for(firsts: &[u64], hash: u64) -> usize {
+        let mut at = firsts.partition_point(|&f| f <= hash).saturating_sub(1);
+        while at > 0 && firsts[at] == hash {
+            at -= 1;
+        }
+        at
     }
 
     /// A copy with `child` added under `hash`.
@@ -207,10 +215,9 @@ impl Children {
                 if entries.len() <= FLAT_MAX {
                     Children::Flat(entries)
                 } else {
-                    Children::chunked(
-                        entries.chunks(CHUNK_MAX / 2).map(Chunk::new).collect(),
-                        Vec::new(),
-                    )
+                    let parts = entries.chunks(CHUNK_MAX / 2);
+                    let firsts = parts.clone().map(|p| p[0].0).collect();
+                    Children::chunked(parts.map(Chunk::new).collect(), firsts, SmallVec::new())
                 }
             }
             Children::Chunked(ch) => {
@@ -222,16 +229,21 @@ impl Children {
                 grown.push((hash, child));
                 grown.extend_from_slice(&old[at..]);
                 let mut out = Vec::with_capacity(ch.chunks.len() + 1);
+                let mut firsts = Vec::with_capacity(ch.chunks.len() + 1);
                 out.extend_from_slice(&ch.chunks[..c]);
+                firsts.extend_from_slice(&ch.firsts[..c]);
                 if grown.len() > CHUNK_MAX {
                     let half = grown.len() / 2;
                     out.push(Chunk::new(&grown[..half]));
                     out.push(Chunk::new(&grown[half..]));
+                    firsts.extend([grown[0].0, grown[half].0]);
                 } else {
                     out.push(Chunk::new(&grown));
+                    firsts.push(grown[0].0);
                 }
                 out.extend_from_slice(&ch.chunks[c + 1..]);
-                Children::chunked(out, vec![ch.chunks[c]])
+                firsts.extend_from_slice(&ch.firsts[c + 1..]);
+                Children::chunked(out, firsts, smallvec::smallvec![ch.chunks[c]])
             }
         }
     }
@@ -255,24 +267,36 @@ impl Children {
         match self {
             Children::Flat(v) => Children::Flat(change(v)),
             Children::Chunked(chunked) => {
-                let mut out: Vec<Chunk> = Vec::with_capacity(chunked.chunks.len());
-                let mut replaced = Vec::new();
-                for &chunk in &chunked.chunks {
+                let n = chunked.chunks.len();
+                let mut out: Vec<Chunk> = Vec::with_capacity(n);
+                let mut firsts: Vec<u64> = Vec::with_capacity(n);
+                let mut replaced = SmallVec::new();
+                // Only the chunks that can hold `hash` are looked into (a
+                // run of equal hashes may span several); the others are
+                // kept without being touched.
+                let from = Children::first_chunk_for(&chunked.firsts, hash);
+                out.extend_from_slice(&chunked.chunks[..from]);
+                firsts.extend_from_slice(&chunked.firsts[..from]);
+                let mut i = from;
+                while i < n && chunked.firsts[i] <= hash {
+                    let chunk = chunked.chunks[i];
                     let ch = chunk.entries();
-                    let touches = ch.first().is_some_and(|e| e.0 <= hash)
-                        && ch.last().is_some_and(|e| e.0 >= hash)
-                        && ch.iter().any(|(h, c)| *h == hash && std::ptr::eq(c.0, old));
-                    if touches {
+                    if ch.iter().any(|(h, c)| *h == hash && std::ptr::eq(c.0, old)) {
                         let v = change(ch);
-                        if !v.is_empty() {
+                        if let Some(first) = v.first() {
                             out.push(Chunk::new(&v));
+                            firsts.push(first.0);
                         }
                         replaced.push(chunk);
                     } else {
                         out.push(chunk);
+                        firsts.push(chunked.firsts[i]);
                     }
+                    i += 1;
                 }
-                Children::chunked(out, replaced)
+                out.extend_from_slice(&chunked.chunks[i..]);
+                firsts.extend_from_slice(&chunked.firsts[i..]);
+                Children::chunked(out, firsts, replaced)
             }
         }
     }
@@ -280,9 +304,9 @@ impl Children {
     /// Called when this version is published in place of the one it was
     /// built from: hands over the chunks it replaced, which the caller
     /// retires with the old version (they are freed after its grace period).
-    pub(crate) fn settle(&mut self) -> Vec<Chunk> {
+    pub(crate) fn settle(&mut self) -> SmallVec<[Chunk; 2]> {
         match self {
-            Children::Flat(_) => Vec::new(),
+            Children::Flat(_) => SmallVec::new(),
             Children::Chunked(c) => std::mem::take(&mut c.replaced),
         }
     }
@@ -332,19 +356,30 @@ mod tests {
     }
     use crate::sync::Arc;
     use crate::tree::node::{Image, ParentPtr};
+    use crate::tree::values::DeviceValues;
 
     fn leaf(id: u64) -> NodePtr {
         NodePtr::link(Node::new(
             id,
             false,
+            1,
             Image {
                 parent: ParentPtr(std::ptr::null()),
                 key: Arc::from(&[1u32][..]),
-                values: vec![None].into_boxed_slice(),
+                values: DeviceValues::none(),
             },
             Children::default(),
             0,
         ))
+    }
+
+    /// The kept first hashes are the chunks' first hashes.
+    fn assert_firsts(c: &Children) {
+        if let Children::Chunked(ch) = c {
+            let real: Vec<u64> = ch.chunks.iter().map(|x| x.entries()[0].0).collect();
+            assert_eq!(ch.firsts, real);
+            assert!(ch.chunks.iter().all(|x| !x.entries().is_empty()));
+        }
     }
 
     /// What publishing does, without readers: the replaced chunks are
@@ -370,6 +405,7 @@ mod tests {
             all.push((h, n));
         }
         assert!(matches!(c, Children::Chunked(..)));
+        assert_firsts(&c);
         let hashes: Vec<u64> = c.iter().map(|e| e.0).collect();
         assert!(hashes.windows(2).all(|w| w[0] <= w[1]), "sorted by hash");
         assert_eq!(hashes.len(), 600);
@@ -395,6 +431,7 @@ mod tests {
             };
         }
         assert_eq!(c.iter().count(), 300);
+        assert_firsts(&c);
         assert!(c.iter().all(|(_, n)| node(n).id >= 10_000));
         let hashes: Vec<u64> = c.iter().map(|e| e.0).collect();
         assert!(hashes.windows(2).all(|w| w[0] <= w[1]));

@@ -68,26 +68,47 @@ use crate::sync::{spin_wait, Arc, AtomicU64, Ordering};
 use clock::Clock;
 use crossbeam_epoch::{Guard, Shared};
 
+/// A node that may have become a leaf on a device, with the statistics an
+/// eviction policy ranks it by as they were when it was noted (it was just
+/// linked or made resident then, so reading them cost nothing). Taking a
+/// note into a candidate heap then needs no visit to the node: the heap
+/// re-validates each entry against the node when it is popped, and the
+/// policies that use the heap only ever rank a node later as time passes
+/// (`EvictionPolicy::keys_only_grow`), so an early key only means an early,
+/// re-checked pop.
+#[derive(Debug)]
+pub(crate) struct LeafNote {
+    /// The node.
+    pub(crate) node: Arc<Node>,
+    /// Its device slot's stamps and hits, and its priority and id.
+    pub(crate) last_access: u64,
+    pub(crate) created: u64,
+    pub(crate) hits: u64,
+    pub(crate) hits_base: u64,
+    pub(crate) priority: i64,
+    pub(crate) id: u64,
+}
+
 /// A per-device inbox of nodes that may have become leaves: lock-free
 /// (crossbeam's `SegQueue`) normally; under loom a shim mutex, because loom
 /// cannot see the queue's own synchronization (as with arc-swap, BUILD.md).
 #[derive(Debug, Default)]
 pub(crate) struct LeafInbox {
     #[cfg(not(loom))]
-    q: crossbeam_queue::SegQueue<Arc<Node>>,
+    q: crossbeam_queue::SegQueue<LeafNote>,
     #[cfg(loom)]
-    q: crate::sync::Mutex<Vec<Arc<Node>>>,
+    q: crate::sync::Mutex<Vec<LeafNote>>,
 }
 
 impl LeafInbox {
-    fn push(&self, n: Arc<Node>) {
+    fn push(&self, n: LeafNote) {
         #[cfg(not(loom))]
         self.q.push(n);
         #[cfg(loom)]
         crate::sync::lock(&self.q).push(n);
     }
 
-    fn pop(&self) -> Option<Arc<Node>> {
+    fn pop(&self) -> Option<LeafNote> {
         #[cfg(not(loom))]
         return self.q.pop();
         #[cfg(loom)]
@@ -99,7 +120,7 @@ use crossbeam_utils::CachePadded;
 use node::{Expect, Image, LockFailed, Locked, Locking, Node, NodePtr, ParentPtr};
 use reclaim::{Reclaimer, Retired};
 use std::ops::Range;
-use values::Values;
+use values::{DeviceValues, Values};
 
 /// Inserts free retired objects themselves once this many are waiting
 /// (normally the evictor does, so that matches never pay for it)...
@@ -290,14 +311,26 @@ impl Tree {
     /// Records that `n` may now be a leaf on `d` (when leaves are tracked).
     fn note_leaf(&self, n: &Node, d: usize) {
         if let Some(inbox) = &self.inbox {
-            // SAFETY: callers pass nodes they just linked or changed under
-            // their guard: tree nodes, alive for this call.
-            inbox[d].push(unsafe { node::arc_of(n) });
+            let s = n.dev(d);
+            // Relaxed: advisory ranking statistics (see `Node::stamp`); the
+            // heap re-reads them from the node before it evicts.
+            let note = LeafNote {
+                // SAFETY: callers pass nodes they just linked or changed
+                // under their guard: tree nodes, alive for this call.
+                node: unsafe { node::arc_of(n) },
+                last_access: s.last_access.load(Ordering::Relaxed),
+                created: s.created.load(Ordering::Relaxed),
+                hits: s.hits.load(Ordering::Relaxed),
+                hits_base: s.hits_base.load(Ordering::Relaxed),
+                priority: n.priority.load(Ordering::Relaxed),
+                id: n.id,
+            };
+            inbox[d].push(note);
         }
     }
 
     /// Hands every node noted since the last call to `f`.
-    pub(crate) fn drain_leaves(&self, d: usize, mut f: impl FnMut(Arc<Node>)) {
+    pub(crate) fn drain_leaves(&self, d: usize, mut f: impl FnMut(LeafNote)) {
         if let Some(inbox) = &self.inbox {
             while let Some(n) = inbox[d].pop() {
                 f(n);
@@ -344,10 +377,11 @@ impl Tree {
                 Node::new(
                     self.new_id(),
                     true,
+                    self.devices,
                     Image {
                         parent: ParentPtr(std::ptr::null()),
                         key: namespaces::key_of(ns),
-                        values: vec![None; self.devices].into_boxed_slice(),
+                        values: DeviceValues::none(),
                     },
                     Children::default(),
                     0,
@@ -445,17 +479,19 @@ impl Tree {
             // SAFETY: loaded under `guard`, retired with defer_destroy.
             let r = unsafe { img.deref() };
             let mut any = false;
-            for (e, o) in out.iter_mut().enumerate() {
-                // Prefix-closed residency: a device counts here only if it
-                // covered everything before. Residency as the image has it
-                // (values published with it, in one line for all devices,
-                // rather than one state word per device, each on a line of
-                // its own): it agrees with the state words whenever no
-                // change of this node is in flight, and during one it is
-                // either side of the change, which a routing answer may be.
-                if *o == pos && r.values.get(e).is_some_and(Option::is_some) {
-                    *o = pos + k;
-                    any = true;
+            // Prefix-closed residency: a device counts here only if it
+            // covered everything before. Residency as the image has it (the
+            // devices with values, published with it, walked in one line,
+            // rather than one state word per device, each on a line of its
+            // own): it agrees with the state words whenever no change of
+            // this node is in flight, and during one it is either side of
+            // the change, which a routing answer may be.
+            for (e, _) in r.values.iter() {
+                if let Some(o) = out.get_mut(e) {
+                    if *o == pos {
+                        *o = pos + k;
+                        any = true;
+                    }
                 }
             }
             if !any || k < r.key.len() {
@@ -562,7 +598,7 @@ impl Tree {
         let mut node = end;
         while !node.is_root {
             let img = node.image_ref(guard);
-            let v = img.values[d].clone()?;
+            let v = img.values.get(d)?.clone();
             total += v.tokens(self.page_size);
             segs.push(v);
             if img.parent.0.is_null() {
@@ -757,20 +793,13 @@ impl Tree {
             return Err(LockFailed::Changed);
         }
         let len = img.key.len();
-        let pvals: Box<[Option<Values>]> = img
-            .values
-            .iter()
-            .map(|v| v.as_ref().map(|v| v.slice(0, k, ps)))
-            .collect();
-        let svals: Box<[Option<Values>]> = img
-            .values
-            .iter()
-            .map(|v| v.as_ref().map(|v| v.slice(k, len, ps)))
-            .collect();
+        let pvals = img.values.map(|v| v.slice(0, k, ps));
+        let svals = img.values.map(|v| v.slice(k, len, ps));
         let skey: Arc<[u32]> = Arc::from(&img.key[k..]);
         let prefix = Node::new(
             self.new_id(),
             false,
+            self.devices,
             Image {
                 parent: ParentPtr(parent),
                 key: Arc::from(&img.key[..k]),
@@ -791,7 +820,7 @@ impl Tree {
                 .store(c.hits.load(Ordering::Relaxed), Ordering::Relaxed);
             slot.hits_base
                 .store(c.hits_base.load(Ordering::Relaxed), Ordering::Relaxed);
-            if img.values[e].is_some() {
+            if img.values.is_present(e) {
                 slot.resident_children.store(1, Ordering::Relaxed);
             }
         }
@@ -869,15 +898,14 @@ impl Tree {
         {
             return Err(Conflict);
         }
-        let mut vals = vec![None; self.devices].into_boxed_slice();
-        vals[d] = Some(Values::new(values, ps));
         let leaf = Node::new(
             self.new_id(),
             false,
+            self.devices,
             Image {
                 parent: ParentPtr(parent),
                 key: Arc::from(tokens),
-                values: vals,
+                values: DeviceValues::one(d, Values::new(values, ps)),
             },
             Children::default(),
             priority,
@@ -935,12 +963,11 @@ impl Tree {
         let img = node.image_ref(guard);
         if !std::ptr::eq(img.parent.0, parent)
             || img.key.len() != values.len()
-            || img.values[d].is_some()
+            || img.values.is_present(d)
         {
             return Err(Conflict);
         }
-        let mut vals = img.values.clone();
-        vals[d] = Some(Values::new(values, self.page_size));
+        let vals = img.values.with(d, Values::new(values, self.page_size));
         #[cfg(all(feature = "testing", not(loom)))]
         crate::pause::at(crate::pause::Point::Adopt);
         let mut retired = Retired::default();
@@ -1003,12 +1030,11 @@ impl Tree {
         #[cfg(all(feature = "testing", not(loom)))]
         crate::pause::at(crate::pause::Point::Evict);
         let img = node.image_ref(guard);
-        let Some(values) = img.values[d].clone() else {
+        let Some(values) = img.values.get(d).cloned() else {
             debug_assert!(false, "RESIDENT without values");
             return None;
         };
-        let mut vals = img.values.clone();
-        vals[d] = None;
+        let vals = img.values.without(d);
         let key = Arc::clone(&img.key);
         let mut retired = Retired::default();
         locked.publish_child_image(
@@ -1099,7 +1125,7 @@ impl Tree {
     pub(crate) fn values_on(&self, d: usize, guard: &Guard) -> Vec<u32> {
         let mut out = Vec::new();
         for (n, _) in self.nodes(guard) {
-            if let Some(v) = &n.image_ref(guard).values[d] {
+            if let Some(v) = n.image_ref(guard).values.get(d) {
                 v.append_to(&mut out, self.page_size);
             }
         }

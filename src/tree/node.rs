@@ -23,7 +23,7 @@ pub(crate) use super::children::Children; // also named through `node` (by `recl
 use super::children::NO_CHILDREN;
 use super::reclaim::Retired;
 use super::residency::Residency;
-use super::values::Values;
+use super::values::DeviceValues;
 use crate::sync::{Arc, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
 
@@ -47,8 +47,8 @@ pub(crate) struct Image {
     pub(crate) parent: ParentPtr,
     /// The node's tokens (page-aligned, non-empty except for roots).
     pub(crate) key: Arc<[u32]>,
-    /// Per device: the values of the node's tokens, when resident there.
-    pub(crate) values: Box<[Option<Values>]>,
+    /// The values of the node's tokens on each device where it is resident.
+    pub(crate) values: DeviceValues,
 }
 
 #[cfg(loom)]
@@ -239,17 +239,19 @@ impl Node {
     pub(crate) fn new(
         id: u64,
         is_root: bool,
+        devices: usize,
         image: Image,
         children: Children,
         priority: i64,
     ) -> Self {
-        let dev = match &*image.values {
-            [one] => Slots::One(DevSlot::new(one.is_some())),
-            many => Slots::Many(
-                many.iter()
-                    .map(|v| SlotLine(DevSlot::new(v.is_some())))
+        let dev = if devices == 1 {
+            Slots::One(DevSlot::new(image.values.is_present(0)))
+        } else {
+            Slots::Many(
+                (0..devices)
+                    .map(|e| SlotLine(DevSlot::new(image.values.is_present(e))))
                     .collect(),
-            ),
+            )
         };
         Node {
             id,

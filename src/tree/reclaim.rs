@@ -23,82 +23,83 @@ use super::children::Chunk;
 use super::namespaces::{Entry, Table};
 use super::node::{Children, Image, NodePtr};
 use crossbeam_epoch::{Guard, Owned, Shared};
+use smallvec::SmallVec;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// Objects unlinked by one structural change.
+/// One unlinked object.
+enum Garbage {
+    Image(*mut Image),
+    Children(*mut Children),
+    Chunk(Chunk),
+    Node(NodePtr),
+    /// A namespace entry removed from the table (it drops its root).
+    NsEntry(*mut Entry),
+    /// A replaced namespace slot array (not the entries it points at).
+    NsTable(*mut Table),
+}
+
+/// Objects unlinked by one structural change: a few, kept inline (an
+/// insert retires an array and a chunk, an eviction an image, an array, a
+/// chunk and a node), so gathering them allocates nothing.
 #[derive(Default)]
 pub(crate) struct Retired {
-    images: Vec<*mut Image>,
-    children: Vec<*mut Children>,
-    chunks: Vec<Chunk>,
-    nodes: Vec<NodePtr>,
-    /// Namespace entries removed from the table (each drops its root).
-    ns_entries: Vec<*mut Entry>,
-    /// Replaced namespace slot arrays (not the entries they point at).
-    ns_tables: Vec<*mut Table>,
+    items: SmallVec<[Garbage; 4]>,
     /// Set once the grace period has passed; until then dropping frees
     /// nothing (a panic mid-change leaks rather than frees too early).
     expired: bool,
 }
 
-// SAFETY: the pointers are owned boxes (from `Owned`) and tree references
-// of nodes that no thread can reach any more; they are only dereferenced,
-// to free them, after the grace period, by whichever thread holds the batch.
+// SAFETY: the pointers are owned boxes (from `Owned`), chunks and tree
+// references of nodes that no thread can reach any more; they are only
+// dereferenced, to free them, after the grace period, by whichever thread
+// holds the batch.
 unsafe impl Send for Retired {}
 
 impl Retired {
     /// An image that was just replaced.
     pub(crate) fn image(&mut self, old: Shared<'_, Image>) {
         if !old.is_null() {
-            self.images.push(old.as_raw() as *mut Image);
+            self.items.push(Garbage::Image(old.as_raw() as *mut Image));
         }
     }
 
     /// A children array that was just replaced.
     pub(crate) fn children(&mut self, old: Shared<'_, Children>) {
         if !old.is_null() {
-            self.children.push(old.as_raw() as *mut Children);
+            self.items
+                .push(Garbage::Children(old.as_raw() as *mut Children));
         }
+    }
+
+    /// Chunks a newly published children array replaced (see [`Chunk`]):
+    /// freed with the array they belonged to.
+    pub(crate) fn chunks(&mut self, replaced: impl IntoIterator<Item = Chunk>) {
+        self.items.extend(replaced.into_iter().map(Garbage::Chunk));
     }
 
     /// The tree's reference to a node that was just unlinked.
-    /// Chunks a newly published children array replaced (see
-    /// [`Chunk`]): freed with the array they belonged to.
-    pub(crate) fn chunks(&mut self, replaced: Vec<Chunk>) {
-        if self.chunks.is_empty() {
-            self.chunks = replaced;
-        } else {
-            self.chunks.extend(replaced);
-        }
-    }
-
     pub(crate) fn node(&mut self, n: NodePtr) {
-        self.nodes.push(n);
+        self.items.push(Garbage::Node(n));
     }
 
     /// A namespace entry that was just removed from (or replaced in) the
     /// table.
     pub(crate) fn ns_entry(&mut self, e: Shared<'_, Entry>) {
         if !e.is_null() {
-            self.ns_entries.push(e.as_raw() as *mut Entry);
+            self.items.push(Garbage::NsEntry(e.as_raw() as *mut Entry));
         }
     }
 
     /// A namespace slot array that was just replaced.
     pub(crate) fn ns_table(&mut self, t: Shared<'_, Table>) {
         if !t.is_null() {
-            self.ns_tables.push(t.as_raw() as *mut Table);
+            self.items.push(Garbage::NsTable(t.as_raw() as *mut Table));
         }
     }
 
     fn len(&self) -> usize {
-        self.images.len()
-            + self.children.len()
-            + self.chunks.len()
-            + self.nodes.len()
-            + self.ns_entries.len()
-            + self.ns_tables.len()
+        self.items.len()
     }
 }
 
@@ -110,43 +111,36 @@ impl Drop for Retired {
         // Freed through crossbeam-epoch's own API: `Owned::from_raw` takes
         // back a pointer that an `Owned` published (`Owned::into_shared` /
         // `Atomic::swap`), and dropping the `Owned` frees it.
-        for &p in &self.images {
-            // SAFETY: `p` came from an `Owned<Image>` published into an
-            // `Atomic`, was unlinked (replaced) before retirement, is in no
-            // other batch, and its grace period has passed: no reader holds
-            // it, and this is its only release.
-            drop(unsafe { Owned::from_raw(p) });
-        }
-        for &p in &self.children {
-            // SAFETY: as for images, for an `Owned<Children>`.
-            drop(unsafe { Owned::from_raw(p) });
-        }
-        for c in self.chunks.drain(..) {
-            // SAFETY: a chunk replaced when a new array was published: no
-            // current array names it, and the grace period of every guard
-            // that could have loaded an older array naming it has passed;
-            // it is in this one batch only.
-            unsafe { c.free() };
-        }
-        for n in self.nodes.drain(..) {
-            // SAFETY: the node was unlinked once, its one tree reference
-            // retired once, and the grace period has passed.
-            unsafe { n.release() };
-        }
-        for &p in &self.ns_entries {
-            // SAFETY: as for images, for an `Owned<Entry>` that left the
-            // namespace table (no table a reader can load holds it).
-            drop(unsafe { Owned::from_raw(p) });
-        }
-        for &p in &self.ns_tables {
-            // SAFETY: as for images, for an `Owned<Table>`; dropping a slot
-            // array frees no entry (crossbeam's `Atomic` owns nothing).
-            drop(unsafe { Owned::from_raw(p) });
+        for g in self.items.drain(..) {
+            match g {
+                // SAFETY: `p` came from an `Owned<Image>` published into an
+                // `Atomic`, was unlinked (replaced) before retirement, is in
+                // no other batch, and its grace period has passed: no reader
+                // holds it, and this is its only release.
+                Garbage::Image(p) => drop(unsafe { Owned::from_raw(p) }),
+                // SAFETY: as for images, for an `Owned<Children>` (dropping
+                // an array frees none of its chunks).
+                Garbage::Children(p) => drop(unsafe { Owned::from_raw(p) }),
+                // SAFETY: a chunk replaced when a new array was published:
+                // no current array names it, and the grace period of every
+                // guard that could have loaded an older array naming it has
+                // passed; it is in this one batch only.
+                Garbage::Chunk(c) => unsafe { c.free() },
+                // SAFETY: the node was unlinked once, its one tree reference
+                // retired once, and the grace period has passed.
+                Garbage::Node(n) => unsafe { n.release() },
+                // SAFETY: as for images, for an `Owned<Entry>` that left the
+                // namespace table (no table a reader can load holds it).
+                Garbage::NsEntry(p) => drop(unsafe { Owned::from_raw(p) }),
+                // SAFETY: as for images, for an `Owned<Table>`; dropping a
+                // slot array frees no entry (crossbeam's `Atomic` owns
+                // nothing).
+                Garbage::NsTable(p) => drop(unsafe { Owned::from_raw(p) }),
+            }
         }
     }
 }
 
-/// The tree's queue of batches whose grace period has passed.
 #[derive(Default)]
 pub(crate) struct Reclaimer {
     #[cfg(not(loom))]

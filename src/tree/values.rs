@@ -179,6 +179,69 @@ impl Values {
     }
 }
 
+/// The values of a node's tokens on each device where it is resident, and
+/// only there: sorted `(device, values)` pairs. A node is usually resident
+/// on one or a few of the devices, so this costs 32 bytes per resident
+/// device instead of a slot for every device, and a reader that wants the
+/// resident devices (routing) walks just those, in one line.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct DeviceValues(Box<[(u32, Values)]>);
+
+impl DeviceValues {
+    /// Resident nowhere.
+    pub(crate) fn none() -> DeviceValues {
+        DeviceValues::default()
+    }
+
+    /// Resident on `d` only.
+    pub(crate) fn one(d: usize, v: Values) -> DeviceValues {
+        DeviceValues(Box::new([(d as u32, v)]))
+    }
+
+    /// The values on `d`, if resident there.
+    pub(crate) fn get(&self, d: usize) -> Option<&Values> {
+        self.0
+            .iter()
+            .find(|(e, _)| *e as usize == d)
+            .map(|(_, v)| v)
+    }
+
+    /// Whether there are values on `d`.
+    pub(crate) fn is_present(&self, d: usize) -> bool {
+        self.0.iter().any(|(e, _)| *e as usize == d)
+    }
+
+    /// The devices with values, in order, with them.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (usize, &Values)> {
+        self.0.iter().map(|(e, v)| (*e as usize, v))
+    }
+
+    /// A copy with `v` on `d` (added or replacing).
+    pub(crate) fn with(&self, d: usize, v: Values) -> DeviceValues {
+        let mut out: Vec<(u32, Values)> = Vec::with_capacity(self.0.len() + 1);
+        out.extend(self.0.iter().filter(|(e, _)| *e as usize != d).cloned());
+        let at = out.partition_point(|(e, _)| (*e as usize) < d);
+        out.insert(at, (d as u32, v));
+        DeviceValues(out.into_boxed_slice())
+    }
+
+    /// A copy without `d`.
+    pub(crate) fn without(&self, d: usize) -> DeviceValues {
+        DeviceValues(
+            self.0
+                .iter()
+                .filter(|(e, _)| *e as usize != d)
+                .cloned()
+                .collect(),
+        )
+    }
+
+    /// The same devices with `f` of their values.
+    pub(crate) fn map(&self, f: impl Fn(&Values) -> Values) -> DeviceValues {
+        DeviceValues(self.0.iter().map(|(e, v)| (*e, f(v))).collect())
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -305,5 +368,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn device_values_stay_sorted_and_sparse() {
+        let v = |x: u32| Values::new(&[x, x + 1, x + 2], 1);
+        let first = |dv: &DeviceValues, d: usize| {
+            let mut out = Vec::new();
+            dv.get(d).map(|x| x.append_to(&mut out, 1));
+            out.first().copied()
+        };
+        let a = DeviceValues::none()
+            .with(3, v(30))
+            .with(1, v(10))
+            .with(7, v(70));
+        assert_eq!(a.iter().map(|(d, _)| d).collect::<Vec<_>>(), [1, 3, 7]);
+        assert_eq!(first(&a, 3), Some(30));
+        assert!(a.is_present(7) && !a.is_present(0));
+        let b = a.with(3, v(33)).without(1);
+        assert_eq!(b.iter().map(|(d, _)| d).collect::<Vec<_>>(), [3, 7]);
+        assert_eq!(first(&b, 3), Some(33));
+        assert_eq!(
+            first(&a, 3),
+            Some(30),
+            "copies leave the original as it was"
+        );
+        let c = b.map(|x| x.slice(1, 3, 1));
+        assert_eq!(first(&c, 7), Some(71));
+        assert_eq!(DeviceValues::one(5, v(1)).iter().count(), 1);
     }
 }
