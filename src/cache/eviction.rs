@@ -231,19 +231,18 @@ impl RadixCache {
     ) {
         // New leaves and the pinned ones set aside earlier, heapified in bulk.
         let mut fresh = Vec::new();
-        // Notes carry the statistics of their moment: taking thousands in
-        // visits none of the nodes (popping validates each).
+        // A note is filed under a lower bound of its key, from what it
+        // carries: taking thousands in visits none of the nodes (popping
+        // validates each). Sieve ranks by the hand and visits the node.
         self.tree.drain_leaves(d, |note| {
-            let stats = LeafStats {
-                last_access: note.last_access,
-                created: note.created,
-                hits: note.hits,
-                hits_base: note.hits_base,
-                priority: note.priority,
-                id: note.id,
-            };
-            let k = self.ranked(c.hand, self.policy.key(&stats));
-            fresh.push(Reverse((k, ByAddr(note.node))));
+            match self.policy.lower_bound(note.last_access, note.priority) {
+                Some(k) => fresh.push(Reverse((k, ByAddr(note.node)))),
+                None if is_leaf_on(&note.node, d) => {
+                    let k = self.entry_key(c.hand, &note.node, d);
+                    fresh.push(Reverse((k, ByAddr(note.node))));
+                }
+                None => {}
+            }
         });
         for n in std::mem::take(&mut c.aside) {
             if is_leaf_on(&n, d) {

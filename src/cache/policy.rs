@@ -127,6 +127,27 @@ impl EvictionPolicy {
     /// The eviction key of a (node, device) with these statistics. For
     /// sieve, the key of a leaf joining the queue in round 0 with its visited
     /// bit judged from its creation; the evictor places it by its hand.
+    /// A key no greater than the key of any leaf whose last access (on the
+    /// device) was at least `last_access` and whose priority is at least
+    /// `priority`, for the policies whose keys only grow (`None` for Sieve,
+    /// whose heap key depends on the hand, and for Mru and Filo, which do
+    /// not use the heap). Every component of a key is a non-decreasing
+    /// function of the statistics, and this sets what is unknown to its
+    /// least value: the candidate heap can file a new leaf under it and
+    /// validate when the entry is popped.
+    pub(crate) fn lower_bound(self, last_access: u64, priority: i64) -> Option<EvictionKey> {
+        let prio = (priority as u64) ^ (1 << 63);
+        let (a, b) = match self {
+            // Fifo: a leaf's `created` is stamped after its `last_access`
+            // when it is linked or made resident.
+            EvictionPolicy::Lru | EvictionPolicy::Fifo => (last_access, 0),
+            EvictionPolicy::Lfu | EvictionPolicy::Slru => (0, last_access),
+            EvictionPolicy::Priority => (prio, last_access),
+            EvictionPolicy::Mru | EvictionPolicy::Filo | EvictionPolicy::Sieve => return None,
+        };
+        Some(EvictionKey(a, b, 0, 0))
+    }
+
     pub(crate) fn key(self, s: &LeafStats) -> EvictionKey {
         // Order-preserving u64 encodings: `!x` reverses an order ("-x"), and
         // flipping the sign bit maps i64 onto u64 monotonically.

@@ -68,25 +68,23 @@ use crate::sync::{spin_wait, Arc, AtomicU64, Ordering};
 use clock::Clock;
 use crossbeam_epoch::{Guard, Shared};
 
-/// A node that may have become a leaf on a device, with the statistics an
-/// eviction policy ranks it by as they were when it was noted (it was just
-/// linked or made resident then, so reading them cost nothing). Taking a
-/// note into a candidate heap then needs no visit to the node: the heap
+/// A node that may have become a leaf on a device, with two of the
+/// statistics eviction ranks it by, as they were when it was noted (it was
+/// just linked or made resident then, so reading them cost nothing): enough
+/// for the candidate heap to file it under a lower bound of its key without
+/// visiting the node (see `EvictionPolicy::lower_bound`). The heap
 /// re-validates each entry against the node when it is popped, and the
 /// policies that use the heap only ever rank a node later as time passes
-/// (`EvictionPolicy::keys_only_grow`), so an early key only means an early,
-/// re-checked pop.
+/// (`EvictionPolicy::keys_only_grow`), so a key that is low only means an
+/// early, re-checked pop.
 #[derive(Debug)]
 pub(crate) struct LeafNote {
     /// The node.
     pub(crate) node: Arc<Node>,
-    /// Its device slot's stamps and hits, and its priority and id.
+    /// Its last access on the device.
     pub(crate) last_access: u64,
-    pub(crate) created: u64,
-    pub(crate) hits: u64,
-    pub(crate) hits_base: u64,
+    /// Its priority.
     pub(crate) priority: i64,
-    pub(crate) id: u64,
 }
 
 /// A per-device inbox of nodes that may have become leaves: lock-free
@@ -319,11 +317,7 @@ impl Tree {
                 // under their guard: tree nodes, alive for this call.
                 node: unsafe { node::arc_of(n) },
                 last_access: s.last_access.load(Ordering::Relaxed),
-                created: s.created.load(Ordering::Relaxed),
-                hits: s.hits.load(Ordering::Relaxed),
-                hits_base: s.hits_base.load(Ordering::Relaxed),
                 priority: n.priority.load(Ordering::Relaxed),
-                id: n.id,
             };
             inbox[d].push(note);
         }

@@ -375,7 +375,9 @@ mod tests {
         let v = |x: u32| Values::new(&[x, x + 1, x + 2], 1);
         let first = |dv: &DeviceValues, d: usize| {
             let mut out = Vec::new();
-            dv.get(d).map(|x| x.append_to(&mut out, 1));
+            if let Some(x) = dv.get(d) {
+                x.append_to(&mut out, 1);
+            }
             out.first().copied()
         };
         let a = DeviceValues::none()
