@@ -234,16 +234,15 @@ impl RadixCache {
         // A note is filed under a lower bound of its key, from what it
         // carries: taking thousands in visits none of the nodes (popping
         // validates each). Sieve ranks by the hand and visits the node.
-        self.tree.drain_leaves(d, |note| {
-            match self.policy.lower_bound(note.last_access, note.priority) {
+        self.tree
+            .drain_leaves(d, |note| match self.policy.lower_bound(note.last_access) {
                 Some(k) => fresh.push(Reverse((k, ByAddr(note.node)))),
                 None if is_leaf_on(&note.node, d) => {
                     let k = self.entry_key(c.hand, &note.node, d);
                     fresh.push(Reverse((k, ByAddr(note.node))));
                 }
                 None => {}
-            }
-        });
+            });
         for n in std::mem::take(&mut c.aside) {
             if is_leaf_on(&n, d) {
                 fresh.push(Reverse((self.entry_key(c.hand, &n, d), ByAddr(n))));

@@ -128,21 +128,24 @@ impl EvictionPolicy {
     /// sieve, the key of a leaf joining the queue in round 0 with its visited
     /// bit judged from its creation; the evictor places it by its hand.
     /// A key no greater than the key of any leaf whose last access (on the
-    /// device) was at least `last_access` and whose priority is at least
-    /// `priority`, for the policies whose keys only grow (`None` for Sieve,
-    /// whose heap key depends on the hand, and for Mru and Filo, which do
-    /// not use the heap). Every component of a key is a non-decreasing
-    /// function of the statistics, and this sets what is unknown to its
-    /// least value: the candidate heap can file a new leaf under it and
-    /// validate when the entry is popped.
-    pub(crate) fn lower_bound(self, last_access: u64, priority: i64) -> Option<EvictionKey> {
-        let prio = (priority as u64) ^ (1 << 63);
+    /// device) was at least `last_access`, for the policies whose keys only
+    /// grow (`None` for Sieve, whose heap key depends on the hand, and for
+    /// Mru and Filo, which do not use the heap). Every component of a key is
+    /// a non-decreasing function of the statistics, and this sets what is
+    /// unknown to its least value (for Priority, the least priority: a leaf
+    /// of higher priority is popped early, re-ranked and pushed back): the
+    /// candidate heap can file a new leaf under it and validate when the
+    /// entry is popped.
+    pub(crate) fn lower_bound(self, last_access: u64) -> Option<EvictionKey> {
         let (a, b) = match self {
             // Fifo: a leaf's `created` is stamped after its `last_access`
             // when it is linked or made resident.
             EvictionPolicy::Lru | EvictionPolicy::Fifo => (last_access, 0),
-            EvictionPolicy::Lfu | EvictionPolicy::Slru => (0, last_access),
-            EvictionPolicy::Priority => (prio, last_access),
+            // Lfu, Slru and (with the least priority, encoded as 0)
+            // Priority rank by a count or class first, then last access.
+            EvictionPolicy::Lfu | EvictionPolicy::Slru | EvictionPolicy::Priority => {
+                (0, last_access)
+            }
             EvictionPolicy::Mru | EvictionPolicy::Filo | EvictionPolicy::Sieve => return None,
         };
         Some(EvictionKey(a, b, 0, 0))

@@ -18,13 +18,65 @@ pub(crate) fn page_hash(page: &[u32]) -> u64 {
     })
 }
 
+/// Where `hash` would sit among `n` sorted hashes spread evenly over
+/// `lo..=hi`.
+fn guess(hash: u64, (lo, hi): (u64, u64), n: usize) -> usize {
+    if n == 0 || hash <= lo {
+        return 0;
+    }
+    let span = u128::from(hi - lo) + 1;
+    (u128::from(hash - lo) * n as u128 / span) as usize
+}
+
+/// `s.partition_point(p)` (`p` true on a prefix of `s`), searched outward
+/// from `guess`: a few probes when the guess is close, O(log n) anyway.
+fn partition_near<T>(s: &[T], guess: usize, p: impl Fn(&T) -> bool) -> usize {
+    let n = s.len();
+    if n == 0 {
+        return 0;
+    }
+    let g = guess.min(n - 1);
+    let (lo, hi) = if p(&s[g]) {
+        // The answer is in (g, n]: gallop right.
+        let (mut lo, mut step) = (g + 1, 1);
+        let hi = loop {
+            let probe = g + step;
+            if probe >= n {
+                break n;
+            }
+            if !p(&s[probe]) {
+                break probe;
+            }
+            lo = probe + 1;
+            step *= 2;
+        };
+        (lo, hi)
+    } else {
+        // The answer is in [0, g]: gallop left.
+        let (mut hi, mut step) = (g, 1);
+        let lo = loop {
+            if step > g {
+                break 0;
+            }
+            let probe = g - step;
+            if p(&s[probe]) {
+                break probe + 1;
+            }
+            hi = probe;
+            step *= 2;
+        };
+        (lo, hi)
+    };
+    lo + s[lo..hi].partition_point(&p)
+}
+
 /// One child entry: the hash of the child's first page, and the child.
 pub(crate) type ChildEntry = (u64, NodePtr);
 
 /// Children arrays up to this size are one flat array.
 const FLAT_MAX: usize = 64;
 /// Chunks of a wide node's array split when they grow past this.
-const CHUNK_MAX: usize = 64;
+const CHUNK_MAX: usize = 48;
 
 /// One sorted chunk of a wide node's array: immutable, shared by the
 /// versions of the array that did not change it, and owned by no reference
@@ -147,23 +199,35 @@ impl Children {
     }
 
     /// The children filed under `hash` (usually one), in order.
+    ///
+    /// The searches start where a uniformly distributed hash would be
+    /// (page hashes are 64-bit mixes) and widen from there, so a lookup in
+    /// a wide node touches a line or two of the chunk index and of the
+    /// chunk instead of a binary search's chain of misses; other
+    /// distributions (token ids at page size 1) cost a binary search.
     pub(crate) fn with_hash(&self, hash: u64) -> impl Iterator<Item = &Node> {
-        let (flat, chunks): (&[ChildEntry], &[Chunk]) = match self {
-            Children::Flat(v) => (v, &[]),
+        let (flat, chunks, bounds): (&[ChildEntry], &[Chunk], (u64, u64)) = match self {
+            Children::Flat(v) => (v, &[], (0, u64::MAX)),
             Children::Chunked(c) => {
                 // The first chunk that can hold `hash`: the one before the
                 // first chunk starting above it, or an earlier one that ends
                 // with it (equal hashes may straddle a boundary).
                 let at = Children::first_chunk_for(&c.firsts, hash);
-                (&[], &c.chunks[at..])
+                let hi = c.firsts.get(at + 1).copied().unwrap_or(u64::MAX);
+                (&[], &c.chunks[at..], (c.firsts[at], hi))
             }
         };
-        let lo = flat.partition_point(|(h, _)| *h < hash);
+        let lo = partition_near(flat, guess(hash, bounds, flat.len()), |(h, _)| *h < hash);
+        let mut first = Some(bounds);
         flat[lo..]
             .iter()
             .chain(chunks.iter().flat_map(move |ch| {
                 let ch = ch.entries();
-                let lo = ch.partition_point(|(h, _)| *h < hash);
+                // The bounds are known for the first chunk only (the one
+                // the hash falls in); a run of equal hashes continues at the
+                // start of the next ones.
+                let g = first.take().map_or(0, |b| guess(hash, b, ch.len()));
+                let lo = partition_near(ch, g, |(h, _)| *h < hash);
                 ch[lo..].iter()
             }))
             .skip_while(move |(h, _)| *h < hash)
@@ -196,7 +260,8 @@ impl Children {
 
     /// The first chunk of `c` that can hold `hash` (see `with_hash`).
     fn first_chunk_for(firsts: &[u64], hash: u64) -> usize {
-        let mut at = firsts.partition_point(|&f| f <= hash).saturating_sub(1);
+        let g = guess(hash, (0, u64::MAX), firsts.len());
+        let mut at = partition_near(firsts, g, |&f| f <= hash).saturating_sub(1);
         while at > 0 && firsts[at] == hash {
             at -= 1;
         }
@@ -448,6 +513,38 @@ mod tests {
             // SAFETY: as above.
             unsafe { n.release() };
         }
+    }
+
+    #[test]
+    fn partition_near_agrees_with_partition_point_from_any_guess() {
+        let mut x = 0x1234_5678_9abc_def0u64;
+        for n in [0usize, 1, 2, 3, 7, 64, 100] {
+            let mut v: Vec<u64> = (0..n)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x % 50
+                })
+                .collect();
+            v.sort_unstable();
+            for target in 0..52u64 {
+                for g in [0, 1, n / 2, n.saturating_sub(1), n, n + 5] {
+                    assert_eq!(
+                        partition_near(&v, g, |&h| h < target),
+                        v.partition_point(|&h| h < target),
+                        "n {n} target {target} guess {g}"
+                    );
+                    assert_eq!(
+                        partition_near(&v, g, |&h| h <= target),
+                        v.partition_point(|&h| h <= target)
+                    );
+                }
+            }
+        }
+        assert_eq!(guess(5, (0, u64::MAX), 10), 0);
+        assert_eq!(guess(u64::MAX, (0, u64::MAX), 10), 9);
+        assert_eq!(guess(u64::MAX / 2, (0, u64::MAX), 10), 4);
     }
 
     #[test]

@@ -68,11 +68,11 @@ use crate::sync::{spin_wait, Arc, AtomicU64, Ordering};
 use clock::Clock;
 use crossbeam_epoch::{Guard, Shared};
 
-/// A node that may have become a leaf on a device, with two of the
-/// statistics eviction ranks it by, as they were when it was noted (it was
-/// just linked or made resident then, so reading them cost nothing): enough
-/// for the candidate heap to file it under a lower bound of its key without
-/// visiting the node (see `EvictionPolicy::lower_bound`). The heap
+/// A node that may have become a leaf on a device, with its last access
+/// there as it was when it was noted (it was just linked or made resident
+/// then, so reading it cost nothing): enough for the candidate heap to file
+/// it under a lower bound of its key without visiting the node (see
+/// `EvictionPolicy::lower_bound`). The heap
 /// re-validates each entry against the node when it is popped, and the
 /// policies that use the heap only ever rank a node later as time passes
 /// (`EvictionPolicy::keys_only_grow`), so a key that is low only means an
@@ -83,8 +83,6 @@ pub(crate) struct LeafNote {
     pub(crate) node: Arc<Node>,
     /// Its last access on the device.
     pub(crate) last_access: u64,
-    /// Its priority.
-    pub(crate) priority: i64,
 }
 
 /// A per-device inbox of nodes that may have become leaves: lock-free
@@ -123,11 +121,12 @@ use values::{DeviceValues, Values};
 /// Inserts free retired objects themselves once this many are waiting
 /// (normally the evictor does, so that matches never pay for it)...
 const RECLAIM_AT: usize = 1024;
-/// ...a bounded share each ([`Reclaimer::reclaim_some`]): an insert
-/// retires a handful of objects, so freeing this many per insert drains the
-/// backlog without any one insert paying for thousands (a millisecond
-/// outlier in the insert histogram).
-const RECLAIM_STEP: usize = 32;
+/// ...a small share each ([`Reclaimer::reclaim_some`]): an insert retires
+/// about two objects (its parent's old children array and chunk), so
+/// freeing twice that per insert drains the backlog, and spreads the work
+/// evenly: no insert pays for thousands (a millisecond outlier) or even for
+/// dozens (a step in the insert's p99).
+const RECLAIM_STEP: usize = 4;
 
 /// A transaction found the tree changed under it; the caller re-walks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,6 +233,29 @@ fn climb_to<'g>(
     None
 }
 
+/// Asks the CPU to start loading `tokens` (a key about to be walked) into
+/// the cache, so that reading it overlaps the walk's own chain of misses on
+/// the tree instead of following it: a query's key usually comes from
+/// memory the cache has not seen (a new request), and reading it once is
+/// most of what a match costs (the peer bench's `floor-read-tokens`).
+#[inline]
+fn prefetch(tokens: &[u32]) {
+    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    for line in tokens.chunks(16) {
+        // SAFETY: `_mm_prefetch` is a hint: it reads nothing the program
+        // sees, never faults, and the address is inside a live slice. SSE
+        // is part of the x86-64 baseline, so the instruction exists.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch(
+                line.as_ptr().cast::<i8>(),
+                std::arch::x86_64::_MM_HINT_T0,
+            )
+        };
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    let _ = tokens;
+}
+
 /// The tree.
 #[derive(Debug)]
 pub(crate) struct Tree {
@@ -317,7 +339,6 @@ impl Tree {
                 // under their guard: tree nodes, alive for this call.
                 node: unsafe { node::arc_of(n) },
                 last_access: s.last_access.load(Ordering::Relaxed),
-                priority: n.priority.load(Ordering::Relaxed),
             };
             inbox[d].push(note);
         }
@@ -459,6 +480,7 @@ impl Tree {
     pub(crate) fn peek(&self, ns: Option<&str>, tokens: &[u32], guard: &Guard) -> Vec<usize> {
         let mut out = vec![0; self.devices];
         let tokens = &tokens[..tokens.len() - tokens.len() % self.page_size];
+        prefetch(tokens);
         let Some(mut cur) = self.find_root(ns, guard) else {
             return out;
         };

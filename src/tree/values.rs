@@ -180,27 +180,52 @@ impl Values {
 }
 
 /// The values of a node's tokens on each device where it is resident, and
-/// only there: sorted `(device, values)` pairs. A node is usually resident
-/// on one or a few of the devices, so this costs 32 bytes per resident
-/// device instead of a slot for every device, and a reader that wants the
-/// resident devices (routing) walks just those, in one line.
+/// only there, in device order. A node is usually resident on one device
+/// (kept inline, in the image itself: no allocation of its own) or a few
+/// (sorted `(device, values)` pairs, 32 bytes each) of many: no slot for
+/// every device, and a reader that wants the resident devices (routing)
+/// walks just those.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct DeviceValues(Box<[(u32, Values)]>);
+pub(crate) enum DeviceValues {
+    /// Resident nowhere.
+    #[default]
+    Nowhere,
+    /// Resident on one device: `(device, values)`.
+    One((u32, Values)),
+    /// Resident on two or more devices (sorted by device).
+    Several(Box<[(u32, Values)]>),
+}
 
 impl DeviceValues {
     /// Resident nowhere.
     pub(crate) fn none() -> DeviceValues {
-        DeviceValues::default()
+        DeviceValues::Nowhere
     }
 
     /// Resident on `d` only.
     pub(crate) fn one(d: usize, v: Values) -> DeviceValues {
-        DeviceValues(Box::new([(d as u32, v)]))
+        DeviceValues::One((d as u32, v))
+    }
+
+    fn from_pairs(mut pairs: Vec<(u32, Values)>) -> DeviceValues {
+        match pairs.len() {
+            0 => DeviceValues::Nowhere,
+            1 => DeviceValues::One(pairs.pop().expect("one pair")),
+            _ => DeviceValues::Several(pairs.into_boxed_slice()),
+        }
+    }
+
+    fn pairs(&self) -> &[(u32, Values)] {
+        match self {
+            DeviceValues::Nowhere => &[],
+            DeviceValues::One(p) => std::slice::from_ref(p),
+            DeviceValues::Several(p) => p,
+        }
     }
 
     /// The values on `d`, if resident there.
     pub(crate) fn get(&self, d: usize) -> Option<&Values> {
-        self.0
+        self.pairs()
             .iter()
             .find(|(e, _)| *e as usize == d)
             .map(|(_, v)| v)
@@ -208,27 +233,32 @@ impl DeviceValues {
 
     /// Whether there are values on `d`.
     pub(crate) fn is_present(&self, d: usize) -> bool {
-        self.0.iter().any(|(e, _)| *e as usize == d)
+        self.pairs().iter().any(|(e, _)| *e as usize == d)
     }
 
     /// The devices with values, in order, with them.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (usize, &Values)> {
-        self.0.iter().map(|(e, v)| (*e as usize, v))
+        self.pairs().iter().map(|(e, v)| (*e as usize, v))
     }
 
     /// A copy with `v` on `d` (added or replacing).
     pub(crate) fn with(&self, d: usize, v: Values) -> DeviceValues {
-        let mut out: Vec<(u32, Values)> = Vec::with_capacity(self.0.len() + 1);
-        out.extend(self.0.iter().filter(|(e, _)| *e as usize != d).cloned());
+        let mut out: Vec<(u32, Values)> = Vec::with_capacity(self.pairs().len() + 1);
+        out.extend(
+            self.pairs()
+                .iter()
+                .filter(|(e, _)| *e as usize != d)
+                .cloned(),
+        );
         let at = out.partition_point(|(e, _)| (*e as usize) < d);
         out.insert(at, (d as u32, v));
-        DeviceValues(out.into_boxed_slice())
+        DeviceValues::from_pairs(out)
     }
 
     /// A copy without `d`.
     pub(crate) fn without(&self, d: usize) -> DeviceValues {
-        DeviceValues(
-            self.0
+        DeviceValues::from_pairs(
+            self.pairs()
                 .iter()
                 .filter(|(e, _)| *e as usize != d)
                 .cloned()
@@ -238,7 +268,7 @@ impl DeviceValues {
 
     /// The same devices with `f` of their values.
     pub(crate) fn map(&self, f: impl Fn(&Values) -> Values) -> DeviceValues {
-        DeviceValues(self.0.iter().map(|(e, v)| (*e, f(v))).collect())
+        DeviceValues::from_pairs(self.pairs().iter().map(|(e, v)| (*e, f(v))).collect())
     }
 }
 
