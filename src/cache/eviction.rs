@@ -359,8 +359,16 @@ impl RadixCache {
             }
             let now = self.key_of(&n, d);
             if now != stored {
-                c.heap.push(Reverse((now, ByAddr(n))));
-                continue;
+                // Keys only grow, so every other entry's node ranks at or
+                // above its entry's key: if none of those is below `now`,
+                // this node is the least and goes now; otherwise it goes
+                // back under its true key. (Notes are filed under a lower
+                // bound, so this is most pops: one heap operation, not two.)
+                if c.heap.peek().is_some_and(|Reverse((top, _))| *top < now) {
+                    c.heap.push(Reverse((now, ByAddr(n))));
+                    continue;
+                }
+                return Some((now, n));
             }
             return Some((stored, n));
         }

@@ -240,20 +240,24 @@ fn climb_to<'g>(
 /// most of what a match costs (the peer bench's `floor-read-tokens`).
 #[inline]
 fn prefetch(tokens: &[u32]) {
-    #[cfg(all(target_arch = "x86_64", not(loom)))]
     for line in tokens.chunks(16) {
-        // SAFETY: `_mm_prefetch` is a hint: it reads nothing the program
-        // sees, never faults, and the address is inside a live slice. SSE
-        // is part of the x86-64 baseline, so the instruction exists.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch(
-                line.as_ptr().cast::<i8>(),
-                std::arch::x86_64::_MM_HINT_T0,
-            )
-        };
+        prefetch_line(line.as_ptr().cast());
     }
+}
+
+/// Asks the CPU to start loading the cache line at `p` (a hint: nothing
+/// is read that the program sees; a no-op off x86-64 and under loom).
+#[inline]
+fn prefetch_line(p: *const u8) {
+    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    // SAFETY: `_mm_prefetch` is a hint: it reads nothing the program sees
+    // and never faults, whatever the address. SSE is part of the x86-64
+    // baseline, so the instruction exists.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0)
+    };
     #[cfg(not(all(target_arch = "x86_64", not(loom))))]
-    let _ = tokens;
+    let _ = p;
 }
 
 /// The tree.
@@ -263,14 +267,27 @@ pub(crate) struct Tree {
     devices: usize,
     roots: namespaces::Namespaces,
     clock: Clock,
-    next_id: AtomicU64,
+    /// Per device, on lines of their own: node ids and live-node counts.
+    /// Shared counters were written by every insert, and on the same line
+    /// as the fields above that every operation reads (see `DevCounters`).
+    counters: Box<[CachePadded<DevCounters>]>,
     resident_tokens: Box<[CachePadded<AtomicU64>]>,
-    live_nodes: AtomicU64,
     reclaimer: Arc<Reclaimer>,
     /// Per device, nodes that may have become leaves (eviction candidates)
     /// since the evictor last looked: pushed lock-free by inserts, drained
     /// by the evictor. `None` when the policy ranks by a scan instead.
     inbox: Option<Box<[LeafInbox]>>,
+}
+
+/// One device's share of the tree's counters.
+#[derive(Debug, Default)]
+struct DevCounters {
+    /// Ids handed out by changes made for this device (see `Tree::new_id`).
+    ids: AtomicU64,
+    /// Nodes linked minus nodes unlinked by changes made for this device:
+    /// wrapping, since a node linked for one device may be unlinked for
+    /// another; the sum over devices is the live-node count.
+    live: AtomicU64,
 }
 
 /// Length of the common prefix of `a` and `b` in whole pages.
@@ -301,11 +318,12 @@ impl Tree {
             devices,
             roots: namespaces::Namespaces::default(),
             clock,
-            next_id: AtomicU64::new(1),
+            counters: (0..devices)
+                .map(|_| CachePadded::new(DevCounters::default()))
+                .collect(),
             resident_tokens: (0..devices)
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
-            live_nodes: AtomicU64::new(0),
             reclaimer: Arc::new(Reclaimer::default()),
             inbox: track_leaves.then(|| (0..devices).map(|_| LeafInbox::default()).collect()),
         }
@@ -323,9 +341,22 @@ impl Tree {
         self.clock.tick(d)
     }
 
-    fn new_id(&self) -> u64 {
+    /// A new node id, from device `d`'s share: the `n`-th id of device `d`
+    /// is `n * devices + d + 1`, so ids are unique across devices and, per
+    /// device, increase in creation order (with one device: 1, 2, 3, ...).
+    fn new_id(&self, d: usize) -> u64 {
         // Relaxed suffices: ids only need uniqueness, which any RMW gives.
-        self.next_id.fetch_add(1, Ordering::Relaxed)
+        let n = self.counters[d].ids.fetch_add(1, Ordering::Relaxed);
+        n * self.devices as u64 + d as u64 + 1
+    }
+
+    fn count_node(&self, d: usize, linked: bool) {
+        let live = &self.counters[d].live;
+        if linked {
+            live.fetch_add(1, Ordering::SeqCst);
+        } else {
+            live.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     /// Records that `n` may now be a leaf on `d` (when leaves are tracked).
@@ -372,7 +403,9 @@ impl Tree {
 
     /// Non-root nodes in the tree (exact in quiescent state).
     pub(crate) fn node_count(&self) -> u64 {
-        self.live_nodes.load(Ordering::SeqCst)
+        self.counters
+            .iter()
+            .fold(0u64, |n, c| n.wrapping_add(c.live.load(Ordering::SeqCst)))
     }
 
     /// Tokens resident on `d` (exact in quiescent state).
@@ -390,7 +423,7 @@ impl Tree {
             ns,
             || {
                 Node::new(
-                    self.new_id(),
+                    self.new_id(0),
                     true,
                     self.devices,
                     Image {
@@ -465,6 +498,15 @@ impl Tree {
         if ps > 1 && r.key.get(..ps) != Some(&rest[..ps]) {
             return None;
         }
+        // The walk goes on into `child`'s children once the key is
+        // compared: start loading that array while the comparison runs.
+        prefetch_line(
+            child
+                .children
+                .load(Ordering::Relaxed, guard)
+                .as_raw()
+                .cast(),
+        );
         Some(Step::Found(child, img, common_prefix(&r.key, rest, ps)))
     }
 
@@ -655,12 +697,17 @@ impl Tree {
         pin: bool,
         guard: &'g Guard,
     ) -> InsertWalk<'g> {
-        if self.reclaimer.pending() > RECLAIM_AT {
-            self.reclaimer.reclaim_some(RECLAIM_STEP);
-        }
         let mut adopted: Vec<Range<usize>> = Vec::new();
         let len = tokens.len();
+        prefetch(tokens);
         let stamp = self.tick(d);
+        // The backlog is looked at by one insert in four per device (the
+        // counter is written by hand-overs on any thread: reading it on
+        // every insert would often be a miss), which then frees four
+        // inserts' share.
+        if stamp.is_multiple_of(4) && self.reclaimer.pending() > RECLAIM_AT {
+            self.reclaimer.reclaim_some(4 * RECLAIM_STEP);
+        }
         let overlaps = |adopted: &[Range<usize>], r: Range<usize>| {
             adopted.iter().any(|a| a.start < r.end && r.start < a.end)
         };
@@ -813,7 +860,7 @@ impl Tree {
         let svals = img.values.map(|v| v.slice(k, len, ps));
         let skey: Arc<[u32]> = Arc::from(&img.key[k..]);
         let prefix = Node::new(
-            self.new_id(),
+            self.new_id(fresh.unwrap_or(0)),
             false,
             self.devices,
             Image {
@@ -880,7 +927,7 @@ impl Tree {
             .children_ref(guard)
             .with_changed(hash, child, Some(prefix));
         locked.publish_parent_children(new_children, guard, &mut retired);
-        self.live_nodes.fetch_add(1, Ordering::SeqCst);
+        self.count_node(fresh.unwrap_or(0), true);
         self.reclaimer.retire(retired, guard);
         // SAFETY: just linked under `guard`.
         Ok(unsafe { prefix.node_in(guard) })
@@ -915,7 +962,7 @@ impl Tree {
             return Err(Conflict);
         }
         let leaf = Node::new(
-            self.new_id(),
+            self.new_id(d),
             false,
             self.devices,
             Image {
@@ -948,7 +995,7 @@ impl Tree {
             .resident_children
             .fetch_add(1, Ordering::SeqCst);
         self.resident_tokens[d].fetch_add(tokens.len() as u64, Ordering::SeqCst);
-        self.live_nodes.fetch_add(1, Ordering::SeqCst);
+        self.count_node(d, true);
         // SAFETY: just linked under `guard`.
         let leaf = unsafe { leaf.node_in(guard) };
         self.note_leaf(leaf, d);
@@ -1078,7 +1125,7 @@ impl Tree {
             // The tree's one reference goes once no reader can hold the
             // node: it is unreachable from the current arrays now.
             retired.node(NodePtr(node));
-            self.live_nodes.fetch_sub(1, Ordering::SeqCst);
+            self.count_node(d, false);
             if parent.is_root && parent_empty {
                 // The namespace's last node left: reclaim its root. Marked
                 // obsolete under its lock (held), so no attach, adopt or
