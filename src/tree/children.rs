@@ -126,14 +126,13 @@ impl Chunk {
     }
 }
 
-/// A wide node's array: sorted chunks and each chunk's first hash.
+/// A wide node's array: sorted chunks, each with its first hash.
 #[derive(Debug)]
 pub(crate) struct Chunked {
-    /// Non-empty sorted chunks; every hash of chunk i is <= every hash of
-    /// chunk i + 1.
-    chunks: Vec<Chunk>,
-    /// Each chunk's first hash, contiguous, so a lookup touches one chunk.
-    firsts: Vec<u64>,
+    /// Non-empty sorted chunks, each after its first hash (one index: a
+    /// lookup finds the chunk and its pointer on the same line); every hash
+    /// of chunk i is <= every hash of chunk i + 1.
+    index: Vec<(u64, Chunk)>,
     /// Chunks of the version this one was built from that it no longer
     /// holds: retired when this version is published.
     replaced: SmallVec<[Chunk; 2]>,
@@ -177,14 +176,14 @@ impl Children {
     pub(crate) fn is_empty(&self) -> bool {
         match self {
             Children::Flat(v) => v.is_empty(),
-            Children::Chunked(c) => c.chunks.is_empty(),
+            Children::Chunked(c) => c.index.is_empty(),
         }
     }
 
-    fn chunks(&self) -> &[Chunk] {
+    fn index(&self) -> &[(u64, Chunk)] {
         match self {
             Children::Flat(_) => &[],
-            Children::Chunked(c) => &c.chunks,
+            Children::Chunked(c) => &c.index,
         }
     }
 
@@ -195,7 +194,7 @@ impl Children {
             Children::Chunked(_) => &[],
         };
         flat.iter()
-            .chain(self.chunks().iter().flat_map(|c| c.entries().iter()))
+            .chain(self.index().iter().flat_map(|(_, c)| c.entries().iter()))
     }
 
     /// The children filed under `hash` (usually one), in order.
@@ -206,22 +205,22 @@ impl Children {
     /// chunk instead of a binary search's chain of misses; other
     /// distributions (token ids at page size 1) cost a binary search.
     pub(crate) fn with_hash(&self, hash: u64) -> impl Iterator<Item = &Node> {
-        let (flat, chunks, bounds): (&[ChildEntry], &[Chunk], (u64, u64)) = match self {
+        let (flat, chunks, bounds): (&[ChildEntry], &[(u64, Chunk)], (u64, u64)) = match self {
             Children::Flat(v) => (v, &[], (0, u64::MAX)),
             Children::Chunked(c) => {
                 // The first chunk that can hold `hash`: the one before the
                 // first chunk starting above it, or an earlier one that ends
                 // with it (equal hashes may straddle a boundary).
-                let at = Children::first_chunk_for(&c.firsts, hash);
-                let hi = c.firsts.get(at + 1).copied().unwrap_or(u64::MAX);
-                (&[], &c.chunks[at..], (c.firsts[at], hi))
+                let at = Children::first_chunk_for(&c.index, hash);
+                let hi = c.index.get(at + 1).map_or(u64::MAX, |e| e.0);
+                (&[], &c.index[at..], (c.index[at].0, hi))
             }
         };
         let lo = partition_near(flat, guess(hash, bounds, flat.len()), |(h, _)| *h < hash);
         let mut first = Some(bounds);
         flat[lo..]
             .iter()
-            .chain(chunks.iter().flat_map(move |ch| {
+            .chain(chunks.iter().flat_map(move |(_, ch)| {
                 let ch = ch.entries();
                 // The bounds are known for the first chunk only (the one
                 // the hash falls in); a run of equal hashes continues at the
@@ -246,23 +245,18 @@ impl Children {
             .map(|(h, c)| (*h, unsafe { c.node_unchecked() }))
     }
 
-    /// Chunked children from non-empty sorted chunks and their first
-    /// hashes (kept by the caller: recomputing them would touch every
+    /// Chunked children from an index of non-empty sorted chunks with their
+    /// first hashes (kept by the caller: recomputing them would touch every
     /// chunk, a cache miss each on a wide node).
-    fn chunked(chunks: Vec<Chunk>, firsts: Vec<u64>, replaced: SmallVec<[Chunk; 2]>) -> Children {
-        debug_assert_eq!(chunks.len(), firsts.len());
-        Children::Chunked(Chunked {
-            chunks,
-            firsts,
-            replaced,
-        })
+    fn chunked(index: Vec<(u64, Chunk)>, replaced: SmallVec<[Chunk; 2]>) -> Children {
+        Children::Chunked(Chunked { index, replaced })
     }
 
     /// The first chunk of `c` that can hold `hash` (see `with_hash`).
-    fn first_chunk_for(firsts: &[u64], hash: u64) -> usize {
-        let g = guess(hash, (0, u64::MAX), firsts.len());
-        let mut at = partition_near(firsts, g, |&f| f <= hash).saturating_sub(1);
-        while at > 0 && firsts[at] == hash {
+    fn first_chunk_for(index: &[(u64, Chunk)], hash: u64) -> usize {
+        let g = guess(hash, (0, u64::MAX), index.len());
+        let mut at = partition_near(index, g, |e| e.0 <= hash).saturating_sub(1);
+        while at > 0 && index[at].0 == hash {
             at -= 1;
         }
         at
@@ -280,35 +274,32 @@ impl Children {
                 if entries.len() <= FLAT_MAX {
                     Children::Flat(entries)
                 } else {
-                    let parts = entries.chunks(CHUNK_MAX / 2);
-                    let firsts = parts.clone().map(|p| p[0].0).collect();
-                    Children::chunked(parts.map(Chunk::new).collect(), firsts, SmallVec::new())
+                    let index = entries
+                        .chunks(CHUNK_MAX / 2)
+                        .map(|p| (p[0].0, Chunk::new(p)))
+                        .collect();
+                    Children::chunked(index, SmallVec::new())
                 }
             }
             Children::Chunked(ch) => {
-                let c = ch.firsts.partition_point(|&f| f <= hash).saturating_sub(1);
-                let old = ch.chunks[c].entries();
+                let c = ch.index.partition_point(|e| e.0 <= hash).saturating_sub(1);
+                let old = ch.index[c].1.entries();
                 let at = old.partition_point(|(h, _)| *h <= hash);
                 let mut grown = Vec::with_capacity(old.len() + 1);
                 grown.extend_from_slice(&old[..at]);
                 grown.push((hash, child));
                 grown.extend_from_slice(&old[at..]);
-                let mut out = Vec::with_capacity(ch.chunks.len() + 1);
-                let mut firsts = Vec::with_capacity(ch.chunks.len() + 1);
-                out.extend_from_slice(&ch.chunks[..c]);
-                firsts.extend_from_slice(&ch.firsts[..c]);
+                let mut out = Vec::with_capacity(ch.index.len() + 1);
+                out.extend_from_slice(&ch.index[..c]);
                 if grown.len() > CHUNK_MAX {
                     let half = grown.len() / 2;
-                    out.push(Chunk::new(&grown[..half]));
-                    out.push(Chunk::new(&grown[half..]));
-                    firsts.extend([grown[0].0, grown[half].0]);
+                    out.push((grown[0].0, Chunk::new(&grown[..half])));
+                    out.push((grown[half].0, Chunk::new(&grown[half..])));
                 } else {
-                    out.push(Chunk::new(&grown));
-                    firsts.push(grown[0].0);
+                    out.push((grown[0].0, Chunk::new(&grown)));
                 }
-                out.extend_from_slice(&ch.chunks[c + 1..]);
-                firsts.extend_from_slice(&ch.firsts[c + 1..]);
-                Children::chunked(out, firsts, smallvec::smallvec![ch.chunks[c]])
+                out.extend_from_slice(&ch.index[c + 1..]);
+                Children::chunked(out, smallvec::smallvec![ch.index[c].1])
             }
         }
     }
@@ -332,36 +323,31 @@ impl Children {
         match self {
             Children::Flat(v) => Children::Flat(change(v)),
             Children::Chunked(chunked) => {
-                let n = chunked.chunks.len();
-                let mut out: Vec<Chunk> = Vec::with_capacity(n);
-                let mut firsts: Vec<u64> = Vec::with_capacity(n);
+                let n = chunked.index.len();
+                let mut out: Vec<(u64, Chunk)> = Vec::with_capacity(n);
                 let mut replaced = SmallVec::new();
                 // Only the chunks that can hold `hash` are looked into (a
                 // run of equal hashes may span several); the others are
                 // kept without being touched.
-                let from = Children::first_chunk_for(&chunked.firsts, hash);
-                out.extend_from_slice(&chunked.chunks[..from]);
-                firsts.extend_from_slice(&chunked.firsts[..from]);
+                let from = Children::first_chunk_for(&chunked.index, hash);
+                out.extend_from_slice(&chunked.index[..from]);
                 let mut i = from;
-                while i < n && chunked.firsts[i] <= hash {
-                    let chunk = chunked.chunks[i];
+                while i < n && chunked.index[i].0 <= hash {
+                    let (first, chunk) = chunked.index[i];
                     let ch = chunk.entries();
                     if ch.iter().any(|(h, c)| *h == hash && std::ptr::eq(c.0, old)) {
                         let v = change(ch);
-                        if let Some(first) = v.first() {
-                            out.push(Chunk::new(&v));
-                            firsts.push(first.0);
+                        if let Some(e) = v.first() {
+                            out.push((e.0, Chunk::new(&v)));
                         }
                         replaced.push(chunk);
                     } else {
-                        out.push(chunk);
-                        firsts.push(chunked.firsts[i]);
+                        out.push((first, chunk));
                     }
                     i += 1;
                 }
-                out.extend_from_slice(&chunked.chunks[i..]);
-                firsts.extend_from_slice(&chunked.firsts[i..]);
-                Children::chunked(out, firsts, replaced)
+                out.extend_from_slice(&chunked.index[i..]);
+                Children::chunked(out, replaced)
             }
         }
     }
@@ -385,12 +371,11 @@ impl Children {
     pub(crate) unsafe fn free_chunks(&mut self) {
         if let Children::Chunked(c) = self {
             debug_assert!(c.replaced.is_empty(), "an unsettled version");
-            for chunk in c.chunks.drain(..) {
+            for (_, chunk) in c.index.drain(..) {
                 // SAFETY: the current array owns its chunks (see `Chunk`);
                 // the caller's contract says no reader remains.
                 unsafe { chunk.free() };
             }
-            c.firsts.clear();
         }
     }
 
@@ -441,9 +426,10 @@ mod tests {
     /// The kept first hashes are the chunks' first hashes.
     fn assert_firsts(c: &Children) {
         if let Children::Chunked(ch) = c {
-            let real: Vec<u64> = ch.chunks.iter().map(|x| x.entries()[0].0).collect();
-            assert_eq!(ch.firsts, real);
-            assert!(ch.chunks.iter().all(|x| !x.entries().is_empty()));
+            for (first, chunk) in &ch.index {
+                assert!(!chunk.entries().is_empty());
+                assert_eq!(*first, chunk.entries()[0].0);
+            }
         }
     }
 

@@ -1098,12 +1098,19 @@ impl Tree {
             return None;
         };
         let vals = img.values.without(d);
+        // Under the node's lock, the image's values and the devices' RESIDENT
+        // bits agree (both change only under it, values published first): no
+        // values left means resident nowhere, without reading every
+        // device's slot (a line each).
+        let resident_elsewhere = !vals.is_empty();
         let key = Arc::clone(&img.key);
+        let key_len = key.len();
+        let hash = page_hash(&key[..self.page_size]);
         let mut retired = Retired::default();
         locked.publish_child_image(
             Image {
                 parent: pp,
-                key: Arc::clone(&key),
+                key,
                 values: vals,
             },
             guard,
@@ -1113,12 +1120,12 @@ impl Tree {
             .dev(d)
             .resident_children
             .fetch_sub(1, Ordering::SeqCst);
-        self.resident_tokens[d].fetch_sub(key.len() as u64, Ordering::SeqCst);
-        if !node.resident_anywhere() && node.children_ref(guard).is_empty() {
+        self.resident_tokens[d].fetch_sub(key_len as u64, Ordering::SeqCst);
+        debug_assert_eq!(resident_elsewhere, node.resident_anywhere());
+        if !resident_elsewhere && node.children_ref(guard).is_empty() {
             locked.mark_child_obsolete();
             #[cfg(all(feature = "testing", not(loom)))]
             crate::pause::at(crate::pause::Point::Unlink);
-            let hash = page_hash(&key[..self.page_size]);
             let rest = parent.children_ref(guard).with_changed(hash, node, None);
             let parent_empty = rest.is_empty();
             locked.publish_parent_children(rest, guard, &mut retired);

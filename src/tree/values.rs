@@ -231,6 +231,11 @@ impl DeviceValues {
             .map(|(_, v)| v)
     }
 
+    /// Whether the node is resident nowhere.
+    pub(crate) fn is_empty(&self) -> bool {
+        matches!(self, DeviceValues::Nowhere)
+    }
+
     /// Whether there are values on `d`.
     pub(crate) fn is_present(&self, d: usize) -> bool {
         self.pairs().iter().any(|(e, _)| *e as usize == d)
