@@ -205,7 +205,8 @@ impl Children {
     /// chunk instead of a binary search's chain of misses; other
     /// distributions (token ids at page size 1) cost a binary search.
     pub(crate) fn with_hash(&self, hash: u64) -> impl Iterator<Item = &Node> {
-        let (flat, chunks, bounds): (&[ChildEntry], &[(u64, Chunk)], (u64, u64)) = match self {
+        type Found<'a> = (&'a [ChildEntry], &'a [(u64, Chunk)], (u64, u64));
+        let (flat, chunks, bounds): Found<'_> = match self {
             Children::Flat(v) => (v, &[], (0, u64::MAX)),
             Children::Chunked(c) => {
                 // The first chunk that can hold `hash`: the one before the

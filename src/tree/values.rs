@@ -70,7 +70,7 @@ impl Values {
             let smaller = v.len() > 2 && (ps <= 1 || v.len() / ps > 2);
             let one_run = smaller
                 && first.checked_add(v.len() as u32 - 1).is_some()
-                && v.iter().zip(first..).all(|(&x, y)| x == y);
+                && v.iter().enumerate().all(|(j, &x)| x == first + j as u32);
             if one_run {
                 return Values(Words::of(&[RUNS, first, v.len() as u32]));
             }
