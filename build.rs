@@ -19,6 +19,7 @@ const STEPS: &[&str] = &[
     "claim_cas",
     "root_obsolete_check",
     "reader_waits",
+    "chunk_retire",
 ];
 
 /// Controls of ordinary (not loom) tests: `tests/parked_writer.rs`.

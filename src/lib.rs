@@ -61,16 +61,20 @@
 //!
 //! ## Memory cost
 //!
-//! Per node, on x86-64: a header of about 100 bytes that holds, with one
-//! device, that device's slot inline (48 bytes: residency, stamps, hits);
-//! with several devices one cache-padded 128-byte slot per device instead,
-//! in one array. An image (parent, key and value pointers: 40 + 16 bytes
-//! per device), the key (16 + 4 bytes per token) and per resident device
-//! its values, stored as runs (16 + 12 bytes per run of consecutive
-//! values: contiguous pages cost one run, scattered ones 4 bytes a value),
-//! and the node's 16-byte entry in its parent's children array. Measured
-//! (`benches/latency.rs`, one device, page size 16, one request of 208
-//! tokens per node): about 5.2 bytes per cached token, 4 of them the key.
+//! Per node, on x86-64: a 120-byte header (its reference count included)
+//! that holds, with one device, that device's slot inline (48 bytes:
+//! residency, stamps, hits); with several devices, one 64-byte line per
+//! device in one array instead. An image of 56 bytes (parent and key
+//! pointers, and the values of one resident device inline; with more
+//! resident devices, 32 bytes per resident device in an array), the key
+//! (16 + 4 bytes per token), values stored as runs (a request's slots
+//! allocated together are one run, kept inline; scattered ones cost 4 bytes
+//! a value), the node's 16-byte entry in its parent's children array (wide
+//! arrays add 24 bytes per chunk of up to 48 entries), and, until the
+//! evictor next takes them in, a 24-byte note per new leaf. Measured by the
+//! peer bench (`bench-peers/`, W1, page size 16, 208 tokens per leaf):
+//! about 5.1 bytes per cached token on one device, 4 of them the key, and
+//! about 100 bytes per cached block (16 tokens) on four devices.
 //!
 //! Per namespace (`TokenKey::with_namespace`): a root node (the header
 //! above, no key), a table entry (32 bytes and the name), and 8 to 32

@@ -57,18 +57,22 @@ pub fn spin_wait() {
     std::hint::spin_loop();
 }
 
-/// Under loom only: a registry of live key/value images, so the epoch model
-/// (race 7) can tell a reader that dereferences a freed image without
-/// reading freed memory. Addresses are registered when an image is boxed and
-/// removed when it is dropped.
+/// Under loom only: a registry of live key/value images and children
+/// chunks, so the epoch models (race 7, model 14) can tell a reader that
+/// dereferences a freed one without reading freed memory. Addresses are
+/// registered when an image is boxed (a chunk allocated) and removed when it
+/// is dropped (freed).
 #[cfg(loom)]
 pub mod probe {
     use std::collections::HashSet;
     use std::sync::Mutex;
 
-    static LIVE: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+    const IMAGE: u8 = 0;
+    const CHUNK: u8 = 1;
 
-    fn with<R>(f: impl FnOnce(&mut HashSet<usize>) -> R) -> R {
+    static LIVE: Mutex<Option<HashSet<(u8, usize)>>> = Mutex::new(None);
+
+    fn with<R>(f: impl FnOnce(&mut HashSet<(u8, usize)>) -> R) -> R {
         let mut g = match LIVE.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
@@ -78,18 +82,36 @@ pub mod probe {
 
     /// Records that an image now lives at `addr`.
     pub fn born(addr: usize) {
-        with(|s| s.insert(addr));
+        with(|s| s.insert((IMAGE, addr)));
     }
 
     /// Records that the image at `addr` was freed.
     pub fn died(addr: usize) {
-        with(|s| s.remove(&addr));
+        with(|s| s.remove(&(IMAGE, addr)));
+    }
+
+    /// Records that a children chunk now lives at `addr`.
+    pub fn chunk_born(addr: usize) {
+        with(|s| s.insert((CHUNK, addr)));
+    }
+
+    /// Records that the children chunk at `addr` was freed.
+    pub fn chunk_died(addr: usize) {
+        with(|s| s.remove(&(CHUNK, addr)));
+    }
+
+    /// Panics if the children chunk at `addr` was freed.
+    pub fn assert_chunk_live(addr: usize) {
+        assert!(
+            with(|s| s.contains(&(CHUNK, addr))),
+            "use after free: a reader still holds a children chunk that was freed"
+        );
     }
 
     /// Panics if the image at `addr` was freed.
     pub fn assert_live(addr: usize) {
         assert!(
-            with(|s| s.contains(&addr)),
+            with(|s| s.contains(&(IMAGE, addr))),
             "use after free: a reader still holds an image that was freed"
         );
     }

@@ -384,6 +384,13 @@ fn model13_split_vs_reader_pages() {
 /// array is chunked (copy-on-write per chunk), and two inserts of the same
 /// new first token race. Protecting step: the attach re-check under the
 /// parent's lock, on the chunked array. Control: `attach_recheck`.
+///
+/// The same model checks chunk reclamation: the insert that publishes
+/// first replaces the chunk the other may still be reading (the chunks are
+/// shared between versions and owned by the newest, see `Chunk`); the
+/// protecting step is retiring the replaced chunk with the old version, so
+/// it is freed only after the grace period. Control: `chunk_retire` frees it
+/// at once, and the chunk probe reports the use after free.
 #[test]
 fn model14_wide_children_concurrent_insert() {
     model_with_branches(200_000, || {

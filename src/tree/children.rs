@@ -100,11 +100,16 @@ unsafe impl Sync for Chunk {}
 
 impl Chunk {
     fn new(entries: &[ChildEntry]) -> Chunk {
-        Chunk(Box::into_raw(Box::<[ChildEntry]>::from(entries)))
+        let c = Chunk(Box::into_raw(Box::<[ChildEntry]>::from(entries)));
+        #[cfg(loom)]
+        crate::sync::probe::chunk_born(c.0.cast::<u8>() as usize);
+        c
     }
 
     /// The chunk's entries, for as long as the array holding it is borrowed.
     fn entries(&self) -> &[ChildEntry] {
+        #[cfg(loom)]
+        crate::sync::probe::assert_chunk_live(self.0.cast::<u8>() as usize);
         // SAFETY: a chunk named by an array is freed only after that array
         // can no longer be read: a replaced chunk is retired together with
         // the version that named it (after the grace period of every guard
@@ -120,6 +125,8 @@ impl Chunk {
     /// Called once per chunk, by its owner, when no array that a reader can
     /// still hold names it.
     pub(crate) unsafe fn free(self) {
+        #[cfg(loom)]
+        crate::sync::probe::chunk_died(self.0.cast::<u8>() as usize);
         // SAFETY: the caller's contract; the pointer came from
         // `Box::into_raw`.
         drop(unsafe { Box::from_raw(self.0.cast_mut()) });

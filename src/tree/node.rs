@@ -335,8 +335,18 @@ impl Node {
     /// Publishes new children and retires the old array into `retired`.
     /// Only through [`Locked`], which holds this node's lock.
     fn publish_children(&self, mut children: Children, guard: &Guard, retired: &mut Retired) {
-        // The chunks the new version no longer holds go with the old one.
+        // The chunks the new version no longer holds go with the old one:
+        // freed after the grace period of every reader that may still hold
+        // the old version (model 14 checks it).
+        #[cfg(not(radixkv_negative = "chunk_retire"))]
         retired.chunks(children.settle());
+        // The negative control frees them at once instead.
+        #[cfg(radixkv_negative = "chunk_retire")]
+        for c in children.settle() {
+            // SAFETY: deliberately unsound: a reader may still hold the old
+            // version, which names this chunk; the loom model must catch it.
+            unsafe { c.free() };
+        }
         let new = if children.is_empty() {
             Shared::null()
         } else {
