@@ -263,6 +263,16 @@ fn mixed(
     figures(&h, per * threads, wall)
 }
 
+/// Involuntary context switches of the calling thread so far (Linux's
+/// `/proc/thread-self/status`; `None` elsewhere): how often the scheduler
+/// took the core away, which shows up as tens-of-µs latencies.
+fn preempted() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/status").ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 // ---------------------------------------------------------------- report
 
 struct Report {
@@ -492,7 +502,10 @@ fn run_config(
             let mut next = 2_000_000_000u32;
             let mut rng = StdRng::seed_from_u64(seed + 99);
             while !stop.load(Ordering::Relaxed) {
-                let now = cache.sizes(DeviceId(0)).expect("sizes").total;
+                // The resident counter (O(1)), as an evictor reads it: a
+                // scan of the tree per round (`sizes`) would read every
+                // node's device slot, the lines the matcher stamps.
+                let now = cache.resident_tokens(DeviceId(0)).expect("device");
                 if now < total / 2 {
                     // Refill with random warm keys (evicted leaves come back).
                     for _ in 0..w.warm.len() / 4 {
@@ -513,11 +526,16 @@ fn run_config(
             }
             rounds
         });
+        let switches = preempted();
         let f = phase(&probe, |k| {
             let n = cache.match_len(k);
             assert_eq!(n, k.len(), "a pinned key was evicted");
         });
+        let switches = preempted().zip(switches).map(|(b, a)| b - a);
         stop.store(true, Ordering::Relaxed);
+        if let Some(n) = switches {
+            println!("    (the matching thread was preempted {n} times during the phase)");
+        }
         (f, bg.join().expect("evictor"))
     });
     drop(leases);

@@ -945,22 +945,12 @@ impl Tree {
         guard: &'g Guard,
     ) -> Result<&'g Node, Conflict> {
         let ps = self.page_size;
-        // The protecting step of race 2 (inserter side): attach only below a
-        // parent that is still resident on `d`, under the parent's lock. For
-        // a namespace root, the same check refuses a root that was reclaimed
-        // (the namespace model; its control skips it for roots).
-        let locked = Locked::parent(parent, Some(d), Locking::Wait).map_err(|_| Conflict)?;
-        let children = parent.children_ref(guard);
-        // The protecting step of race 5: under the parent's lock, re-check
-        // that nobody attached this first page meanwhile.
         let hash = page_hash(&tokens[..ps]);
-        #[cfg(not(radixkv_negative = "attach_recheck"))]
-        if children
-            .with_hash(hash)
-            .any(|c| c.image_ref(guard).key[..ps] == tokens[..ps])
-        {
-            return Err(Conflict);
-        }
+        // The leaf is built before the parent's lock is taken (its key copy
+        // and allocations are most of an attach), so that the locked section
+        // is short: a writer waiting for it spins instead of sleeping. Until
+        // it is published below it is this thread's alone; on a conflict it
+        // is dropped unpublished.
         let leaf = Node::new(
             self.new_id(d),
             false,
@@ -984,16 +974,33 @@ impl Tree {
         if pin {
             let _ = leaf.dev(d).residency.try_pin(None);
         }
+        // The protecting step of race 2 (inserter side): attach only below a
+        // parent that is still resident on `d`, under the parent's lock. For
+        // a namespace root, the same check refuses a root that was reclaimed
+        // (the namespace model; its control skips it for roots).
+        let locked = Locked::parent(parent, Some(d), Locking::Wait).map_err(|_| Conflict)?;
+        let children = parent.children_ref(guard);
+        // The protecting step of race 5: under the parent's lock, re-check
+        // that nobody attached this first page meanwhile.
+        #[cfg(not(radixkv_negative = "attach_recheck"))]
+        if children
+            .with_hash(hash)
+            .any(|c| c.image_ref(guard).key[..ps] == tokens[..ps])
+        {
+            return Err(Conflict);
+        }
         #[cfg(all(feature = "testing", not(loom)))]
         crate::pause::at(crate::pause::Point::Attach);
         let leaf = NodePtr::link(leaf);
         let mut retired = Retired::default();
         locked.publish_parent_children(children.with_added(hash, leaf), guard, &mut retired);
-        self.reclaimer.retire(retired, guard);
         parent
             .dev(d)
             .resident_children
             .fetch_add(1, Ordering::SeqCst);
+        // The rest needs no lock.
+        drop(locked);
+        self.reclaimer.retire(retired, guard);
         self.resident_tokens[d].fetch_add(tokens.len() as u64, Ordering::SeqCst);
         self.count_node(d, true);
         // SAFETY: just linked under `guard`.
