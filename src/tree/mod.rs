@@ -389,9 +389,11 @@ impl Tree {
         self.inbox.is_some()
     }
 
-    /// Frees unlinked objects whose grace period has passed (the evictor
-    /// calls this; see [`reclaim`]).
+    /// Frees unlinked objects whose grace period has passed, and starts the
+    /// grace period of those still staged (the evictor calls this; see
+    /// [`reclaim`]).
     pub(crate) fn reclaim(&self) {
+        self.reclaimer.flush_staged();
         self.reclaimer.reclaim();
     }
 

@@ -23,6 +23,7 @@ use super::children::Chunk;
 use super::namespaces::{Entry, Table};
 use super::node::{Children, Image, NodePtr};
 use crossbeam_epoch::{Guard, Owned, Shared};
+use crossbeam_utils::CachePadded;
 use smallvec::SmallVec;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -141,15 +142,85 @@ impl Drop for Retired {
     }
 }
 
-#[derive(Default)]
+/// Staged batches are deferred together once a shard holds this many (one
+/// deferred function, one `Arc` clone and one count update for all of
+/// them: deferred functions run inside whichever thread pins next, often a
+/// reader, which then paid for every single change's hand-over). Under
+/// loom, batches are deferred one by one, as the models expect.
+#[cfg(not(loom))]
+const STAGE: usize = 32;
+#[cfg(loom)]
+const STAGE: usize = 1;
+/// Staging shards (threads are spread over them).
+const SHARDS: usize = 16;
+
 pub(crate) struct Reclaimer {
     #[cfg(not(loom))]
     queue: crossbeam_queue::SegQueue<Retired>,
     #[cfg(loom)]
     queue: std::sync::Mutex<Vec<Retired>>,
+    /// Batches retired but not yet deferred, by thread shard. A batch waits
+    /// here at most until `STAGE` batches gathered in its shard or the next
+    /// `reclaim`: deferring later only lengthens its grace period. A std
+    /// mutex, as for the queue: it only moves ownership and is part of no
+    /// protocol the loom models check (under loom it holds one batch for no
+    /// time at all).
+    staging: Box<[CachePadded<std::sync::Mutex<Vec<Retired>>>]>,
     pending: AtomicUsize,
     /// Batches handed over so far (to tell whether collection progresses).
     handed_over: AtomicUsize,
+}
+
+impl Default for Reclaimer {
+    fn default() -> Self {
+        Reclaimer {
+            queue: Default::default(),
+            staging: (0..SHARDS).map(|_| CachePadded::default()).collect(),
+            pending: AtomicUsize::new(0),
+            handed_over: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Drop for Reclaimer {
+    fn drop(&mut self) {
+        // The last reference goes after the tree itself (which holds one)
+        // and after every deferred hand-over ran: no reader can reach what
+        // a staged batch holds any more, so it is freed now.
+        for shard in self.staging.iter_mut() {
+            let staged = match shard.get_mut() {
+                Ok(v) => std::mem::take(v),
+                Err(p) => std::mem::take(p.into_inner()),
+            };
+            for mut batch in staged {
+                batch.expired = true;
+                drop(batch);
+            }
+        }
+    }
+}
+
+/// This thread's staging shard.
+fn shard() -> usize {
+    use std::cell::Cell;
+    use std::sync::atomic::AtomicUsize as StdCounter;
+    static NEXT: StdCounter = StdCounter::new(0);
+    thread_local! {
+        static MINE: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    MINE.with(|m| {
+        if m.get() == usize::MAX {
+            m.set(NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS);
+        }
+        m.get()
+    })
+}
+
+fn lock_vec(m: &std::sync::Mutex<Vec<Retired>>) -> std::sync::MutexGuard<'_, Vec<Retired>> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
 }
 
 impl std::fmt::Debug for Reclaimer {
@@ -161,21 +232,53 @@ impl std::fmt::Debug for Reclaimer {
 }
 
 impl Reclaimer {
-    /// Hands `batch` over once every thread pinned now has unpinned.
-    pub(crate) fn retire(self: &Arc<Self>, mut batch: Retired, guard: &Guard) {
+    /// Hands `batch` over once every thread pinned now has unpinned (staged
+    /// with others first: see `STAGE`).
+    pub(crate) fn retire(self: &Arc<Self>, batch: Retired, guard: &Guard) {
         if batch.len() == 0 {
             return;
         }
+        let full = {
+            let mut staged = lock_vec(&self.staging[shard()]);
+            staged.push(batch);
+            (staged.len() >= STAGE).then(|| std::mem::take(&mut *staged))
+        };
+        if let Some(batches) = full {
+            self.defer_hand_over(batches, guard);
+        }
+    }
+
+    /// Defers the hand-over of `batches` past the grace period of `guard`'s
+    /// epoch (every batch was retired at or before it, so none is handed
+    /// over early).
+    fn defer_hand_over(self: &Arc<Self>, mut batches: Vec<Retired>, guard: &Guard) {
         let me = Arc::clone(self);
         guard.defer(move || {
-            batch.expired = true;
+            let mut objects = 0;
+            for b in &mut batches {
+                b.expired = true;
+                objects += b.len();
+            }
             // Relaxed: `pending` and `handed_over` are hints (when to
             // reclaim, whether collection progresses); the queue orders the
             // hand-over itself.
-            me.pending.fetch_add(batch.len(), Ordering::Relaxed);
+            me.pending.fetch_add(objects, Ordering::Relaxed);
             me.handed_over.fetch_add(1, Ordering::Relaxed);
-            me.push(batch);
+            for b in batches {
+                me.push(b);
+            }
         });
+    }
+
+    /// Defers every staged batch now (before a reclaim that should see them).
+    pub(crate) fn flush_staged(self: &Arc<Self>) {
+        let guard = crossbeam_epoch::pin();
+        for shard in self.staging.iter() {
+            let batches = std::mem::take(&mut *lock_vec(shard));
+            if !batches.is_empty() {
+                self.defer_hand_over(batches, &guard);
+            }
+        }
     }
 
     /// The hand-over: lock-free (see the module docs).
@@ -242,7 +345,8 @@ impl Reclaimer {
     /// flushes this thread until no further batch arrives (a pinned reader
     /// elsewhere holds the epoch back; then this stops, it never waits).
     /// For an explicit `RadixCache::reclaim`, not for hot paths.
-    pub(crate) fn reclaim_all(&self) {
+    pub(crate) fn reclaim_all(self: &Arc<Self>) {
+        self.flush_staged();
         #[cfg(not(loom))]
         {
             // The epoch must advance twice past a retirement before its
