@@ -336,6 +336,30 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
     let q_floor = one(&mut |r| {
         std::hint::black_box(r.tokens.iter().fold(0u32, |a, &t| a ^ t));
     });
+    // Where radixkv's time goes: the same queries cut to the shared prompt
+    // (root and prompt node only), and to the prompt and the first page of
+    // the request's own leaf (adds the lookup among the prompt's children
+    // and the leaf's node, image and key: dependent misses).
+    let parts = w.shared_len.map(|n| {
+        let prompt = one(&mut |r| {
+            std::hint::black_box(cache.peek(TokenKey::new(&r.tokens[..n])));
+        });
+        let leaf_page = one(&mut |r| {
+            std::hint::black_box(cache.peek(TokenKey::new(&r.tokens[..n + w.page])));
+        });
+        (prompt, leaf_page)
+    });
+    if let Some((prompt, leaf_page)) = parts {
+        rep.phase(
+            &wl,
+            "query_parts",
+            &[
+                ("radixkv", q_ours),
+                ("radixkv-prompt-only", prompt),
+                ("radixkv-prompt+1-leaf-page", leaf_page),
+            ],
+        );
+    }
     rep.phase(
         &wl,
         "query",

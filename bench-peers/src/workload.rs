@@ -43,6 +43,9 @@ pub struct Workload {
     pub fresh: Vec<Request>,
     /// Page size (Dynamo block size).
     pub page: usize,
+    /// The tokens every request of a prompt shares (whole pages), for the
+    /// shared-prefix workloads.
+    pub shared_len: Option<usize>,
     /// Devices (Dynamo workers).
     pub devices: usize,
 }
@@ -119,6 +122,7 @@ pub fn shared_prefix(
         stored,
         fresh,
         page,
+        shared_len: Some(prompt / page * page),
         devices,
     }
 }
@@ -161,6 +165,7 @@ pub fn mooncake(
         stored,
         fresh: Vec::new(),
         page,
+        shared_len: None,
         devices,
     })
 }
