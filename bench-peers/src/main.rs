@@ -186,12 +186,48 @@ fn radixkv_store(cache: &RadixCache, r: &workload::Request, vals: &mut Vec<u32>)
         .expect("insert");
 }
 
-/// Every request's store event, in order (event ids from 1).
+/// The store event of the `i`-th request (event ids from 1).
+fn store_event(i: usize, r: &workload::Request) -> dynamo_kv_router::protocols::RouterEvent {
+    dynamo::stored(r.device, i as u64 + 1, &r.local, &r.seq)
+}
+
+/// Every request's store event, in order.
 fn store_events(reqs: &[workload::Request]) -> Vec<dynamo_kv_router::protocols::RouterEvent> {
     reqs.iter()
         .enumerate()
-        .map(|(i, r)| dynamo::stored(r.device, i as u64 + 1, &r.local, &r.seq))
+        .map(|(i, r)| store_event(i, r))
         .collect()
+}
+
+/// Runs `f` on each of `picks` (indexes of stored requests), split evenly
+/// over `threads` threads that start together; one histogram for all.
+fn queries_on(
+    w: &Workload,
+    picks: &[usize],
+    threads: usize,
+    f: &(dyn Fn(&workload::Request) + Sync),
+) -> Figures {
+    let barrier = Barrier::new(threads);
+    let per = picks.len() / threads;
+    let out: Vec<(Histogram<u64>, Duration)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let mine = &picks[t * per..(t + 1) * per];
+                let barrier = &barrier;
+                s.spawn(move || {
+                    let mut h = hist();
+                    barrier.wait();
+                    let start = Instant::now();
+                    for &i in mine {
+                        timed(&mut h, || f(&w.stored[i]));
+                    }
+                    (h, start.elapsed())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("thread")).collect()
+    });
+    merge(&out, per * threads)
 }
 
 // ---------------------------------------------------------------- the suite
@@ -377,30 +413,7 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
     drop(tree);
 
     // ---- routing query, 2 threads
-    let two = |f: &(dyn Fn(&workload::Request) + Sync)| -> Figures {
-        let barrier = Barrier::new(2);
-        let half = picks.len() / 2;
-        let out: Vec<(Histogram<u64>, Duration)> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..2)
-                .map(|t| {
-                    let mine = &picks[t * half..(t + 1) * half];
-                    let barrier = &barrier;
-                    let w = &w;
-                    s.spawn(move || {
-                        let mut h = hist();
-                        barrier.wait();
-                        let start = Instant::now();
-                        for &i in mine {
-                            timed(&mut h, || f(&w.stored[i]));
-                        }
-                        (h, start.elapsed())
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().expect("thread")).collect()
-        });
-        merge(&out, half * 2)
-    };
+    let two = |f: &(dyn Fn(&workload::Request) + Sync)| queries_on(&w, &picks, 2, f);
     let q2_ours = two(&|r| {
         std::hint::black_box(cache.peek(TokenKey::new(&r.tokens)));
     });
@@ -468,10 +481,11 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
         &wl,
         "remove_10pct",
         &[
-            ("radixkv", ours_ms, note.clone()),
-            ("crtc", crtc_ms, note.clone()),
-            ("positional", pos_ms, note),
+            ("radixkv", ours_ms),
+            ("crtc", crtc_ms),
+            ("positional", pos_ms),
         ],
+        &note,
     );
     check_agree(&w, &cache, &crtc, "after the removal");
 
@@ -708,11 +722,7 @@ fn lanes<I: SyncIndexer>(index: &Arc<I>, n: usize) -> Vec<Lane> {
 fn memory_of<I: SyncIndexer>(index: Arc<I>, reqs: &[workload::Request]) -> isize {
     let before = live();
     let lane = Lane::new(Arc::clone(&index), Some(64));
-    lane.feed(
-        reqs.iter()
-            .enumerate()
-            .map(|(i, r)| dynamo::stored(r.device, i as u64 + 1, &r.local, &r.seq)),
-    );
+    lane.feed(reqs.iter().enumerate().map(|(i, r)| store_event(i, r)));
     let b = live() - before;
     drop(lane);
     b
@@ -815,37 +825,14 @@ fn scaling(rep: &mut Report, args: &Args) {
                             .iter()
                             .enumerate()
                             .filter(|(_, r)| r.device % threads == t)
-                            .map(|(i, r)| dynamo::stored(r.device, i as u64 + 1, &r.local, &r.seq)),
+                            .map(|(i, r)| store_event(i, r)),
                     )
                 });
             }
         });
         let mut rng = StdRng::seed_from_u64(31);
         let picks = sample(&mut rng, queries, w.stored.len());
-        let run = |f: &(dyn Fn(&workload::Request) + Sync)| -> Figures {
-            let barrier = Barrier::new(threads);
-            let per = picks.len() / threads;
-            let out: Vec<(Histogram<u64>, Duration)> = std::thread::scope(|s| {
-                let hs: Vec<_> = (0..threads)
-                    .map(|t| {
-                        let mine = &picks[t * per..(t + 1) * per];
-                        let barrier = &barrier;
-                        let w = &w;
-                        s.spawn(move || {
-                            let mut h = hist();
-                            barrier.wait();
-                            let start = Instant::now();
-                            for &i in mine {
-                                timed(&mut h, || f(&w.stored[i]));
-                            }
-                            (h, start.elapsed())
-                        })
-                    })
-                    .collect();
-                hs.into_iter().map(|h| h.join().expect("thread")).collect()
-            });
-            merge(&out, per * threads)
-        };
+        let run = |f: &(dyn Fn(&workload::Request) + Sync)| queries_on(&w, &picks, threads, f);
         let q_ours = run(&|r| {
             std::hint::black_box(cache.peek(TokenKey::new(&r.tokens)));
         });

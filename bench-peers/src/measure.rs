@@ -125,39 +125,51 @@ impl Report {
 
     /// A single timed action (ms) per implementation, with ratios
     /// (peer time / radixkv time: > 1 means radixkv is faster).
-    pub fn timing(&mut self, wl: &str, phase: &str, rows: &[(&str, f64, String)]) {
-        let ours = rows
-            .iter()
-            .find(|(n, _, _)| *n == "radixkv")
-            .map_or(f64::NAN, |r| r.1);
-        for (name, ms, note) in rows {
-            print!("{phase:<26} {name:<24} {ms:>11.2} ms");
-            self.json.insert(format!("{wl}.{phase}.{name}.ms"), *ms);
-            if *name != "radixkv" {
-                let r = ms / ours;
-                self.json.insert(format!("{wl}.{phase}.ratio_vs_{name}"), r);
-                print!("   x{r:.2}");
-            }
-            println!("   {note}");
-        }
+    pub fn timing(&mut self, wl: &str, phase: &str, rows: &[(&str, f64)], note: &str) {
+        self.lower_is_better(wl, phase, rows, Some("ms"), note);
     }
 
     /// A memory figure per implementation (lower is better; ratio peer /
     /// radixkv).
     pub fn memory(&mut self, wl: &str, what: &str, rows: &[(&str, f64)]) {
+        self.lower_is_better(wl, what, rows, None, "");
+    }
+
+    /// One figure per implementation where less is better: printed with
+    /// `unit`, kept as `wl.what.impl[.unit]`, and each peer's ratio
+    /// (peer / radixkv) as `wl.what.ratio_vs_impl`.
+    fn lower_is_better(
+        &mut self,
+        wl: &str,
+        what: &str,
+        rows: &[(&str, f64)],
+        unit: Option<&str>,
+        note: &str,
+    ) {
         let ours = rows
             .iter()
             .find(|(n, _)| *n == "radixkv")
             .map_or(f64::NAN, |r| r.1);
         for (name, v) in rows {
             print!("{what:<26} {name:<24} {v:>11.2}");
-            self.json.insert(format!("{wl}.{what}.{name}"), *v);
+            let key = match unit {
+                Some(u) => {
+                    print!(" {u}");
+                    format!("{wl}.{what}.{name}.{u}")
+                }
+                None => format!("{wl}.{what}.{name}"),
+            };
+            self.json.insert(key, *v);
             if *name != "radixkv" {
                 let r = v / ours;
                 self.json.insert(format!("{wl}.{what}.ratio_vs_{name}"), r);
                 print!("   x{r:.2}");
             }
-            println!();
+            if note.is_empty() {
+                println!();
+            } else {
+                println!("   {note}");
+            }
         }
     }
 }
