@@ -231,22 +231,23 @@ impl RadixCache {
     ) {
         // New leaves and the pinned ones set aside earlier, heapified in bulk.
         let mut fresh = Vec::new();
+        let hand = c.hand;
+        // A node filed under its key as the node has it now, if a leaf.
+        let visited = |n: Arc<Node>, fresh: &mut Vec<_>| {
+            if is_leaf_on(&n, d) {
+                fresh.push(Reverse((self.entry_key(hand, &n, d), ByAddr(n))));
+            }
+        };
         // A note is filed under a lower bound of its key, from what it
         // carries: taking thousands in visits none of the nodes (popping
         // validates each). Sieve ranks by the hand and visits the node.
         self.tree
             .drain_leaves(d, |note| match self.policy.lower_bound(note.last_access) {
                 Some(k) => fresh.push(Reverse((k, ByAddr(note.node)))),
-                None if is_leaf_on(&note.node, d) => {
-                    let k = self.entry_key(c.hand, &note.node, d);
-                    fresh.push(Reverse((k, ByAddr(note.node))));
-                }
-                None => {}
+                None => visited(note.node, &mut fresh),
             });
         for n in std::mem::take(&mut c.aside) {
-            if is_leaf_on(&n, d) {
-                fresh.push(Reverse((self.entry_key(c.hand, &n, d), ByAddr(n))));
-            }
+            visited(n, &mut fresh);
         }
         out.examined += fresh.len();
         c.heap.extend(fresh);

@@ -500,15 +500,6 @@ impl Tree {
         if ps > 1 && r.key.get(..ps) != Some(&rest[..ps]) {
             return None;
         }
-        // The walk goes on into `child`'s children once the key is
-        // compared: start loading that array while the comparison runs.
-        prefetch_line(
-            child
-                .children
-                .load(Ordering::Relaxed, guard)
-                .as_raw()
-                .cast(),
-        );
         Some(Step::Found(child, img, common_prefix(&r.key, rest, ps)))
     }
 

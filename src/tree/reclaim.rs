@@ -292,14 +292,14 @@ impl Reclaimer {
         }
     }
 
-    /// Takes every batch handed over so far.
-    fn take_all(&self) -> Vec<Retired> {
+    /// Takes one batch handed over, if any.
+    fn pop(&self) -> Option<Retired> {
         #[cfg(not(loom))]
-        return std::iter::from_fn(|| self.queue.pop()).collect();
+        return self.queue.pop();
         #[cfg(loom)]
         return match self.queue.lock() {
-            Ok(mut q) => std::mem::take(&mut *q),
-            Err(p) => std::mem::take(&mut *p.into_inner()),
+            Ok(mut q) => q.pop(),
+            Err(p) => p.into_inner().pop(),
         };
     }
 
@@ -314,15 +314,7 @@ impl Reclaimer {
     pub(crate) fn reclaim_some(&self, budget: usize) {
         let mut freed = 0;
         while freed < budget {
-            #[cfg(not(loom))]
-            let Some(batch) = self.queue.pop() else {
-                break;
-            };
-            #[cfg(loom)]
-            let Some(batch) = (match self.queue.lock() {
-                Ok(mut q) => q.pop(),
-                Err(p) => p.into_inner().pop(),
-            }) else {
+            let Some(batch) = self.pop() else {
                 break;
             };
             let n = batch.len();
@@ -334,10 +326,7 @@ impl Reclaimer {
 
     /// Frees every batch whose grace period has passed and was handed over.
     pub(crate) fn reclaim(&self) {
-        let batches = self.take_all();
-        let n: usize = batches.iter().map(Retired::len).sum();
-        self.pending.fetch_sub(n, Ordering::Relaxed);
-        drop(batches);
+        self.reclaim_some(usize::MAX);
     }
 
     /// Like [`reclaim`](Self::reclaim), after first letting crossbeam-epoch
