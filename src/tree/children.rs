@@ -412,8 +412,7 @@ mod tests {
         // SAFETY: see above; no tree, no reclamation in these tests.
         unsafe { n.node_unchecked() }
     }
-    use crate::sync::Arc;
-    use crate::tree::node::{Image, ParentPtr};
+    use crate::tree::node::{ImageParts, ParentPtr};
     use crate::tree::values::DeviceValues;
 
     fn leaf(id: u64) -> NodePtr {
@@ -421,9 +420,9 @@ mod tests {
             id,
             false,
             1,
-            Image {
+            ImageParts {
                 parent: ParentPtr(std::ptr::null()),
-                key: Arc::from(&[1u32][..]),
+                key: &[1],
                 values: DeviceValues::none(),
             },
             Children::default(),

@@ -113,7 +113,7 @@ impl LeafInbox {
 }
 use children::{page_hash, ChildEntry, Children};
 use crossbeam_utils::CachePadded;
-use node::{Expect, Image, LockFailed, Locked, Locking, Node, NodePtr, ParentPtr};
+use node::{Expect, Image, ImageParts, LockFailed, Locked, Locking, Node, NodePtr, ParentPtr};
 use reclaim::{Reclaimer, Retired};
 use std::ops::Range;
 use values::{DeviceValues, Values};
@@ -428,9 +428,9 @@ impl Tree {
                     self.new_id(0),
                     true,
                     self.devices,
-                    Image {
+                    ImageParts {
                         parent: ParentPtr(std::ptr::null()),
-                        key: namespaces::key_of(ns),
+                        key: &namespaces::key_of(ns),
                         values: DeviceValues::none(),
                     },
                     Children::default(),
@@ -526,7 +526,7 @@ impl Tree {
                 Step::Found(c, i, k) => (c, i, k),
             };
             #[cfg(loom)]
-            crate::sync::probe::assert_live(img.as_raw() as usize);
+            crate::sync::probe::assert_live(node::image_addr(img));
             // SAFETY: loaded under `guard`, retired with defer_destroy.
             let r = unsafe { img.deref() };
             let mut any = false;
@@ -649,7 +649,8 @@ impl Tree {
         let mut node = end;
         while !node.is_root {
             let img = node.image_ref(guard);
-            let v = img.values.get(d)?.clone();
+            // Borrowed: the image lives as long as `guard`.
+            let v = img.values.get(d)?;
             total += v.tokens(self.page_size);
             segs.push(v);
             if img.parent.0.is_null() {
@@ -851,14 +852,14 @@ impl Tree {
         let len = img.key.len();
         let pvals = img.values.map(|v| v.slice(0, k, ps));
         let svals = img.values.map(|v| v.slice(k, len, ps));
-        let skey: Arc<[u32]> = Arc::from(&img.key[k..]);
+        let skey = &img.key[k..];
         let prefix = Node::new(
             self.new_id(fresh.unwrap_or(0)),
             false,
             self.devices,
-            Image {
+            ImageParts {
                 parent: ParentPtr(parent),
-                key: Arc::from(&img.key[..k]),
+                key: &img.key[..k],
                 values: pvals,
             },
             Children::flat(vec![(page_hash(&skey[..ps]), NodePtr(child))]),
@@ -902,7 +903,7 @@ impl Tree {
         let prefix = NodePtr::link(prefix);
         let mut retired = Retired::default();
         locked.publish_child_image(
-            Image {
+            ImageParts {
                 parent: ParentPtr(prefix.0),
                 key: skey,
                 values: svals,
@@ -948,9 +949,9 @@ impl Tree {
             self.new_id(d),
             false,
             self.devices,
-            Image {
+            ImageParts {
                 parent: ParentPtr(parent),
-                key: Arc::from(tokens),
+                key: tokens,
                 values: DeviceValues::one(d, Values::new(values, ps)),
             },
             Children::default(),
@@ -1035,9 +1036,9 @@ impl Tree {
         crate::pause::at(crate::pause::Point::Adopt);
         let mut retired = Retired::default();
         locked.publish_child_image(
-            Image {
+            ImageParts {
                 parent: img.parent,
-                key: Arc::clone(&img.key),
+                key: &img.key,
                 values: vals,
             },
             guard,
@@ -1103,12 +1104,12 @@ impl Tree {
         // values left means resident nowhere, without reading every
         // device's slot (a line each).
         let resident_elsewhere = !vals.is_empty();
-        let key = Arc::clone(&img.key);
+        let key = &img.key;
         let key_len = key.len();
         let hash = page_hash(&key[..self.page_size]);
         let mut retired = Retired::default();
         locked.publish_child_image(
-            Image {
+            ImageParts {
                 parent: pp,
                 key,
                 values: vals,

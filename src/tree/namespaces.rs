@@ -103,9 +103,9 @@ fn hash_of(ns: Option<&str>) -> u64 {
 /// for a named one its length + 1 then its bytes, four to a `u32`. Roots
 /// match no tokens (readers start at their children), so the key only
 /// tells a root's remover which entry to look up.
-pub(crate) fn key_of(ns: Option<&str>) -> Arc<[u32]> {
+pub(crate) fn key_of(ns: Option<&str>) -> Vec<u32> {
     let Some(ns) = ns else {
-        return Arc::from(&[][..]);
+        return Vec::new();
     };
     let b = ns.as_bytes();
     let mut k = Vec::with_capacity(1 + b.len().div_ceil(4));
@@ -115,7 +115,7 @@ pub(crate) fn key_of(ns: Option<&str>) -> Arc<[u32]> {
         w[..c.len()].copy_from_slice(c);
         u32::from_le_bytes(w)
     }));
-    Arc::from(k)
+    k
 }
 
 /// The namespace a root's key names ([`key_of`]'s inverse).

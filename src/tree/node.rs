@@ -25,7 +25,8 @@ use super::reclaim::Retired;
 use super::residency::Residency;
 use super::values::DeviceValues;
 use crate::sync::{Arc, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
-use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
+use crossbeam_epoch::{Atomic, Guard, Owned, Pointable, Pointer, Shared};
+use std::alloc::Layout;
 
 /// A raw parent pointer. Null for a namespace root.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,30 +41,192 @@ unsafe impl Send for ParentPtr {}
 // SAFETY: as above; `ParentPtr` is an immutable address.
 unsafe impl Sync for ParentPtr {}
 
-/// An immutable snapshot of a node's position, key and values.
-#[derive(Debug)]
+/// An immutable snapshot of a node's position, key and values, in one
+/// allocation: a fixed [`ImageHead`], then the key's tokens. A node's key
+/// used to live in an allocation of its own (an `Arc<[u32]>` shared by the
+/// node's successive images); inline, it costs no reference count, no fat
+/// pointer and no separate allocation, and a reader that loads the image
+/// finds the tokens it compares next to it instead of behind one more
+/// pointer. The price is a copy of the key whenever an image is replaced
+/// (a residency added or removed, a split), which is rarer than the reads.
+///
+/// Reached through `Atomic<Image>` like any other epoch-managed object:
+/// the [`Pointable`] implementation below turns the thin address crossbeam
+/// keeps into a reference (the head holds the key's length).
+#[repr(C)]
 pub(crate) struct Image {
+    head: ImageHead,
+    /// The node's tokens (page-aligned, non-empty except for roots).
+    pub(crate) key: [u32],
+}
+
+/// The fixed part of an [`Image`], at its start (offset 0: `repr(C)`).
+#[derive(Debug)]
+#[repr(C)]
+pub(crate) struct ImageHead {
     /// The parent this image was published under.
     pub(crate) parent: ParentPtr,
-    /// The node's tokens (page-aligned, non-empty except for roots).
-    pub(crate) key: Arc<[u32]>,
     /// The values of the node's tokens on each device where it is resident.
     pub(crate) values: DeviceValues,
+    /// The key's length in tokens (the metadata of the `key` tail).
+    len: usize,
+}
+
+/// What a new image is made of; [`boxed`] copies the key into it.
+#[derive(Debug)]
+pub(crate) struct ImageParts<'k> {
+    /// See [`ImageHead::parent`].
+    pub(crate) parent: ParentPtr,
+    /// The tokens, copied into the image.
+    pub(crate) key: &'k [u32],
+    /// See [`ImageHead::values`].
+    pub(crate) values: DeviceValues,
+}
+
+/// An owned [`ImageParts`]: what `Owned::<Image>::init` takes
+/// ([`Pointable::Init`]). The tree builds images through [`boxed`], which
+/// borrows the key instead.
+#[derive(Debug)]
+pub(crate) struct ImageInit {
+    pub(crate) parent: ParentPtr,
+    pub(crate) key: Box<[u32]>,
+    pub(crate) values: DeviceValues,
+}
+
+impl std::ops::Deref for Image {
+    type Target = ImageHead;
+    fn deref(&self) -> &ImageHead {
+        &self.head
+    }
+}
+
+impl std::fmt::Debug for Image {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Image")
+            .field("parent", &self.head.parent)
+            .field("key", &&self.key)
+            .field("values", &self.head.values)
+            .finish()
+    }
 }
 
 #[cfg(loom)]
 impl Drop for Image {
     fn drop(&mut self) {
-        crate::sync::probe::died(self as *const Image as usize);
+        crate::sync::probe::died(self as *const Image as *const () as usize);
+    }
+}
+
+impl Image {
+    /// The allocation of an image with a key of `len` tokens, and the
+    /// key's offset in it: `repr(C)` places the head at 0 and the tail at
+    /// the head's size rounded up to `u32`'s alignment, which is what
+    /// [`Layout::extend`] computes.
+    fn layout(len: usize) -> (Layout, usize) {
+        // A key of `len` tokens exists in memory, so its bytes fit in an
+        // `isize`; only a head added to a key of nearly `isize::MAX` bytes
+        // could overflow, which no token sequence reaches (as `Vec`, this
+        // is a capacity overflow, not an input error).
+        let (layout, offset) = Layout::array::<u32>(len)
+            .and_then(|key| Layout::new::<ImageHead>().extend(key))
+            .expect("image size overflows isize");
+        (layout.pad_to_align(), offset)
+    }
+
+    /// Allocates an image of `parts` and returns its address.
+    fn write(parent: ParentPtr, key: &[u32], values: DeviceValues) -> usize {
+        let (layout, offset) = Image::layout(key.len());
+        // SAFETY: `layout` has a non-zero size (the head is not empty).
+        let p = unsafe { std::alloc::alloc(layout) };
+        if p.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        // SAFETY: `p` is a fresh allocation of `layout`, aligned for the
+        // head (its alignment is the layout's) with `offset` the key's
+        // place in it, `key.len()` `u32`s long (see `layout`); nothing else
+        // can see it yet. The head's `len` is the key's length, so the
+        // reference `fat` builds covers exactly what was written.
+        unsafe {
+            p.cast::<ImageHead>().write(ImageHead {
+                parent,
+                values,
+                len: key.len(),
+            });
+            std::ptr::copy_nonoverlapping(key.as_ptr(), p.add(offset).cast::<u32>(), key.len());
+            debug_assert_eq!(
+                Layout::for_value(&*Image::fat(p as usize)),
+                layout,
+                "the computed layout is the type's"
+            );
+        }
+        p as usize
+    }
+
+    /// The wide pointer to the image at thin address `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` came from [`Image::write`] and was not freed yet.
+    unsafe fn fat(ptr: usize) -> *mut Image {
+        // SAFETY: the caller's contract: the head was written at `ptr`.
+        let len = unsafe { (*(ptr as *const ImageHead)).len };
+        // A slice pointer of the key's length, cast to the struct whose
+        // tail is that slice: the same address and metadata.
+        std::ptr::slice_from_raw_parts_mut(ptr as *mut u32, len) as *mut Image
+    }
+}
+
+// What crossbeam relies on (the trait is safe to implement, its methods
+// are `unsafe fn`): `init` returns the address of an allocation aligned to `ALIGN`
+// (the head's alignment is the layout's, `Image::layout`), holding a head
+// and the key it describes; `deref`/`deref_mut` rebuild the reference from
+// the head's length, and `drop` drops the head and frees the allocation
+// with the layout it was made with. crossbeam calls these only on
+// addresses `init` returned (or `from_usize` got from `Image::write`, the
+// same allocation), as its contract says.
+impl Pointable for Image {
+    const ALIGN: usize = std::mem::align_of::<ImageHead>();
+    type Init = ImageInit;
+
+    unsafe fn init(init: ImageInit) -> usize {
+        Image::write(init.parent, &init.key, init.values)
+    }
+
+    unsafe fn deref<'a>(ptr: usize) -> &'a Image {
+        // SAFETY: crossbeam's contract (`ptr` is live, not mutably borrowed).
+        unsafe { &*Image::fat(ptr) }
+    }
+
+    unsafe fn deref_mut<'a>(ptr: usize) -> &'a mut Image {
+        // SAFETY: crossbeam's contract (`ptr` is live and not borrowed).
+        unsafe { &mut *Image::fat(ptr) }
+    }
+
+    unsafe fn drop(ptr: usize) {
+        // SAFETY: crossbeam's contract: `ptr` is live and nobody else can
+        // reach it. The image is dropped in place (its head's values; the
+        // key needs nothing), then its allocation freed with its layout.
+        unsafe {
+            let (layout, _) = Image::layout((*(ptr as *const ImageHead)).len);
+            std::ptr::drop_in_place(Image::fat(ptr));
+            std::alloc::dealloc(ptr as *mut u8, layout);
+        }
     }
 }
 
 /// Boxes an image for publication (and, under loom, registers it).
-pub(crate) fn boxed(image: Image) -> Owned<Image> {
-    let owned = Owned::new(image);
+pub(crate) fn boxed(parts: ImageParts<'_>) -> Owned<Image> {
+    let addr = Image::write(parts.parent, parts.key, parts.values);
     #[cfg(loom)]
-    crate::sync::probe::born(&*owned as *const Image as usize);
-    owned
+    crate::sync::probe::born(addr);
+    // SAFETY: `addr` is a live image from `Image::write`, owned by no one
+    // else: what `Owned` requires of it (see the `Pointable` impl).
+    unsafe { Owned::from_usize(addr) }
+}
+
+/// The thin address of an image (what the loom probe and the reclaimer
+/// keep).
+pub(crate) fn image_addr(img: Shared<'_, Image>) -> usize {
+    img.into_usize()
 }
 
 /// A linked node, as children arrays hold it: no reference count of its
@@ -240,7 +403,7 @@ impl Node {
         id: u64,
         is_root: bool,
         devices: usize,
-        image: Image,
+        image: ImageParts<'_>,
         children: Children,
         priority: i64,
     ) -> Self {
@@ -294,7 +457,7 @@ impl Node {
     pub(crate) fn image<'g>(&self, guard: &'g Guard) -> Shared<'g, Image> {
         let img = self.image.load(Ordering::SeqCst, guard);
         #[cfg(loom)]
-        crate::sync::probe::assert_live(img.as_raw() as usize);
+        crate::sync::probe::assert_live(image_addr(img));
         img
     }
 
@@ -316,7 +479,7 @@ impl Node {
 
     /// Publishes a new image and retires the old one into `retired`. Only
     /// through [`Locked`], which holds this node's lock and its parent's.
-    fn publish_image(&self, image: Image, guard: &Guard, retired: &mut Retired) {
+    fn publish_image(&self, image: ImageParts<'_>, guard: &Guard, retired: &mut Retired) {
         let old = self.image.swap(boxed(image), Ordering::SeqCst, guard);
         // `old` is unreachable from now on; readers that loaded it hold
         // guards, and `retired` frees it only after they are all gone. This
@@ -561,7 +724,12 @@ impl<'a> Locked<'a> {
     }
 
     /// Publishes the child's new image (both locks held), retiring the old.
-    pub(crate) fn publish_child_image(&self, image: Image, guard: &Guard, retired: &mut Retired) {
+    pub(crate) fn publish_child_image(
+        &self,
+        image: ImageParts<'_>,
+        guard: &Guard,
+        retired: &mut Retired,
+    ) {
         let Some(child) = self.child else {
             debug_assert!(false, "no child locked");
             return;

@@ -21,8 +21,8 @@
 
 use super::children::Chunk;
 use super::namespaces::{Entry, Table};
-use super::node::{Children, Image, NodePtr};
-use crossbeam_epoch::{Guard, Owned, Shared};
+use super::node::{image_addr, Children, Image, NodePtr};
+use crossbeam_epoch::{Guard, Owned, Pointer, Shared};
 use crossbeam_utils::CachePadded;
 use smallvec::SmallVec;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,7 +30,8 @@ use std::sync::Arc;
 
 /// One unlinked object.
 enum Garbage {
-    Image(*mut Image),
+    /// An image, by its thin address (`node::image_addr`).
+    Image(usize),
     Children(*mut Children),
     Chunk(Chunk),
     Node(NodePtr),
@@ -61,7 +62,7 @@ impl Retired {
     /// An image that was just replaced.
     pub(crate) fn image(&mut self, old: Shared<'_, Image>) {
         if !old.is_null() {
-            self.items.push(Garbage::Image(old.as_raw() as *mut Image));
+            self.items.push(Garbage::Image(image_addr(old)));
         }
     }
 
@@ -114,11 +115,11 @@ impl Drop for Retired {
         // `Atomic::swap`), and dropping the `Owned` frees it.
         for g in self.items.drain(..) {
             match g {
-                // SAFETY: `p` came from an `Owned<Image>` published into an
-                // `Atomic`, was unlinked (replaced) before retirement, is in
-                // no other batch, and its grace period has passed: no reader
-                // holds it, and this is its only release.
-                Garbage::Image(p) => drop(unsafe { Owned::from_raw(p) }),
+                // SAFETY: `p` is the address of an `Owned<Image>` published
+                // into an `Atomic`, was unlinked (replaced) before
+                // retirement, is in no other batch, and its grace period has
+                // passed: no reader holds it, and this is its only release.
+                Garbage::Image(p) => drop(unsafe { Owned::<Image>::from_usize(p) }),
                 // SAFETY: as for images, for an `Owned<Children>` (dropping
                 // an array frees none of its chunks).
                 Garbage::Children(p) => drop(unsafe { Owned::from_raw(p) }),

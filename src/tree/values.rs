@@ -3,9 +3,10 @@
 //! encodings. Images hold one per device (see `node`); the codec knows
 //! nothing of the tree.
 
-use crate::sync::Arc;
+use std::alloc::Layout;
+use std::ptr::NonNull;
 
-/// The values of a node's tokens on one device, in one 24-byte handle.
+/// The values of a node's tokens on one device, in one 16-byte handle.
 ///
 /// The first word of the array says how the rest is stored; the smallest
 /// of three encodings is chosen when the values are stored:
@@ -20,12 +21,93 @@ pub(crate) struct Values(Words);
 
 /// The encoded words: up to three inline (one run of a request's slots, or
 /// one or two page bases: the common cases, with no allocation of their
-/// own), more behind a shared pointer (slices of a node's values at a split
-/// share nothing: they are re-encoded).
+/// own), more in an allocation of their own behind a thin pointer (slices
+/// of a node's values at a split share nothing: they are re-encoded).
 #[derive(Clone, Debug)]
 enum Words {
     Inline { len: u8, words: [u32; 3] },
-    Shared(Arc<[u32]>),
+    Heap(HeapWords),
+}
+
+/// Four or more words in one allocation: their count, then the words.
+/// A thin pointer (8 bytes, where an `Arc<[u32]>` is 16 and carries two
+/// counts), which keeps a [`Values`] at 16 bytes and a node's one-device
+/// [`DeviceValues`] at 24. A copy copies the words: values are copied only
+/// when a new image is built (a residency added or removed, a split), which
+/// allocates anyway.
+struct HeapWords(NonNull<usize>);
+
+// SAFETY: a `HeapWords` owns its allocation alone (no interior
+// mutability, no sharing: `Clone` copies), like a `Box<[u32]>`.
+unsafe impl Send for HeapWords {}
+// SAFETY: as above; `&HeapWords` only reads.
+unsafe impl Sync for HeapWords {}
+
+impl HeapWords {
+    /// The allocation of `n` words and the words' offset in it.
+    fn layout(n: usize) -> (Layout, usize) {
+        // `n` words exist in memory (they are copied from a slice), so only
+        // a count added to nearly `isize::MAX` bytes could overflow: a
+        // capacity overflow, as `Vec` has, which no node's values reach.
+        let (layout, offset) = Layout::array::<u32>(n)
+            .and_then(|w| Layout::new::<usize>().extend(w))
+            .expect("values size overflows isize");
+        (layout.pad_to_align(), offset)
+    }
+
+    fn new(words: &[u32]) -> HeapWords {
+        let (layout, offset) = HeapWords::layout(words.len());
+        // SAFETY: `layout` is not empty (it holds the count).
+        let p = unsafe { std::alloc::alloc(layout) };
+        let Some(p) = NonNull::new(p) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        // SAFETY: a fresh allocation of `layout`: the count at its start
+        // (aligned for `usize`, the layout's alignment), `words.len()`
+        // `u32`s at `offset`.
+        unsafe {
+            p.cast::<usize>().write(words.len());
+            std::ptr::copy_nonoverlapping(
+                words.as_ptr(),
+                p.as_ptr().add(offset).cast::<u32>(),
+                words.len(),
+            );
+        }
+        HeapWords(p.cast())
+    }
+
+    fn as_slice(&self) -> &[u32] {
+        // SAFETY: `new` wrote the count and that many words at the offset
+        // `layout` gives; the allocation lives as long as `self`.
+        unsafe {
+            let n = self.0.as_ptr().read();
+            let (_, offset) = HeapWords::layout(n);
+            std::slice::from_raw_parts(self.0.as_ptr().cast::<u8>().add(offset).cast::<u32>(), n)
+        }
+    }
+}
+
+impl Clone for HeapWords {
+    fn clone(&self) -> HeapWords {
+        HeapWords::new(self.as_slice())
+    }
+}
+
+impl Drop for HeapWords {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `new` with the layout of this count, freed
+        // only here, once.
+        unsafe {
+            let (layout, _) = HeapWords::layout(self.0.as_ptr().read());
+            std::alloc::dealloc(self.0.as_ptr().cast(), layout);
+        }
+    }
+}
+
+impl std::fmt::Debug for HeapWords {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
 }
 
 impl Words {
@@ -43,14 +125,14 @@ impl Words {
                 len: 3,
                 words: [a, b, c],
             },
-            _ => Words::Shared(Arc::from(words)),
+            _ => Words::Heap(HeapWords::new(words)),
         }
     }
 
     fn as_slice(&self) -> &[u32] {
         match self {
             Words::Inline { len, words } => &words[..usize::from(*len)],
-            Words::Shared(w) => w,
+            Words::Heap(w) => w.as_slice(),
         }
     }
 }
@@ -181,20 +263,27 @@ impl Values {
 
 /// The values of a node's tokens on each device where it is resident, and
 /// only there, in device order. A node is usually resident on one device
-/// (kept inline, in the image itself: no allocation of its own) or a few
-/// (sorted `(device, values)` pairs, 32 bytes each) of many: no slot for
-/// every device, and a reader that wants the resident devices (routing)
-/// walks just those.
+/// (kept inline, in the image itself: no allocation of its own; 24 bytes,
+/// the device number in the padding beside the tag) or a few (sorted
+/// `(device, values)` pairs, 24 bytes each) of many: no slot for every
+/// device, and a reader that wants the resident devices (routing) walks
+/// just those.
 #[derive(Clone, Debug, Default)]
 pub(crate) enum DeviceValues {
     /// Resident nowhere.
     #[default]
     Nowhere,
-    /// Resident on one device: `(device, values)`.
-    One((u32, Values)),
+    /// Resident on one device: device, values. Two fields, not a pair: the
+    /// tag then shares the pair's padding (a pair is one 24-byte field,
+    /// and the enum would be 32).
+    One(u32, Values),
     /// Resident on two or more devices (sorted by device).
     Several(Box<[(u32, Values)]>),
 }
+
+// One word less than the pair layout would take (see `One`).
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::size_of::<DeviceValues>() == 24);
 
 impl DeviceValues {
     /// Resident nowhere.
@@ -204,31 +293,35 @@ impl DeviceValues {
 
     /// Resident on `d` only.
     pub(crate) fn one(d: usize, v: Values) -> DeviceValues {
-        DeviceValues::One((d as u32, v))
+        DeviceValues::One(d as u32, v)
     }
 
     fn from_pairs(mut pairs: Vec<(u32, Values)>) -> DeviceValues {
         match pairs.len() {
             0 => DeviceValues::Nowhere,
-            1 => DeviceValues::One(pairs.pop().expect("one pair")),
+            1 => {
+                let (d, v) = pairs.pop().expect("one pair");
+                DeviceValues::One(d, v)
+            }
             _ => DeviceValues::Several(pairs.into_boxed_slice()),
         }
     }
 
-    fn pairs(&self) -> &[(u32, Values)] {
-        match self {
-            DeviceValues::Nowhere => &[],
-            DeviceValues::One(p) => std::slice::from_ref(p),
-            DeviceValues::Several(p) => p,
-        }
+    /// The devices with values, in order, with them.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (usize, &Values)> {
+        let (one, several) = match self {
+            DeviceValues::Nowhere => (None, &[][..]),
+            DeviceValues::One(d, v) => (Some((*d, v)), &[][..]),
+            DeviceValues::Several(p) => (None, &p[..]),
+        };
+        one.into_iter()
+            .chain(several.iter().map(|(d, v)| (*d, v)))
+            .map(|(d, v)| (d as usize, v))
     }
 
     /// The values on `d`, if resident there.
     pub(crate) fn get(&self, d: usize) -> Option<&Values> {
-        self.pairs()
-            .iter()
-            .find(|(e, _)| *e as usize == d)
-            .map(|(_, v)| v)
+        self.iter().find(|(e, _)| *e == d).map(|(_, v)| v)
     }
 
     /// Whether the node is resident nowhere.
@@ -238,22 +331,16 @@ impl DeviceValues {
 
     /// Whether there are values on `d`.
     pub(crate) fn is_present(&self, d: usize) -> bool {
-        self.pairs().iter().any(|(e, _)| *e as usize == d)
-    }
-
-    /// The devices with values, in order, with them.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (usize, &Values)> {
-        self.pairs().iter().map(|(e, v)| (*e as usize, v))
+        self.iter().any(|(e, _)| e == d)
     }
 
     /// A copy with `v` on `d` (added or replacing).
     pub(crate) fn with(&self, d: usize, v: Values) -> DeviceValues {
-        let mut out: Vec<(u32, Values)> = Vec::with_capacity(self.pairs().len() + 1);
+        let mut out: Vec<(u32, Values)> = Vec::with_capacity(self.iter().count() + 1);
         out.extend(
-            self.pairs()
-                .iter()
-                .filter(|(e, _)| *e as usize != d)
-                .cloned(),
+            self.iter()
+                .filter(|(e, _)| *e != d)
+                .map(|(e, v)| (e as u32, v.clone())),
         );
         let at = out.partition_point(|(e, _)| (*e as usize) < d);
         out.insert(at, (d as u32, v));
@@ -263,17 +350,16 @@ impl DeviceValues {
     /// A copy without `d`.
     pub(crate) fn without(&self, d: usize) -> DeviceValues {
         DeviceValues::from_pairs(
-            self.pairs()
-                .iter()
-                .filter(|(e, _)| *e as usize != d)
-                .cloned()
+            self.iter()
+                .filter(|(e, _)| *e != d)
+                .map(|(e, v)| (e as u32, v.clone()))
                 .collect(),
         )
     }
 
     /// The same devices with `f` of their values.
     pub(crate) fn map(&self, f: impl Fn(&Values) -> Values) -> DeviceValues {
-        DeviceValues::from_pairs(self.pairs().iter().map(|(e, v)| (*e, f(v))).collect())
+        DeviceValues::from_pairs(self.iter().map(|(e, v)| (e as u32, f(v))).collect())
     }
 }
 
@@ -371,6 +457,8 @@ mod tests {
                 let enc = Values::new(&v, ps);
                 assert_eq!(enc.tokens(ps), n, "ps {ps} {v:?}");
                 assert_eq!(expand(&enc, ps), v, "ps {ps} kind {}", enc.kind());
+                // A copy (deep, for words kept on the heap) is the same.
+                assert_eq!(expand(&enc.clone(), ps), v, "ps {ps} copy");
                 for from in (0..=n).step_by(ps) {
                     for to in (from..=n).step_by(ps) {
                         let s = enc.slice(from, to, ps);
