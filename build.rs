@@ -20,6 +20,8 @@ const STEPS: &[&str] = &[
     "root_obsolete_check",
     "reader_waits",
     "chunk_retire",
+    "copy_source_pin",
+    "copy_dups",
 ];
 
 /// Controls of ordinary (not loom) tests: `tests/parked_writer.rs`.

@@ -34,6 +34,9 @@ pairs=(
   "model15_alloc_two_claimers_and_a_free|claim_cas|a page was handed to two spans;;is both held and free"
   "model16_pin_vs_evictor_candidates|evict_pin_check|was freed while a lease on it was live"
   "model17_namespace_root_reclaimed_vs_insert|root_obsolete_check|the insert into a reclaimed namespace must not be lost"
+  "model18_copy_vs_evict_source|copy_source_pin|was freed mid-copy"
+  "model19_copy_completion_vs_insert_on_dest|copy_dups|the duplicate pages of device 1 must go back;;I2: device 1"
+  "model20_write_back_vs_evict|copy_source_pin|the write-back read page"
 )
 
 failed_as_expected=0

@@ -63,24 +63,51 @@
 //!
 //! Per node, on x86-64: a 120-byte header (its reference count included)
 //! that holds, with one device, that device's slot inline (48 bytes:
-//! residency, stamps, hits); with several devices, one 64-byte line per
-//! device in one array instead. An image of 56 bytes (parent and key
-//! pointers, and the values of one resident device inline; with more
-//! resident devices, 32 bytes per resident device in an array), the key
-//! (16 + 4 bytes per token), values stored as runs (a request's slots
-//! allocated together are one run, kept inline; scattered ones cost 4 bytes
-//! a value), the node's 16-byte entry in its parent's children array (wide
-//! arrays add 24 bytes per chunk of up to 48 entries), and, until the
-//! evictor next takes them in, a 24-byte note per new leaf. Measured by the
-//! peer bench (`bench-peers/`, W1, page size 16, 208 tokens per leaf):
-//! about 5.1 bytes per cached token on one device, 4 of them the key, and
-//! about 100 bytes per cached block (16 tokens) on four devices.
+//! residency, stamps, hits); with several devices (or a host tier), one
+//! 64-byte line per tier in one array instead. One image allocation: a
+//! 40-byte head (parent, the key's length, and the values of one resident
+//! device inline; with more resident devices, 24 bytes per resident device
+//! in an array), then the key, 4 bytes per token. Values are stored as runs
+//! (a request's slots allocated together are one run, kept inline;
+//! scattered ones cost 4 bytes a value), the node's 16-byte entry in its
+//! parent's children array (wide arrays add 24 bytes per chunk of up to 48
+//! entries), and, until the evictor next takes them in, a 24-byte note per
+//! new leaf. Measured by the peer bench (`bench-peers/`, W1, page size 16,
+//! 208 tokens per leaf): about 4.97 bytes per cached token on one device,
+//! 4 of them the key, and about 98 bytes per cached block (16 tokens) on
+//! four devices.
+//!
+//! A host tier ([`RadixCacheBuilder::host_pages`]) costs one more slot
+//! per node: with one device its inline 48-byte slot becomes an array of
+//! two 64-byte lines, measured at 145 bytes more per node (5.10 → 5.80
+//! bytes per token with 208-token leaves); with four devices one line
+//! more, 83 bytes per node (6.60 → 7.00 bytes per token). Host residencies
+//! take image values like a device's.
 //!
 //! Per namespace (`TokenKey::with_namespace`): a root node (the header
 //! above, no key), a table entry (32 bytes and the name), and 8 to 32
 //! bytes of hash-table slots (the table is kept between a quarter and a
 //! half full, shrinking as namespaces go). A namespace is found in
 //! expected O(1), and its root is reclaimed when its last node leaves.
+//!
+//! ## Tiers: the host tier and copies
+//!
+//! With [`RadixCacheBuilder::host_pages`] the tree has one more residency
+//! slot, a host tier shared by every device's scheduler, addressed by
+//! [`RadixCache::host`] (an id one past the last device that every
+//! per-device call accepts: its residency is prefix-closed, pinned by
+//! leases of its own, evicted leaves first by the cache's policy, audited
+//! with the devices). [`RadixCache::peek_tiers`] reports the resident
+//! prefix on every device and on the host in one walk, and a
+//! [`MatchResult`] tells how far the host ([`MatchResult::host_len`]) and
+//! another device ([`MatchResult::any_len`]) could take the asked device's
+//! prefix. A [`PrefixCopy`] ([`RadixCache::copy_prefix`],
+//! [`Request::copy_from`]) moves a prefix's KV from the tier that holds it
+//! into pages of another instead of recomputing it: the source is pinned
+//! for the whole copy, the destination pages are the copy's until it
+//! completes, and a cancelled copy gives everything back;
+//! [`RadixCache::evict_with_write_back`] copies victims to the host before
+//! evicting them (write-back). Loom models 18–20 check the copies' races.
 //!
 //! ## Cargo features
 //!
@@ -96,7 +123,8 @@
 //!
 //! * [`alloc`]: per-device paged allocators and owned page spans.
 //! * [`cache`]: the public API ([`RadixCache`], [`Lease`], [`MatchResult`],
-//!   [`Request`]), eviction policies and the background [`Evictor`].
+//!   [`Request`], [`PrefixCopy`]), eviction policies and the background
+//!   [`Evictor`].
 //! * [`device`]: device ids.
 //! * [`metrics`]: counters and latency histograms (eviction metrics per device).
 //! * [`sync`]: the std/loom shim every atomic goes through.
@@ -117,7 +145,8 @@ pub(crate) mod tree;
 
 pub use cache::{
     CacheError, ClockKind, Evicted, EvictionPolicy, InsertResult, Lease, MatchResult, NodeHandle,
-    RadixCache, RadixCacheBuilder, Request, Sizes, TokenKey,
+    PrefixCopy, RadixCache, RadixCacheBuilder, Request, RequestCopy, Sizes, SlotRun, TierLengths,
+    TokenKey,
 };
 #[cfg(not(loom))]
 pub use cache::{Evictor, EvictorStats};

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{case_strategy, run_case};
+use common::{case_strategy, run_case, run_case_tiers};
 use proptest::prelude::*;
 use radixkv::{DeviceId, RadixCache, TokenKey};
 
@@ -29,6 +29,16 @@ proptest! {
     #[test]
     fn concurrent_tree_matches_sequential_model((devices, ps, policy, ops) in case_strategy()) {
         run_case(devices, ps, policy, &ops)?;
+    }
+
+    /// The same op sequences with the last tier a host tier (2–4 tiers:
+    /// 1–3 devices and the host): its residency behaves as the model's
+    /// device does, and the tier-aware answers agree with the model.
+    #[test]
+    fn a_host_tier_matches_the_model_as_one_more_device(
+        (devices, ps, policy, ops) in case_strategy().prop_filter("two tiers or more", |c| c.0 >= 2)
+    ) {
+        run_case_tiers(devices, true, ps, policy, &ops)?;
     }
 }
 

@@ -7,12 +7,13 @@
 //! are `policy`.
 
 use super::policy::{self, EvictionPolicy, LeafStats};
-use super::{CacheError, Evicted, RadixCache};
+use super::{CacheError, Evicted, PrefixCopy, RadixCache, TokenKey};
 use crate::device::DeviceId;
 use crate::sync::{Arc, Ordering};
 use crate::tree::node::{arc_of, Node};
 use crate::tree::values::Values;
 use crate::tree::{is_candidate, is_leaf_on};
+use crossbeam_epoch::Guard;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -64,6 +65,10 @@ pub(super) struct Candidates {
     metrics: crate::metrics::EvictionRecorder,
 }
 
+/// Called on each victim leaf before it is claimed: writes it back to the
+/// host tier and returns the tokens written.
+type WriteBackHook<'a> = &'a mut dyn FnMut(&Node, &Guard) -> usize;
+
 /// Replica-aware eviction looks at this many candidates in policy order
 /// and takes the first one also resident on another device.
 const REPLICA_WINDOW: usize = 8;
@@ -75,6 +80,73 @@ impl RadixCache {
     /// becomes a candidate in turn. A node left with no residency on any
     /// device and no children leaves the tree.
     pub fn evict(&self, device: DeviceId, tokens: usize) -> Result<Evicted, CacheError> {
+        self.evict_inner(device, tokens, None)
+    }
+
+    /// [`evict`](Self::evict) with write-back to the host tier: before a
+    /// victim leaf of `device` is evicted, the part of its path (root to
+    /// the leaf) that the host tier does not hold yet is copied there,
+    /// ancestors included, so the host's residency stays prefix-closed and
+    /// loadable. `write` moves the KV of each [`PrefixCopy`] (device →
+    /// host, run by run) and says whether it succeeded; a copy that fails
+    /// is cancelled and the victim evicted anyway. The victim's pages are
+    /// pinned by the copy while `write` runs, so no other evictor can free
+    /// (and reuse) them mid-copy; it is claimed for eviction only after the
+    /// copy completed (loom model 20). Needs a host tier and pages owned by
+    /// the cache; [`Evicted::written_back`] counts the tokens copied.
+    ///
+    /// ```
+    /// use radixkv::{DeviceId, RadixCache, TokenKey};
+    /// use std::sync::Arc;
+    /// let c = Arc::new(
+    ///     RadixCache::builder().page_size(2).pages_per_device(16).host_pages(64).build()?,
+    /// );
+    /// let span = c.alloc(DeviceId(0), 4)?;
+    /// c.insert_pages(TokenKey::new(&[1, 2, 3, 4]), span, 0)?;
+    /// let ev = c.evict_with_write_back(DeviceId(0), 4, |copy| {
+    ///     // move copy.runs() from device 0 to the host here
+    ///     copy.range().len() > 0
+    /// })?;
+    /// assert_eq!((ev.tokens, ev.written_back), (4, 4));
+    /// let t = c.peek_tiers(TokenKey::new(&[1, 2, 3, 4]));
+    /// assert_eq!((t.devices[0], t.host), (0, 4)); // gone from the GPU, kept on the host
+    /// c.audit();
+    /// # Ok::<(), radixkv::CacheError>(())
+    /// ```
+    pub fn evict_with_write_back(
+        self: &Arc<Self>,
+        device: DeviceId,
+        tokens: usize,
+        mut write: impl FnMut(&PrefixCopy) -> bool,
+    ) -> Result<Evicted, CacheError> {
+        let host = self.host().ok_or(CacheError::NoHostTier)?;
+        self.check_copy(device, host)?;
+        let mut hook = |n: &Node, guard: &Guard| -> usize {
+            let Some((ns, path)) = self.tree.path_of(n, guard) else {
+                return 0;
+            };
+            let key = TokenKey::new(&path).in_namespace(ns.as_deref());
+            // A copy that cannot be planned (the host full of pinned pages)
+            // is skipped: the victim goes as without a host tier.
+            let Ok(Some(copy)) = self.copy_prefix(key, device, host) else {
+                return 0;
+            };
+            let n = copy.range().len();
+            if write(&copy) && copy.complete().is_ok() {
+                n
+            } else {
+                0
+            }
+        };
+        self.evict_inner(device, tokens, Some(&mut hook))
+    }
+
+    fn evict_inner(
+        &self,
+        device: DeviceId,
+        tokens: usize,
+        mut hook: Option<WriteBackHook<'_>>,
+    ) -> Result<Evicted, CacheError> {
         let d = self.device(device)?;
         let mut out = Evicted::default();
         if tokens == 0 {
@@ -87,7 +159,7 @@ impl RadixCache {
         let guard = crossbeam_epoch::pin();
         if self.tree.tracks_leaves() {
             let mut c = crate::sync::lock(&self.candidates[d]);
-            self.evict_tracked(&mut c, d, tokens, &mut out, &guard);
+            self.evict_tracked(&mut c, d, tokens, &mut out, &mut hook, &guard);
             c.metrics
                 .record_evict(out.leaves, out.tokens, out.pages, start.elapsed());
             return Ok(out);
@@ -103,6 +175,9 @@ impl RadixCache {
             let Some(Reverse((_, i))) = heap.pop() else {
                 break;
             };
+            if let Some(h) = hook.as_mut() {
+                out.written_back += h(nodes[i], &guard);
+            }
             let Some(ev) = self.tree.evict_leaf(nodes[i], d, &guard) else {
                 continue;
             };
@@ -227,6 +302,7 @@ impl RadixCache {
         d: usize,
         tokens: usize,
         out: &mut Evicted,
+        hook: &mut Option<WriteBackHook<'_>>,
         guard: &crossbeam_epoch::Guard,
     ) {
         // New leaves and the pinned ones set aside earlier, heapified in bulk.
@@ -283,6 +359,11 @@ impl RadixCache {
             } else {
                 first
             };
+            // The write-back, if any, completes before the victim is
+            // claimed: its copy pins the victim's pages while they are read.
+            if let Some(h) = hook.as_mut() {
+                out.written_back += h(&n, guard);
+            }
             // `n` was seen linked (not obsolete) under `guard` just above.
             let Some(ev) = self.tree.evict_leaf(&n, d, guard) else {
                 c.aside.push(n); // lost a race with a pin or a new child

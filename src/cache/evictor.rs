@@ -158,8 +158,9 @@ fn run(
         let Some(cache) = cache.upgrade() else {
             return;
         };
-        below.0.resize(cache.devices(), None);
-        for d in 0..cache.devices() {
+        // Every tier with an allocator: the devices and the host tier.
+        below.0.resize(cache.tiers(), None);
+        for d in 0..cache.tiers() {
             let dev = DeviceId(d as u32);
             let Some(a) = cache.allocator(dev) else {
                 continue;

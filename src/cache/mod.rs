@@ -10,8 +10,10 @@
 //! * `eviction`: the eviction engine (per-device candidate heaps, `evict`,
 //!   reclamation);
 //! * `policy`: the eviction orders; `evictor`: the background thread;
-//!   `request`: the request lifecycle.
+//!   `request`: the request lifecycle; `copy`: copies between tiers (the
+//!   host tier and the devices).
 
+mod copy;
 mod eviction;
 #[cfg(not(loom))]
 mod evictor;
@@ -19,12 +21,14 @@ mod policy;
 mod request;
 mod types;
 
+pub use copy::{PrefixCopy, RequestCopy, SlotRun};
 #[cfg(not(loom))]
 pub use evictor::{Evictor, EvictorStats};
 pub use policy::{EvictionPolicy, UnknownPolicy};
 pub use request::Request;
 pub use types::{
-    CacheError, ClockKind, Evicted, InsertResult, Lease, MatchResult, NodeHandle, Sizes, TokenKey,
+    CacheError, ClockKind, Evicted, InsertResult, Lease, MatchResult, NodeHandle, Sizes,
+    TierLengths, TokenKey,
 };
 
 use crate::alloc::{AllocError, PageAllocator, PageSpan};
@@ -58,6 +62,7 @@ pub struct RadixCacheBuilder {
     pages_per_device: Option<usize>,
     watermarks: Option<(usize, usize)>,
     replica_aware: bool,
+    host_pages: Option<usize>,
 }
 
 /// The largest supported page size in tokens.
@@ -75,6 +80,7 @@ impl Default for RadixCacheBuilder {
             pages_per_device: None,
             watermarks: None,
             replica_aware: false,
+            host_pages: None,
         }
     }
 }
@@ -147,6 +153,38 @@ impl RadixCacheBuilder {
         self
     }
 
+    /// Adds a host tier of `pages` pages (default: none): one more
+    /// residency slot per node, over host memory shared by every device's
+    /// scheduler, so a prefix evicted from a GPU (or held by another one)
+    /// can be loaded instead of recomputed. The tier is addressed by
+    /// [`RadixCache::host`], the id one past the last device, which every
+    /// per-device call accepts (insert, match and pin, evict, alloc,
+    /// sizes); its residency is prefix-closed like a device's, and
+    /// eviction ranks its leaves by the cache's policy. With
+    /// [`pages_per_device`](Self::pages_per_device) the tier gets a page
+    /// allocator of its own (page 0 reserved, so `pages` ≥ 2; the
+    /// watermarks apply to it too); without, `pages` only has to be valid.
+    /// See [`RadixCache::peek_tiers`] and [`MatchResult::host_len`].
+    ///
+    /// ```
+    /// use radixkv::{DeviceId, RadixCache, TokenKey};
+    /// let c = RadixCache::builder().devices(2).host_pages(64).build().unwrap();
+    /// let host = c.host().unwrap();
+    /// assert_eq!((c.devices(), host), (2, DeviceId(2)));
+    /// c.insert(TokenKey::new(&[1, 2, 3]), host, &[7, 8, 9], 0).unwrap();
+    /// c.insert(TokenKey::new(&[1, 2]), DeviceId(0), &[4, 5], 0).unwrap();
+    /// let t = c.peek_tiers(TokenKey::new(&[1, 2, 3]));
+    /// assert_eq!((t.devices, t.host), (vec![2, 0], 3));
+    /// // A match on device 0 also tells how far the host can take it.
+    /// let m = c.match_prefix(TokenKey::new(&[1, 2, 3]), DeviceId(0)).unwrap();
+    /// assert_eq!((m.len, m.host_len), (2, 3));
+    /// assert!(RadixCache::builder().pages_per_device(8).host_pages(1).build().is_err());
+    /// ```
+    pub fn host_pages(mut self, pages: usize) -> Self {
+        self.host_pages = Some(pages);
+        self
+    }
+
     /// Validates the settings and builds the cache.
     pub fn build(self) -> Result<RadixCache, CacheError> {
         if self.page_size == 0 || self.page_size > MAX_PAGE_SIZE {
@@ -161,8 +199,17 @@ impl RadixCacheBuilder {
                 self.devices
             )));
         }
+        if let Some(h) = self.host_pages {
+            if h < 2 {
+                return Err(CacheError::InvalidConfig(format!(
+                    "a host tier of {h} pages holds no page (page 0 is reserved): give it at least 2"
+                )));
+            }
+        }
+        // Residency slots: one per device, then the host tier's.
+        let tiers = self.devices + usize::from(self.host_pages.is_some());
         let clock = match self.clock {
-            ClockKind::Logical => Clock::logical(self.devices),
+            ClockKind::Logical => Clock::logical(tiers),
             #[cfg(not(loom))]
             ClockKind::Monotonic => Clock::monotonic(),
         };
@@ -185,6 +232,11 @@ impl RadixCacheBuilder {
                             "watermarks need low < high < pages ({low}, {high}, {pages})"
                         )));
                     }
+                    if let Some(h) = self.host_pages.filter(|&h| high >= h) {
+                        return Err(CacheError::InvalidConfig(format!(
+                            "watermarks need high < the host tier's pages ({high}, {h})"
+                        )));
+                    }
                     let tx = std::sync::Mutex::new(signal_tx);
                     Some(Arc::new(move |d: DeviceId, _free: usize| {
                         if let Ok(tx) = tx.lock() {
@@ -196,11 +248,15 @@ impl RadixCacheBuilder {
         let low = self.watermarks.map_or(0, |w| w.0);
         let allocators = match self.pages_per_device {
             None => Vec::new(),
-            Some(pages) => (0..self.devices)
+            Some(pages) => (0..tiers)
                 .map(|d| {
                     PageAllocator::with_watermark(
                         DeviceId(d as u32),
-                        pages,
+                        if d < self.devices {
+                            pages
+                        } else {
+                            self.host_pages.unwrap_or(pages)
+                        },
                         self.page_size,
                         low,
                         listener.clone(),
@@ -215,16 +271,17 @@ impl RadixCacheBuilder {
             id: NEXT_CACHE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             tree: Tree::new(
                 self.page_size,
+                tiers,
                 self.devices,
                 clock,
                 self.policy.keys_only_grow(),
             ),
-            candidates: (0..self.devices)
+            candidates: (0..tiers)
                 .map(|_| crate::sync::Mutex::new(Candidates::default()))
                 .collect(),
             policy: self.policy,
             replica_aware: self.replica_aware,
-            leases: (0..self.devices)
+            leases: (0..tiers)
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
         })
@@ -294,8 +351,19 @@ impl RadixCache {
         self.tree.page_size()
     }
 
-    /// Number of devices.
+    /// Number of devices (GPUs; the host tier is not counted).
     pub fn devices(&self) -> usize {
+        self.tree.gpus()
+    }
+
+    /// The host tier's id, with [`RadixCacheBuilder::host_pages`]: the id
+    /// one past the last device, accepted by every per-device call.
+    pub fn host(&self) -> Option<DeviceId> {
+        (self.tiers() > self.devices()).then(|| DeviceId(self.devices() as u32))
+    }
+
+    /// Residency slots: the devices, then the host tier if there is one.
+    pub(crate) fn tiers(&self) -> usize {
         self.tree.devices()
     }
 
@@ -305,7 +373,7 @@ impl RadixCache {
     }
 
     fn device(&self, d: DeviceId) -> Result<usize, CacheError> {
-        if d.index() < self.devices() {
+        if d.index() < self.tiers() {
             Ok(d.index())
         } else {
             Err(CacheError::UnknownDevice {
@@ -315,9 +383,30 @@ impl RadixCache {
         }
     }
 
-    /// Resident prefix length of `key` on every device (index = device).
+    /// Resident prefix length of `key` on every device (index = device;
+    /// the host tier is not included: see [`peek_tiers`](Self::peek_tiers)).
     /// Takes no lock and writes nothing: for routing.
     pub fn peek(&self, key: TokenKey<'_>) -> Vec<usize> {
+        let mut out = self.peek_all(key);
+        out.truncate(self.devices());
+        out
+    }
+
+    /// Resident prefix length of `key` on every device and on the host
+    /// tier (0 without one), in one walk. Takes no lock and writes
+    /// nothing: for routing with tiers (a device's own prefix, then what
+    /// the host or another device can add to it).
+    pub fn peek_tiers(&self, key: TokenKey<'_>) -> TierLengths {
+        let mut devices = self.peek_all(key);
+        let host = if self.host().is_some() {
+            devices.pop().unwrap_or(0)
+        } else {
+            0
+        };
+        TierLengths { devices, host }
+    }
+
+    fn peek_all(&self, key: TokenKey<'_>) -> Vec<usize> {
         let guard = crossbeam_epoch::pin();
         self.tree.peek(key.namespace, key.tokens, &guard)
     }
@@ -364,6 +453,7 @@ impl RadixCache {
             },
             any_len: w.any_len,
             any_device: w.any_device.map(|e| DeviceId(e as u32)),
+            host_len: w.host_len,
         }
     }
 
@@ -586,7 +676,7 @@ impl RadixCache {
     pub fn check(&self) -> Result<(), String> {
         let guard = crossbeam_epoch::pin();
         self.tree.check(&guard)?;
-        for d in 0..self.devices() {
+        for d in 0..self.tiers() {
             let pins = self.tree.scan(d, &guard).pins;
             let leases = self.leases[d].load(Ordering::SeqCst);
             if pins != leases {

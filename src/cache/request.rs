@@ -135,6 +135,26 @@ impl Request {
         v
     }
 
+    pub(super) fn cache(&self) -> &Arc<RadixCache> {
+        &self.cache
+    }
+
+    pub(super) fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+
+    pub(super) fn cached_slots(&self) -> &[u32] {
+        &self.cached_slots
+    }
+
+    /// Takes a longer cached prefix (a completed copy's): its slots and
+    /// the pin on its end, held before the old pin is released.
+    pub(super) fn adopt_prefix(&mut self, slots: Vec<u32>, lease: Lease) {
+        self.cached_len = slots.len();
+        self.cached_slots = slots;
+        self.lease = Some(lease);
+    }
+
     fn key(&self, len: usize) -> TokenKey<'_> {
         TokenKey::new(&self.tokens[..len]).in_namespace(self.namespace.as_deref())
     }

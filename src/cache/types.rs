@@ -142,6 +142,13 @@ pub enum CacheError {
     /// A span of another device or another cache's allocator.
     #[error("the span belongs to another device or cache")]
     ForeignSpan,
+    /// A call that needs a host tier on a cache built without one
+    /// ([`RadixCacheBuilder::host_pages`](super::RadixCacheBuilder::host_pages)).
+    #[error("the cache has no host tier")]
+    NoHostTier,
+    /// A copy whose source and destination are the same tier.
+    #[error("a copy from {0} to itself")]
+    CopyToItself(DeviceId),
 }
 
 /// A pin on a matched prefix on one device: while it lives, the prefix's
@@ -235,8 +242,24 @@ pub struct MatchResult {
     pub handle: NodeHandle,
     /// The longest prefix resident on any device…
     pub any_len: usize,
-    /// …and the device holding it (the asked device when it ties).
+    /// …and the device holding it (the asked device when it ties). Devices
+    /// only: the host tier is [`host_len`](Self::host_len).
     pub any_device: Option<DeviceId>,
+    /// Tokens of the key resident on the host tier (0 without one): the
+    /// part beyond `len` can be loaded from the host instead of
+    /// recomputed.
+    pub host_len: usize,
+}
+
+/// Resident prefix lengths of one key on every tier
+/// ([`RadixCache::peek_tiers`](super::RadixCache::peek_tiers)).
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TierLengths {
+    /// Per device (index = device), as [`RadixCache::peek`](super::RadixCache::peek).
+    pub devices: Vec<usize>,
+    /// On the host tier; 0 without one.
+    pub host: usize,
 }
 
 /// What an insert did with the caller's values.
@@ -298,6 +321,10 @@ pub struct Evicted {
     /// Pages returned to the device's allocator (when the cache owns its
     /// pages).
     pub pages: usize,
+    /// Tokens copied to the host tier before their eviction
+    /// ([`RadixCache::evict_with_write_back`](super::RadixCache::evict_with_write_back)),
+    /// ancestors included.
+    pub written_back: usize,
     /// Candidates the call looked at: newly inserted leaves taken in, heap
     /// entries popped, or, for the policies that rank by a scan (mru,
     /// filo), every leaf of the device. A measure of the call's work.

@@ -152,6 +152,8 @@ pub(crate) struct MatchWalk<'g> {
     /// Longest prefix resident on any device, and that device.
     pub(crate) any_len: usize,
     pub(crate) any_device: Option<usize>,
+    /// Longest prefix resident on the host tier (0 without one).
+    pub(crate) host_len: usize,
 }
 
 /// What an insert did.
@@ -264,7 +266,10 @@ fn prefetch_line(p: *const u8) {
 #[derive(Debug)]
 pub(crate) struct Tree {
     page_size: usize,
+    /// Residency slots: the devices, then the host tier if any.
     devices: usize,
+    /// The devices among them (`devices - 1` with a host tier).
+    gpus: usize,
     roots: namespaces::Namespaces,
     clock: Clock,
     /// Per device, on lines of their own: node ids and live-node counts.
@@ -312,10 +317,18 @@ pub(crate) fn common_prefix(a: &[u32], b: &[u32], page_size: usize) -> usize {
 }
 
 impl Tree {
-    pub(crate) fn new(page_size: usize, devices: usize, clock: Clock, track_leaves: bool) -> Self {
+    pub(crate) fn new(
+        page_size: usize,
+        devices: usize,
+        gpus: usize,
+        clock: Clock,
+        track_leaves: bool,
+    ) -> Self {
+        debug_assert!(gpus <= devices && devices <= gpus + 1);
         Tree {
             page_size,
             devices,
+            gpus,
             roots: namespaces::Namespaces::default(),
             clock,
             counters: (0..devices)
@@ -335,6 +348,15 @@ impl Tree {
 
     pub(crate) fn devices(&self) -> usize {
         self.devices
+    }
+
+    pub(crate) fn gpus(&self) -> usize {
+        self.gpus
+    }
+
+    /// The host tier's slot, if there is one.
+    fn host(&self) -> Option<usize> {
+        (self.devices > self.gpus).then_some(self.gpus)
     }
 
     pub(crate) fn tick(&self, d: usize) -> u64 {
@@ -503,12 +525,13 @@ impl Tree {
         Some(Step::Found(child, img, common_prefix(&r.key, rest, ps)))
     }
 
-    /// The device to report for the any-device answer at `node`.
+    /// The device to report for the any-device answer at `node` (devices
+    /// only, not the host tier).
     fn best_device(&self, node: &Node, preferred: usize) -> Option<usize> {
-        if node.resident(preferred) {
+        if preferred < self.gpus && node.resident(preferred) {
             return Some(preferred);
         }
-        (0..self.devices).find(|&e| node.resident(e))
+        (0..self.gpus).find(|&e| node.resident(e))
     }
 
     /// Lengths resident on every device for `tokens`; writes nothing.
@@ -572,12 +595,15 @@ impl Tree {
             generation: 0,
             any_len: 0,
             any_device: None,
+            host_len: 0,
         };
         let Some(mut cur) = self.find_root(ns, guard) else {
             return w;
         };
         let mut pos = 0;
         let mut on_d = true;
+        let host = self.host();
+        let mut on_host = host.is_some();
         while pos < tokens.len() {
             let (mut child, img, k) = match self.step(cur, &tokens[pos..], guard) {
                 Step::None => break,
@@ -614,11 +640,18 @@ impl Tree {
             } else {
                 on_d = false;
             }
+            // The host tier, prefix-closed like a device: its prefix goes
+            // on while every node so far is resident there.
+            on_host = on_host && host.is_some_and(|h| child.resident(h));
+            if on_host {
+                w.host_len = pos + k;
+            }
             match self.best_device(child, d) {
                 Some(e) => {
                     w.any_len = pos + k;
                     w.any_device = Some(e);
                 }
+                None if on_host => {}
                 None => break,
             }
             if !full {
@@ -627,11 +660,40 @@ impl Tree {
             pos += k;
             cur = child;
         }
-        if w.any_device.is_none() && w.len > 0 {
+        if w.any_device.is_none() && w.len > 0 && d < self.gpus {
             w.any_device = Some(d);
             w.any_len = w.len;
         }
         w
+    }
+
+    /// The namespace and tokens of root → `node`, read from the images
+    /// under `guard` (a snapshot: a concurrent split changes no tokens of
+    /// the path, only where they are cut). `None` for a root, or a node
+    /// whose parent chain was cut meanwhile (unlinked).
+    pub(crate) fn path_of(&self, node: &Node, guard: &Guard) -> Option<(Option<String>, Vec<u32>)> {
+        if node.is_root {
+            return None;
+        }
+        let mut segs: Vec<&[u32]> = Vec::new();
+        let mut n = node;
+        while !n.is_root {
+            let img = n.image_ref(guard);
+            segs.push(&img.key);
+            if img.parent.0.is_null() {
+                return None;
+            }
+            // SAFETY: `n` was reached under `guard`, so its image's parent
+            // was linked during the guard's life and is not freed before it
+            // (see `ParentPtr`).
+            n = unsafe { &*img.parent.0 };
+        }
+        let ns = namespaces::name_of(&n.image_ref(guard).key);
+        let mut tokens = Vec::with_capacity(segs.iter().map(|s| s.len()).sum());
+        for s in segs.iter().rev() {
+            tokens.extend_from_slice(s);
+        }
+        Some((ns, tokens))
     }
 
     /// Reads the values of root → `end` on `d`. Only sound to rely on while

@@ -128,12 +128,31 @@ pub fn run_case(
     policy: EvictionPolicy,
     ops: &[Op],
 ) -> Result<(), TestCaseError> {
-    let cache = RadixCache::builder()
+    run_case_tiers(devices, false, ps, policy, ops)
+}
+
+/// As [`run_case`]; with `host`, the last of the `devices` tiers is a host
+/// tier (`devices - 1` devices plus `host_pages`): the model treats it as
+/// one more device, which is what its residency is, and the cache's
+/// tier-aware answers are checked against the model's per-tier lengths
+/// (`peek` leaves the host out, `host_len` is the host's prefix, the
+/// any-device answer counts devices only).
+pub fn run_case_tiers(
+    devices: usize,
+    host: bool,
+    ps: usize,
+    policy: EvictionPolicy,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    let gpus = devices - usize::from(host);
+    let mut b = RadixCache::builder()
         .page_size(ps)
-        .devices(devices)
-        .eviction_policy(policy)
-        .build()
-        .unwrap();
+        .devices(gpus)
+        .eviction_policy(policy);
+    if host {
+        b = b.host_pages(64);
+    }
+    let cache = b.build().unwrap();
     let mut model = SequentialCache::new(ps, devices, policy);
     let mut handles: Vec<(NodeHandle, SeqHandle)> = Vec::new();
     let mut leases: Vec<(Lease, SeqHandle)> = Vec::new();
@@ -184,13 +203,31 @@ pub fn run_case(
                     cache.match_prefix(k, DeviceId(*dev as u32)).unwrap()
                 };
                 prop_assert_eq!(r.len, want.len, "step {}: match len", step);
-                prop_assert_eq!(r.any_len, want.any_len, "step {}: any_len", step);
+                let (any_len, any_device, host_len) = if host {
+                    // Devices only for the any-device answer: the longest
+                    // device prefix, the asked device if it ties, else the
+                    // first that has it; the host's own prefix apart.
+                    let lens = model.peek(ns_of(*ns), key);
+                    let best = lens[..gpus].iter().copied().max().unwrap_or(0);
+                    let dev = if best == 0 {
+                        None
+                    } else if *dev < gpus && lens[*dev] == best {
+                        Some(*dev)
+                    } else {
+                        lens[..gpus].iter().position(|&l| l == best)
+                    };
+                    (best, dev, lens[gpus])
+                } else {
+                    (want.any_len, want.any_device, 0)
+                };
+                prop_assert_eq!(r.any_len, any_len, "step {}: any_len", step);
                 prop_assert_eq!(
                     r.any_device.map(|d| d.index()),
-                    want.any_device,
+                    any_device,
                     "step {}: any_device",
                     step
                 );
+                prop_assert_eq!(r.host_len, host_len, "step {}: host_len", step);
                 if *pin {
                     prop_assert_eq!(&r.values, &want.values, "step {}: pinned values", step);
                     model.pin(&want.handle).unwrap();
@@ -202,10 +239,14 @@ pub fn run_case(
             }
             Op::Peek { ns, key } => {
                 let k = TokenKey::new(key).in_namespace(ns_of(*ns));
+                let want = model.peek(ns_of(*ns), key);
+                prop_assert_eq!(&cache.peek(k), &want[..gpus], "step {}: peek", step);
+                let t = cache.peek_tiers(k);
+                prop_assert_eq!(&t.devices, &want[..gpus], "step {}: peek_tiers", step);
                 prop_assert_eq!(
-                    cache.peek(k),
-                    model.peek(ns_of(*ns), key),
-                    "step {}: peek",
+                    t.host,
+                    if host { want[gpus] } else { 0 },
+                    "step {}: peek_tiers host",
                     step
                 );
             }
