@@ -454,6 +454,7 @@ impl RadixCache {
             any_len: w.any_len,
             any_device: w.any_device.map(|e| DeviceId(e as u32)),
             host_len: w.host_len,
+            hits: w.hits,
         }
     }
 

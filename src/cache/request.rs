@@ -48,6 +48,16 @@ pub struct Request {
     cached_slots: Vec<u32>,
     lease: Option<Lease>,
     own: Option<PageSpan>,
+    /// What the match at `begin` saw beyond the device's own prefix.
+    further: Further,
+}
+
+/// What the match at [`RadixCache::begin`] saw on the other tiers.
+#[derive(Debug, Clone, Copy, Default)]
+struct Further {
+    host_len: usize,
+    peer: Option<(DeviceId, usize)>,
+    hits: u64,
 }
 
 impl RadixCache {
@@ -76,6 +86,14 @@ impl RadixCache {
             cached_slots: m.values,
             lease: m.lease,
             own: None,
+            further: Further {
+                host_len: m.host_len,
+                peer: m
+                    .any_device
+                    .filter(|&e| e != device)
+                    .map(|e| (e, m.any_len)),
+                hits: m.hits,
+            },
         })
     }
 }
@@ -89,6 +107,26 @@ impl Request {
     /// Tokens whose KV comes from the cache (a multiple of the page size).
     pub fn cached_len(&self) -> usize {
         self.cached_len
+    }
+
+    /// Tokens of the request (before its last) that the host tier held
+    /// when it began: what [`copy_from`](Self::copy_from) the host could
+    /// load beyond [`cached_len`](Self::cached_len). 0 without a host tier.
+    pub fn host_len(&self) -> usize {
+        self.further.host_len
+    }
+
+    /// The other device that held the longest prefix of the request (before
+    /// its last token) when it began, and that prefix's length, if it was
+    /// longer than what this device held.
+    pub fn peer(&self) -> Option<(DeviceId, usize)> {
+        self.further.peer.filter(|&(_, l)| l > self.cached_len)
+    }
+
+    /// Hits of the cached prefix's end node on this device, this request's
+    /// match included ([`MatchResult::hits`](super::MatchResult::hits)).
+    pub fn prefix_hits(&self) -> u64 {
+        self.further.hits
     }
 
     /// The request's tokens so far (prompt, then generated ones).
@@ -139,7 +177,8 @@ impl Request {
         &self.cache
     }
 
-    pub(super) fn namespace(&self) -> Option<&str> {
+    /// The request's cache namespace.
+    pub fn namespace(&self) -> Option<&str> {
         self.namespace.as_deref()
     }
 

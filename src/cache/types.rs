@@ -249,6 +249,10 @@ pub struct MatchResult {
     /// part beyond `len` can be loaded from the host instead of
     /// recomputed.
     pub host_len: usize,
+    /// Matches on the asked device that consumed or ended on the node this
+    /// one ended on, this one included (0 for an empty match): the hit
+    /// count a selective write-through policy compares with its threshold.
+    pub hits: u64,
 }
 
 /// Resident prefix lengths of one key on every tier

@@ -154,6 +154,9 @@ pub(crate) struct MatchWalk<'g> {
     pub(crate) any_device: Option<usize>,
     /// Longest prefix resident on the host tier (0 without one).
     pub(crate) host_len: usize,
+    /// Hits on the asked device of the node the match ended on, this one
+    /// included (0 for an empty match).
+    pub(crate) hits: u64,
 }
 
 /// What an insert did.
@@ -596,6 +599,7 @@ impl Tree {
             any_len: 0,
             any_device: None,
             host_len: 0,
+            hits: 0,
         };
         let Some(mut cur) = self.find_root(ns, guard) else {
             return w;
@@ -630,7 +634,7 @@ impl Tree {
                     // Relaxed suffices: hit counts are statistics for
                     // eviction keys, read in quiescent state or tolerated
                     // stale.
-                    child.dev(d).hits.fetch_add(1, Ordering::Relaxed);
+                    w.hits = child.dev(d).hits.fetch_add(1, Ordering::Relaxed) + 1;
                     w.end = End::Node(child);
                     w.len = pos + k;
                     w.generation = st.generation();

@@ -26,7 +26,37 @@ pub struct EngineArgs {
     /// Eviction policy of the tree.
     #[arg(long, default_value = "lru")]
     pub eviction: String,
+    /// Pages of the host tier shared by all devices (default: 4 × a
+    /// device's pool, host memory being typically 4–10× a GPU's KV pool;
+    /// 0: no host tier).
+    #[arg(long)]
+    pub host_pages: Option<usize>,
+    /// Copies made instead of recomputing: none, host (loads from the host
+    /// tier), peer (copies from another device) or all.
+    #[arg(long, default_value = "all")]
+    pub copy: String,
+    /// When prompts go to the host tier: write-through,
+    /// write-through-selective (once hit twice) or write-back (before an
+    /// eviction).
+    #[arg(long, default_value = "write-back")]
+    pub write_policy: String,
+    /// The model's KV shape for copy costs: llama3-8b, llama3-70b,
+    /// qwen2.5-7b, or layers=…,kv-heads=…,head-dim=…,dtype=….
+    #[arg(long, default_value = "llama3-8b")]
+    pub model_shape: String,
+    /// Host ↔ device bandwidth, GB/s per direction (default: PCIe 5).
+    #[arg(long, default_value_t = radixkv_engine::tiers::Link::PCIE5.gb_per_s)]
+    pub host_gbps: f64,
+    /// Device ↔ device bandwidth, GB/s per direction (default: NVLink 4).
+    #[arg(long, default_value_t = radixkv_engine::tiers::Link::NVLINK4.gb_per_s)]
+    pub peer_gbps: f64,
+    /// Below this many extra tokens a prefix is recomputed, never copied.
+    #[arg(long, default_value_t = 16)]
+    pub load_back_threshold: usize,
 }
+
+/// The host tier's default size in device pools.
+pub const HOST_POOL_MULTIPLE: usize = 4;
 
 impl EngineArgs {
     /// Sets everything but the pool size, validating the names.
@@ -36,6 +66,25 @@ impl EngineArgs {
         cfg.eviction_policy = self.eviction.parse()?;
         cfg.router.kind = self.router.parse()?;
         cfg.scheduler.policy.policy = self.schedule_policy.parse()?;
+        Ok(())
+    }
+
+    /// Sets the tier options, once `cfg.pages_per_device` is final (the
+    /// host tier's default size follows it).
+    pub fn apply_tiers(&self, cfg: &mut EngineConfig) -> Result<(), Box<dyn std::error::Error>> {
+        let t = &mut cfg.tiers;
+        t.host_pages = match self.host_pages {
+            Some(0) => None,
+            Some(n) => Some(n),
+            None => Some(cfg.pages_per_device.saturating_mul(HOST_POOL_MULTIPLE)),
+        };
+        t.copy = self.copy.parse()?;
+        t.write = self.write_policy.parse()?;
+        t.shape = self.model_shape.parse()?;
+        t.host_link.gb_per_s = self.host_gbps;
+        t.peer_link.gb_per_s = self.peer_gbps;
+        t.load_back_threshold = self.load_back_threshold;
+        t.validate()?;
         Ok(())
     }
 }

@@ -141,6 +141,7 @@ pub fn run(a: ReplayArgs) -> CmdResult {
         // Every request's prompt and output, once: no eviction needed.
         None => (w.total_tokens() / a.engine.page_size.max(1) + 2).min(1 << 22),
     };
+    a.engine.apply_tiers(&mut cfg.engine)?;
     interrupt_on_signal();
     let mut runs = Vec::new();
     for r in routers {

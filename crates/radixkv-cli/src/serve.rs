@@ -62,10 +62,12 @@ pub fn run(a: ServeArgs) -> CmdResult {
         ..EngineConfig::default()
     };
     e.apply(&mut cfg)?;
+    e.apply_tiers(&mut cfg)?;
     let backend: std::sync::Arc<dyn ModelBackend> = match a.model.as_str() {
-        "sim" | "simulated" => {
-            std::sync::Arc::new(SimulatedBackend::new(CostModel::default(), a.speedup))
-        }
+        "sim" | "simulated" => std::sync::Arc::new(
+            SimulatedBackend::new(CostModel::default(), a.speedup)
+                .with_layers(cfg.tiers.shape.layers),
+        ),
         #[cfg(feature = "candle")]
         "tiny" => {
             use radixkv_engine::tiny::{TinyBackend, TinyBackendConfig};

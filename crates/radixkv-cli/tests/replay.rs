@@ -38,9 +38,22 @@ fn the_json_summary_has_the_stable_keys() {
         "throughput_tok_s",
         "router",
         "devices",
+        "prompt_tokens",
+        "tokens_device_hit",
+        "tokens_host_loaded",
+        "tokens_peer_copied",
+        "tokens_recomputed",
+        "reuse_rate",
+        "copy_bytes",
+        "copy_time_s",
     ] {
         assert!(v.get(key).is_some(), "missing {key}");
     }
+    // Every prompt token is in exactly one of the four.
+    assert_eq!(
+        s.tokens_device_hit + s.tokens_host_loaded + s.tokens_peer_copied + s.tokens_recomputed,
+        s.prompt_tokens
+    );
     assert_eq!(v["requests"], 16);
     assert_eq!(v["hit_rate_per_device"].as_array().unwrap().len(), 2);
     assert_eq!(v["router"], "cache-aware");
@@ -147,6 +160,38 @@ fn the_command_line_names_bad_inputs() {
         err.contains("bad.jsonl") && err.contains('2'),
         "file and line: {err}"
     );
+
+    // Tier options: each a clear error at start, naming what is wrong.
+    for (args, says) in [
+        (&["replay", "--host-pages", "1"][..], "host tier"),
+        (
+            &["replay", "--host-pages", "0", "--copy", "host"][..],
+            "host tier",
+        ),
+        (&["replay", "--copy", "sideways"][..], "copy policy"),
+        (&["replay", "--write-policy", "never"][..], "write policy"),
+        (
+            &[
+                "replay",
+                "--model-shape",
+                "layers=0,kv-heads=8,head-dim=128,dtype=bf16",
+            ][..],
+            "zero layers",
+        ),
+        (&["replay", "--model-shape", "gpt-9"][..], "model shape"),
+        (&["replay", "--host-gbps", "0"][..], "bandwidth"),
+        (&["replay", "--peer-gbps=-1"][..], "bandwidth"),
+    ] {
+        let out = Command::new(bin)
+            .args(args)
+            .arg("--quiet")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
 
     for args in [
         &["replay", "--router", "nope"][..],

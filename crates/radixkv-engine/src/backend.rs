@@ -25,8 +25,8 @@ use std::time::Duration;
 /// let work = |new_tokens, context_tokens| PrefillWork {
 ///     request: 0, new_tokens, context_tokens, samples: true, data: None,
 /// };
-/// let cold = Batch { prefill: vec![work(2048, 0)], decode: vec![] };
-/// let warm = Batch { prefill: vec![work(128, 2048)], decode: vec![] };
+/// let cold = Batch { prefill: vec![work(2048, 0)], ..Batch::default() };
+/// let warm = Batch { prefill: vec![work(128, 2048)], ..Batch::default() };
 /// assert!(m.cost(&warm) * 5 < m.cost(&cold)); // reuse makes prefill much cheaper
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -78,22 +78,54 @@ impl CostModel {
         }
         Duration::from_nanos(ns as u64)
     }
+
+    /// The time one request's prefill of `new` tokens after `context`
+    /// adds to a pass (its linear and attention terms, without the pass's
+    /// fixed cost).
+    pub fn prefill_cost(&self, new: usize, context: usize) -> Duration {
+        let new = new as f64;
+        let ns = new * self.per_prefill_token.as_nanos() as f64
+            + new * (context as f64 + new / 2.0) * self.per_attention_pair_ns;
+        Duration::from_nanos(ns as u64)
+    }
 }
 
 /// The default backend: sleeps for the cost model's time divided by
 /// `speedup`, on the scheduler's own thread, so that devices run in
-/// parallel and the engine's real concurrency is exercised.
+/// parallel and the engine's real concurrency is exercised. A pass that
+/// waits for KV copies overlaps them with its compute layer by layer:
+/// `max(compute, copy) + min(compute, copy) / layers` (`crate::tiers`).
+///
+/// ```
+/// use radixkv_engine::backend::{Batch, CostModel, ModelBackend, SimulatedBackend};
+/// use std::time::Duration;
+/// let b = SimulatedBackend::new(CostModel::default(), 0.0).with_layers(32);
+/// let copy = Batch { copy_time: Duration::from_millis(64), ..Batch::default() };
+/// // Nothing to compute: the pass waits for the copy alone.
+/// assert_eq!(b.step(Default::default(), &copy).unwrap().time, Duration::from_millis(64));
+/// ```
 #[derive(Clone, Debug)]
 pub struct SimulatedBackend {
     model: CostModel,
     speedup: f64,
+    layers: u32,
 }
 
 impl SimulatedBackend {
     /// A simulator running `speedup` times faster than the modelled GPU
     /// (values ≤ 0 or not finite mean no sleeping at all).
     pub fn new(model: CostModel, speedup: f64) -> Self {
-        SimulatedBackend { model, speedup }
+        SimulatedBackend {
+            model,
+            speedup,
+            layers: 32,
+        }
+    }
+
+    /// The layers a copy overlaps with compute over (default 32; at least 1).
+    pub fn with_layers(mut self, layers: u32) -> Self {
+        self.layers = layers.max(1);
+        self
     }
 
     /// The cost model.
@@ -104,11 +136,17 @@ impl SimulatedBackend {
 
 impl ModelBackend for SimulatedBackend {
     fn step(&self, _device: DeviceId, batch: &Batch) -> Result<StepOutput, BackendError> {
-        let t = self.model.cost(batch);
+        let compute = self.model.cost(batch);
+        let copy = batch.copy_time;
+        let t = compute.max(copy) + compute.min(copy) / self.layers;
         if self.speedup.is_finite() && self.speedup > 0.0 {
             std::thread::sleep(t.div_f64(self.speedup));
         }
         Ok(t.into())
+    }
+
+    fn prefill_estimate(&self, new_tokens: usize, context_tokens: usize) -> Option<Duration> {
+        Some(self.model.prefill_cost(new_tokens, context_tokens))
     }
 
     fn describe(&self) -> String {

@@ -2,12 +2,13 @@
 //! with their configuration, requests, reports and live metrics (all
 //! re-exported at the crate root).
 
-use crate::router::{Router, RouterConfig};
+use crate::router::{PendingIndex, Router, RouterConfig};
 use crate::sched::batch::ModelBackend;
 use crate::sched::scheduler::{
     CacheOp, Completion, Inbox, Job, Scheduler, SchedulerConfig, SchedulerEvents, SchedulerStats,
     StreamEvent,
 };
+use crate::tiers::TierConfig;
 use radixkv::cache::{CacheError, EvictionPolicy, RadixCache, TokenKey};
 use radixkv::device::DeviceId;
 use radixkv::metrics::{EvictionMetrics, LatencyHistogram, LatencySummary};
@@ -36,6 +37,9 @@ pub struct EngineConfig {
     pub router: RouterConfig,
     /// Each device's scheduler.
     pub scheduler: SchedulerConfig,
+    /// The host tier, copies and host writes (default: no host tier; peer
+    /// copies on).
+    pub tiers: TierConfig,
 }
 
 impl Default for EngineConfig {
@@ -48,6 +52,7 @@ impl Default for EngineConfig {
             watermarks: None,
             router: RouterConfig::default(),
             scheduler: SchedulerConfig::default(),
+            tiers: TierConfig::default(),
         }
     }
 }
@@ -126,6 +131,10 @@ struct DeviceLive {
     failed: u64,
     prompt_tokens: u64,
     cached_tokens: u64,
+    host_loaded_tokens: u64,
+    peer_copied_tokens: u64,
+    copy_bytes: u64,
+    copy_time: std::time::Duration,
     output_tokens: u64,
     ttft: LatencyHistogram,
     e2e: LatencyHistogram,
@@ -145,8 +154,18 @@ pub struct DeviceMetrics {
     pub failed: u64,
     /// Prompt tokens of finished requests.
     pub prompt_tokens: u64,
-    /// Of which served from the cache.
+    /// Of which served from the device's own cache.
     pub cached_tokens: u64,
+    /// Of which loaded from the host tier.
+    pub host_loaded_tokens: u64,
+    /// Of which copied from another device.
+    pub peer_copied_tokens: u64,
+    /// Of which computed (prompt tokens minus the three above).
+    pub recomputed_tokens: u64,
+    /// Bytes of KV copied into the device for those loads and copies.
+    pub copy_bytes: u64,
+    /// Model time of those copies, seconds.
+    pub copy_time_s: f64,
     /// Output tokens of finished requests.
     pub output_tokens: u64,
     /// `cached_tokens / prompt_tokens`.
@@ -167,6 +186,18 @@ pub struct DeviceMetrics {
     pub insert_latency: LatencySummary,
     /// Eviction on this device.
     pub eviction: EvictionMetrics,
+}
+
+/// The host tier's pages and tokens ([`Engine::host_tier`]), summed over
+/// the engine's trees (one shared tree, or each private tree's share).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct HostTierMetrics {
+    /// Free pages.
+    pub pages_free: usize,
+    /// Pages in use (cached or held by copies in flight).
+    pub pages_used: usize,
+    /// Tokens resident on the host tier.
+    pub tokens: usize,
 }
 
 /// Latency histograms of finished requests ([`Engine::latencies`]).
@@ -204,6 +235,10 @@ struct Shared {
     router: Mutex<Router>,
     done: Sender<Completion>,
     live: Vec<Mutex<DeviceLive>>,
+    /// Prompts being computed per device (admitted, not yet in the tree),
+    /// for schedulers that would rather copy them than compute them too.
+    /// Only with one shared tree (peer copies need it).
+    computing: Option<Mutex<PendingIndex>>,
 }
 
 impl SchedulerEvents for Shared {
@@ -223,6 +258,10 @@ impl SchedulerEvents for Shared {
                 l.finished += 1;
                 l.prompt_tokens += c.prompt_tokens as u64;
                 l.cached_tokens += c.cached_tokens as u64;
+                l.host_loaded_tokens += c.host_loaded_tokens as u64;
+                l.peer_copied_tokens += c.peer_copied_tokens as u64;
+                l.copy_bytes += c.copy_bytes;
+                l.copy_time += c.copy_time;
                 l.output_tokens += c.output_tokens as u64;
                 l.ttft.record(c.ttft);
                 l.e2e.record(c.e2e);
@@ -234,6 +273,32 @@ impl SchedulerEvents for Shared {
         if job.stream.is_none() {
             let _ = self.done.send(c);
         }
+    }
+
+    fn computing(&self, key: TokenKey<'_>, device: DeviceId) {
+        if let Some(Ok(mut c)) = self.computing.as_ref().map(|m| m.lock()) {
+            c.add(key.tokens(), key.namespace(), device.index());
+        }
+    }
+
+    fn computed(&self, key: TokenKey<'_>, device: DeviceId) {
+        if let Some(Ok(mut c)) = self.computing.as_ref().map(|m| m.lock()) {
+            c.remove(key.tokens(), key.namespace(), device.index());
+        }
+    }
+
+    fn computing_elsewhere(
+        &self,
+        key: TokenKey<'_>,
+        device: DeviceId,
+    ) -> Option<(DeviceId, usize)> {
+        let c = self.computing.as_ref()?.lock().ok()?;
+        let lens = c.longest(key.tokens(), key.namespace());
+        lens.iter()
+            .enumerate()
+            .filter(|&(e, &l)| e != device.index() && l > 0)
+            .max_by_key(|&(e, &l)| (l, std::cmp::Reverse(e)))
+            .map(|(e, &l)| (DeviceId(e as u32), l))
     }
 
     fn cache_op(&self, device: DeviceId, op: CacheOp, took: std::time::Duration) {
@@ -281,7 +346,9 @@ impl Engine {
                 "pages_per_device must be at least 2 (page 0 is reserved)".into(),
             ));
         }
-        let build = |devices: usize| {
+        cfg.tiers.validate().map_err(EngineError::InvalidConfig)?;
+        let private = cfg.router.kind.private_trees();
+        let build = |devices: usize, host: Option<usize>| {
             let mut b = RadixCache::builder()
                 .devices(devices)
                 .page_size(cfg.page_size)
@@ -290,14 +357,20 @@ impl Engine {
             if let Some((low, high)) = cfg.watermarks {
                 b = b.watermarks(low, high);
             }
+            if let Some(h) = host {
+                b = b.host_pages(h);
+            }
             b.build().map(Arc::new)
         };
-        let caches: Vec<Arc<RadixCache>> = if cfg.router.kind.private_trees() {
+        let caches: Vec<Arc<RadixCache>> = if private {
+            // Private trees (SGLang's DP ranks): each its own share of the
+            // host tier, as HiCache gives each rank its own.
+            let share = cfg.tiers.host_pages.map(|h| (h / cfg.devices).max(2));
             (0..cfg.devices)
-                .map(|_| build(1))
+                .map(|_| build(1, share))
                 .collect::<Result<_, _>>()?
         } else {
-            vec![build(cfg.devices)?]
+            vec![build(cfg.devices, cfg.tiers.host_pages)?]
         };
         let mut evictor = Vec::new();
         if cfg.watermarks.is_some() {
@@ -305,11 +378,15 @@ impl Engine {
                 evictor.push(c.start_evictor()?);
             }
         }
+        let mut router_cfg = cfg.router;
+        router_cfg.copies = !private && cfg.tiers.copy.peer();
         let (done_tx, done_rx) = channel();
         let shared = Arc::new(Shared {
-            router: Mutex::new(Router::new(cfg.router, cfg.devices, cfg.page_size)),
+            router: Mutex::new(Router::new(router_cfg, cfg.devices, cfg.page_size)),
             done: done_tx,
             live: (0..cfg.devices).map(|_| Mutex::default()).collect(),
+            computing: (!private && cfg.tiers.copy.peer())
+                .then(|| Mutex::new(PendingIndex::new(cfg.devices, cfg.page_size))),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let mut inboxes = Vec::new();
@@ -328,7 +405,8 @@ impl Engine {
                 Arc::clone(&backend),
                 Arc::clone(&shared) as Arc<dyn SchedulerEvents>,
             )
-            .reporting_as(DeviceId(d as u32));
+            .reporting_as(DeviceId(d as u32))
+            .with_tiers(cfg.tiers.clone());
             let stop = Arc::clone(&stop);
             let t = std::thread::Builder::new()
                 .name(format!("radixkv-sched-{d}"))
@@ -494,6 +572,13 @@ impl Engine {
                     m.failed = l.failed;
                     m.prompt_tokens = l.prompt_tokens;
                     m.cached_tokens = l.cached_tokens;
+                    m.host_loaded_tokens = l.host_loaded_tokens;
+                    m.peer_copied_tokens = l.peer_copied_tokens;
+                    m.recomputed_tokens = l.prompt_tokens.saturating_sub(
+                        l.cached_tokens + l.host_loaded_tokens + l.peer_copied_tokens,
+                    );
+                    m.copy_bytes = l.copy_bytes;
+                    m.copy_time_s = l.copy_time.as_secs_f64();
                     m.output_tokens = l.output_tokens;
                     m.hit_rate = if l.prompt_tokens == 0 {
                         0.0
@@ -515,6 +600,21 @@ impl Engine {
                 m
             })
             .collect()
+    }
+
+    /// The host tier's figures, when the engine has one.
+    pub fn host_tier(&self) -> Option<HostTierMetrics> {
+        let mut out: Option<HostTierMetrics> = None;
+        for c in &self.caches {
+            let Some(h) = c.host() else { continue };
+            let m = out.get_or_insert_with(HostTierMetrics::default);
+            if let Some(a) = c.allocator(h) {
+                m.pages_free += a.free_pages();
+                m.pages_used += a.num_pages() - 1 - a.free_pages();
+            }
+            m.tokens += c.resident_tokens(h).unwrap_or(0);
+        }
+        out
     }
 
     /// Checks every cache's invariants and page conservation

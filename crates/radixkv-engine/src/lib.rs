@@ -32,6 +32,7 @@
 //! | [`router`] | which device a request goes to (cache-aware, round-robin, least-loaded, private) |
 //! | [`sched`] | per-device scheduling: waiting-queue policies, the scheduler loop, the model interface |
 //! | [`backend`] | model backends: the cost-model simulator |
+//! | [`tiers`] | the host tier, copy and write policies, and the copy-or-recompute cost model |
 //! | `tiny` | a tiny candle transformer computing for real, its KV in [`kvpool`] pools (feature `candle`) |
 //! | [`kvpool`] | KV memory per device: host, or CUDA (feature `cuda`) |
 //! | [`trace`] | request traces: one type, the Mooncake and agentic readers, the gsp / chat / tot generators |
@@ -57,6 +58,7 @@ pub mod replay;
 pub mod rng;
 pub mod router;
 pub mod sched;
+pub mod tiers;
 #[cfg(feature = "candle")]
 pub mod tiny;
 pub mod torture;
@@ -64,6 +66,6 @@ pub mod trace;
 
 pub use engine::{
     DeviceLatencies, DeviceMetrics, DeviceReport, Engine, EngineConfig, EngineError, EngineReport,
-    EngineRequest, Latencies,
+    EngineRequest, HostTierMetrics, Latencies,
 };
 pub use sched::scheduler::{Completion, StreamEvent};

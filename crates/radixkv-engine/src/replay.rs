@@ -113,8 +113,44 @@ pub struct ReplaySummary {
     pub prompt_tokens: usize,
     /// Output tokens of the finished requests.
     pub output_tokens: usize,
-    /// Token hit rate: prompt tokens served from the cache / prompt tokens.
+    /// Token hit rate: prompt tokens served from the device's own cache /
+    /// prompt tokens.
     pub hit_rate: f64,
+    /// Prompt tokens served from the device's own cache (`hit_rate`'s
+    /// numerator).
+    pub tokens_device_hit: usize,
+    /// Prompt tokens loaded from the host tier instead of computed.
+    pub tokens_host_loaded: usize,
+    /// Prompt tokens copied from another device instead of computed.
+    pub tokens_peer_copied: usize,
+    /// Prompt tokens computed: every prompt token of a finished request is
+    /// in exactly one of these four, which sum to `prompt_tokens`.
+    pub tokens_recomputed: usize,
+    /// Share of prompt tokens not recomputed: 1 − `tokens_recomputed` /
+    /// `prompt_tokens` (with `--copy none` it equals `hit_rate`).
+    pub reuse_rate: f64,
+    /// The same per device.
+    pub reuse_rate_per_device: Vec<f64>,
+    /// Tokens loaded from the host, per device.
+    pub tokens_host_loaded_per_device: Vec<usize>,
+    /// Tokens copied from other devices, per device (the destination).
+    pub tokens_peer_copied_per_device: Vec<usize>,
+    /// Bytes of KV copied into devices (host loads and peer copies).
+    pub copy_bytes: u64,
+    /// Model time of those copies, seconds (per the tier cost model;
+    /// overlapped with compute as `radixkv_engine::tiers` says).
+    pub copy_time_s: f64,
+    /// Tokens written to the host tier (write-through or write-back).
+    pub host_written_tokens: u64,
+    /// Bytes of those writes.
+    pub host_write_bytes: u64,
+    /// Pages of the host tier (0: none).
+    pub host_pages: usize,
+    /// The copy policy (`none`, `host`, `peer`, `all`).
+    pub copy_policy: String,
+    /// The write policy (`write-through`, `write-through-selective`,
+    /// `write-back`).
+    pub write_policy: String,
     /// The same per device.
     pub hit_rate_per_device: Vec<f64>,
     /// The workload's hit rate with an infinite cache (the ceiling).
@@ -247,7 +283,9 @@ pub fn replay(
     #[cfg_attr(not(feature = "candle"), allow(unused_mut))]
     let mut cfg = cfg.clone();
     let backend: Arc<dyn crate::sched::batch::ModelBackend> = match &cfg.model {
-        ReplayModel::Simulated => Arc::new(SimulatedBackend::new(cfg.cost, cfg.speedup)),
+        ReplayModel::Simulated => Arc::new(
+            SimulatedBackend::new(cfg.cost, cfg.speedup).with_layers(cfg.engine.tiers.shape.layers),
+        ),
         #[cfg(feature = "candle")]
         ReplayModel::Tiny {
             model,
@@ -273,6 +311,9 @@ pub fn replay(
     let devices = cfg.engine.devices;
     let mut progress = Progress::new(n, cfg.progress, cfg.engine.router.kind.name());
     let mut per_dev = vec![(0usize, 0usize); devices];
+    // Per device: host loads, peer copies; and copy bytes and time overall.
+    let mut per_dev_copies = vec![(0usize, 0usize); devices];
+    let (mut copy_bytes, mut copy_time) = (0u64, Duration::ZERO);
     let (mut finished, mut failed, mut rejected) = (0usize, 0usize, 0usize);
     let (mut prompt, mut output, mut retractions_seen) = (0usize, 0usize, 0u64);
     let mut submitted = 0usize;
@@ -292,6 +333,10 @@ pub fn replay(
                 let d = c.device.index().min(devices - 1);
                 per_dev[d].0 += c.cached_tokens;
                 per_dev[d].1 += c.prompt_tokens;
+                per_dev_copies[d].0 += c.host_loaded_tokens;
+                per_dev_copies[d].1 += c.peer_copied_tokens;
+                copy_bytes += c.copy_bytes;
+                copy_time += c.copy_time;
             }
             retractions_seen += u64::from(c.retractions);
             let cached: usize = per_dev.iter().map(|p| p.0).sum();
@@ -367,6 +412,9 @@ pub fn replay(
     };
     let duration_s = (scale(last_done - wall).as_secs_f64() - first_arrival / 1000.0).max(1e-9);
     let cached: usize = per_dev.iter().map(|p| p.0).sum();
+    let host_loaded: usize = per_dev_copies.iter().map(|p| p.0).sum();
+    let peer_copied: usize = per_dev_copies.iter().map(|p| p.1).sum();
+    let recomputed = prompt.saturating_sub(cached + host_loaded + peer_copied);
     // The engine's wall-time latencies, in model time.
     let ms = |h: &LatencyHistogram, q: fn(&radixkv::metrics::LatencySummary) -> u64| {
         q(&h.summary()) as f64 / 1e6 * cfg.speedup
@@ -384,6 +432,35 @@ pub fn replay(
         prompt_tokens: prompt,
         output_tokens: output,
         hit_rate: ratio(cached, prompt),
+        tokens_device_hit: cached,
+        tokens_host_loaded: host_loaded,
+        tokens_peer_copied: peer_copied,
+        tokens_recomputed: recomputed,
+        // As a ratio of the reused tokens: with no copies it is `hit_rate`
+        // exactly.
+        reuse_rate: ratio(prompt - recomputed, prompt),
+        reuse_rate_per_device: per_dev
+            .iter()
+            .zip(&per_dev_copies)
+            .map(|(&(c, t), &(h, p))| ratio(c + h + p, t))
+            .collect(),
+        tokens_host_loaded_per_device: per_dev_copies.iter().map(|p| p.0).collect(),
+        tokens_peer_copied_per_device: per_dev_copies.iter().map(|p| p.1).collect(),
+        copy_bytes,
+        copy_time_s: copy_time.as_secs_f64(),
+        host_written_tokens: report
+            .devices
+            .iter()
+            .map(|d| d.scheduler.host_written_tokens)
+            .sum(),
+        host_write_bytes: report
+            .devices
+            .iter()
+            .map(|d| d.scheduler.host_write_bytes)
+            .sum(),
+        host_pages: cfg.engine.tiers.host_pages.unwrap_or(0),
+        copy_policy: cfg.engine.tiers.copy.name().to_string(),
+        write_policy: cfg.engine.tiers.write.name().to_string(),
         hit_rate_per_device: per_dev.iter().map(|&(c, t)| ratio(c, t)).collect(),
         infinite_cache_hit_rate: w.infinite_cache_hit_rate(cfg.engine.page_size),
         prefill_tokens_saved: cached,
@@ -453,13 +530,36 @@ pub fn format_summaries(runs: &[ReplaySummary]) -> String {
         first.infinite_cache_hit_rate * 100.0
     );
     type Row = (&'static str, fn(&ReplaySummary) -> String);
-    let rows: [Row; 20] = [
+    let rows: [Row; 25] = [
         ("router", |r| r.router.clone()),
         ("finished", |r| r.finished.to_string()),
         ("failed / rejected", |r| {
             format!("{} / {}", r.failed, r.rejected)
         }),
         ("token hit rate", |r| format!("{:.1}%", r.hit_rate * 100.0)),
+        ("reuse rate (not recomputed)", |r| {
+            format!("{:.1}%", r.reuse_rate * 100.0)
+        }),
+        ("tokens hit/host/peer/comp", |r| {
+            format!(
+                "{}/{}/{}/{}",
+                r.tokens_device_hit,
+                r.tokens_host_loaded,
+                r.tokens_peer_copied,
+                r.tokens_recomputed
+            )
+        }),
+        ("copied GB / model s", |r| {
+            format!("{:.1} / {:.2}", r.copy_bytes as f64 / 1e9, r.copy_time_s)
+        }),
+        ("host tier", |r| {
+            if r.host_pages == 0 {
+                format!("none, copy {}", r.copy_policy)
+            } else {
+                format!("{} pages, {}", r.host_pages, r.write_policy)
+            }
+        }),
+        ("written to host", |r| r.host_written_tokens.to_string()),
         ("hit rate per device", |r| {
             r.hit_rate_per_device
                 .iter()

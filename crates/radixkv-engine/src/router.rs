@@ -89,6 +89,19 @@ pub struct RouterConfig {
     pub balance_abs: usize,
     /// …and more than this many times the least busy one's (default 1.5).
     pub balance_rel: f64,
+    /// Devices can copy prefixes from each other (the engine sets it from
+    /// its tier settings): then a prefix held elsewhere costs a copy, not a
+    /// recomputation, and the cache-aware router weighs queueing behind
+    /// the device that has it against copying it to a less loaded one: it
+    /// picks the longest prefix among the devices within
+    /// [`copy_slack`](Self::copy_slack) outstanding requests of the least
+    /// loaded (default false).
+    pub copies: bool,
+    /// With `copies`: how many more outstanding requests than the least
+    /// loaded device a device may have and still win on its prefix
+    /// (default 0: the least loaded devices only, the longest prefix among
+    /// them; measured on GSP, BENCHMARKS.md).
+    pub copy_slack: usize,
 }
 
 impl Default for RouterConfig {
@@ -97,6 +110,8 @@ impl Default for RouterConfig {
             kind: RouterKind::CacheAware,
             balance_abs: 32,
             balance_rel: 1.5,
+            copies: false,
+            copy_slack: 0,
         }
     }
 }
@@ -314,7 +329,13 @@ impl Router {
                 best[d] = best[d].max(l);
             }
         }
+        let slack = if self.cfg.copies {
+            min + self.cfg.copy_slack
+        } else {
+            usize::MAX
+        };
         let device = (0..n)
+            .filter(|&d| self.load[d] <= slack)
             .max_by_key(|&d| {
                 (
                     best[d],

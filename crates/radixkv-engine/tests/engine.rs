@@ -5,6 +5,7 @@ use radixkv_engine::backend::{CostModel, SimulatedBackend};
 use radixkv_engine::replay::{replay, ReplayConfig};
 use radixkv_engine::router::{RouterConfig, RouterKind};
 use radixkv_engine::sched::scheduler::Completion;
+use radixkv_engine::tiers::{CopyPolicy, TierConfig};
 use radixkv_engine::trace::gsp;
 use radixkv_engine::{Engine, EngineConfig, EngineError, EngineRequest};
 use std::sync::atomic::AtomicBool;
@@ -32,6 +33,14 @@ fn audit(e: &Engine) {
     }
 }
 
+/// No copies between devices: each device reuses only its own cache.
+fn no_copies() -> TierConfig {
+    TierConfig {
+        copy: CopyPolicy::None,
+        ..TierConfig::default()
+    }
+}
+
 fn replay_cfg(kind: RouterKind, devices: usize) -> ReplayConfig {
     ReplayConfig {
         engine: EngineConfig {
@@ -41,6 +50,7 @@ fn replay_cfg(kind: RouterKind, devices: usize) -> ReplayConfig {
                 kind,
                 ..RouterConfig::default()
             },
+            tiers: no_copies(),
             ..EngineConfig::default()
         },
         speedup: 50.0,
@@ -94,11 +104,14 @@ fn cache_aware_routing_reaches_the_infinite_cache_hit_rate_and_private_does_not(
 #[test]
 fn a_burst_sharing_a_new_prefix_lands_on_one_device() {
     // All requests arrive at once, before anything is cached: only the
-    // router's pending index can keep a group together.
+    // router's pending index can keep a group together (without copies
+    // between devices; with them the router balances load instead, see
+    // tests/tiers.rs).
     let e = Engine::start(
         EngineConfig {
             devices: 4,
             pages_per_device: 2048,
+            tiers: no_copies(),
             ..EngineConfig::default()
         },
         fast(),

@@ -501,7 +501,7 @@ fn bad_inputs_are_typed_errors() {
             samples: true,
             data: None,
         }],
-        decode: vec![],
+        ..Batch::default()
     };
     assert!(b.step(DeviceId(0), &no_data).is_err());
     let bad = Batch {
@@ -514,6 +514,7 @@ fn bad_inputs_are_typed_errors() {
                 slots: vec![4],
             }),
         }],
+        ..Batch::default()
     };
     let e = b.step(DeviceId(0), &bad).unwrap_err();
     assert!(e.reason.contains("slots"), "{e}");
@@ -528,7 +529,7 @@ fn bad_inputs_are_typed_errors() {
                 slots: vec![4, 5],
             }),
         }],
-        decode: vec![],
+        ..Batch::default()
     };
     assert!(b.step(DeviceId(7), &ok).is_err(), "unknown device");
     let out = b.step(DeviceId(0), &ok).unwrap();

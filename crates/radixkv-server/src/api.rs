@@ -248,7 +248,9 @@ impl Utf8Decoder {
 /// `usage.prompt_tokens_details`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PromptTokensDetails {
-    /// Prompt tokens served from the prefix cache.
+    /// Prompt tokens not computed: served from the device's prefix cache,
+    /// loaded from the host tier or copied from another device (the
+    /// `radixkv` part of the response breaks it down).
     pub cached_tokens: usize,
 }
 
@@ -261,14 +263,24 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Both.
     pub total_tokens: usize,
-    /// Prompt tokens served from the prefix cache (also under
-    /// `prompt_tokens_details`, OpenAI's place for it).
+    /// Prompt tokens not computed (device hits, host loads, peer copies;
+    /// also under `prompt_tokens_details`, OpenAI's place for it).
     pub cached_tokens: usize,
     /// OpenAI's details.
     pub prompt_tokens_details: PromptTokensDetails,
 }
 
 impl Usage {
+    /// Usage of a finished request: every prompt token it did not compute
+    /// counts as cached.
+    pub fn of(c: &radixkv_engine::sched::scheduler::Completion) -> Usage {
+        Usage::new(
+            c.prompt_tokens,
+            c.output_tokens,
+            c.cached_tokens + c.host_loaded_tokens + c.peer_copied_tokens,
+        )
+    }
+
     /// Usage of a finished request.
     pub fn new(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -> Usage {
         Usage {
@@ -300,6 +312,12 @@ pub struct Choice {
 pub struct RunInfo {
     /// The device that served it.
     pub device: u32,
+    /// Prompt tokens served from that device's prefix cache.
+    pub device_hit_tokens: usize,
+    /// Prompt tokens loaded from the host tier.
+    pub host_loaded_tokens: usize,
+    /// Prompt tokens copied from another device.
+    pub peer_copied_tokens: usize,
     /// Arrival to first token, milliseconds.
     pub ttft_ms: f64,
     /// Arrival to last token, milliseconds.

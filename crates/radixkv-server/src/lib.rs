@@ -114,18 +114,23 @@ impl AppState {
     /// `/stats`, computed on a blocking thread.
     fn stats(&self) -> metrics::Stats {
         let m = self.engine().metrics();
+        let host = self.engine().host_tier();
         let devices = metrics::device_stats(m, &self.caches);
-        metrics::stats(devices, self.http_stats(), || self.engine().audit())
+        metrics::stats(devices, host, self.http_stats(), || self.engine().audit())
     }
 
     /// `/metrics`, computed on a blocking thread.
     fn prometheus(&self) -> Result<String, std::fmt::Error> {
-        let (m, latencies) = {
+        let (m, host, latencies) = {
             let engine = self.engine();
-            (engine.metrics(), engine.latency_histograms())
+            (
+                engine.metrics(),
+                engine.host_tier(),
+                engine.latency_histograms(),
+            )
         };
         let devices = metrics::device_stats(m, &self.caches);
-        metrics::prometheus(devices, latencies, self.http_stats())
+        metrics::prometheus(devices, host, latencies, self.http_stats())
     }
 
     fn in_flight(&self) -> usize {
@@ -515,13 +520,12 @@ async fn completions(
             logprobs: None,
             finish_reason: Some("length"),
         }],
-        usage: Some(Usage::new(
-            c.prompt_tokens,
-            c.output_tokens,
-            c.cached_tokens,
-        )),
+        usage: Some(Usage::of(&c)),
         radixkv: Some(RunInfo {
             device: c.device.0,
+            device_hit_tokens: c.cached_tokens,
+            host_loaded_tokens: c.host_loaded_tokens,
+            peer_copied_tokens: c.peer_copied_tokens,
             ttft_ms: c.ttft.as_secs_f64() * 1e3,
             e2e_ms: c.e2e.as_secs_f64() * 1e3,
             retractions: c.retractions,

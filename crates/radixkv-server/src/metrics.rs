@@ -11,7 +11,14 @@
 //! |---|---|---|---|
 //! | `radixkv_requests` | counter | `device`, `outcome` (`finished`, `failed`) | requests the engine finished or failed |
 //! | `radixkv_prompt_tokens` | counter | `device` | prompt tokens of finished requests |
-//! | `radixkv_cached_tokens` | counter | `device` | of which served from the prefix cache |
+//! | `radixkv_cached_tokens` | counter | `device` | of which served from the device's own prefix cache |
+//! | `radixkv_host_loaded_tokens` | counter | `device` | of which loaded from the host tier |
+//! | `radixkv_peer_copied_tokens` | counter | `device` | of which copied from another device |
+//! | `radixkv_recomputed_tokens` | counter | `device` | of which computed |
+//! | `radixkv_copy_bytes` | counter | `device` | KV bytes copied into the device (host loads, peer copies) |
+//! | `radixkv_copy_seconds` | counter | `device` | model time of those copies |
+//! | `radixkv_host_tier_pages` | gauge | `state` (`free`, `used`) | host tier pages (with a host tier) |
+//! | `radixkv_host_tier_tokens` | gauge | | tokens on the host tier (with a host tier) |
 //! | `radixkv_completion_tokens` | counter | `device` | output tokens of finished requests |
 //! | `radixkv_cache_hit_rate` | gauge | `device` | cached / prompt tokens |
 //! | `radixkv_outstanding_requests` | gauge | `device` | requests queued or running |
@@ -56,7 +63,7 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 use radixkv::metrics::LatencyHistogram;
 use radixkv::{DeviceId, RadixCache};
-use radixkv_engine::{DeviceLatencies, DeviceMetrics};
+use radixkv_engine::{DeviceLatencies, DeviceMetrics, HostTierMetrics};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicU64;
@@ -221,6 +228,8 @@ pub struct Stats {
     pub pinned_tokens: usize,
     /// Per device.
     pub devices: Vec<DeviceStats>,
+    /// The host tier shared by the devices (absent without one).
+    pub host_tier: Option<HostTierMetrics>,
     /// The HTTP layer.
     pub http: HttpStats,
 }
@@ -253,6 +262,7 @@ pub fn device_stats(
 /// flight.
 pub fn stats(
     devices: Vec<DeviceStats>,
+    host_tier: Option<HostTierMetrics>,
     http: HttpStats,
     audit: impl FnOnce() -> Result<(), String>,
 ) -> Stats {
@@ -274,6 +284,7 @@ pub fn stats(
         outstanding,
         pinned_tokens,
         devices,
+        host_tier,
         http,
     }
 }
@@ -287,11 +298,12 @@ pub fn stats(
 /// `prometheus_client::encoding::text::encode`.
 pub fn prometheus(
     devices: Vec<DeviceStats>,
+    host_tier: Option<HostTierMetrics>,
     latencies: Vec<DeviceLatencies>,
     http: HttpStats,
 ) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::with_prefix("radixkv");
-    registry.register_collector(Box::new(EngineFigures(devices)));
+    registry.register_collector(Box::new(EngineFigures(devices, host_tier)));
     registry.register_collector(Box::new(LatencyFigures(latencies)));
     registry.register_collector(Box::new(HttpFigures(http)));
     let mut out = String::new();
@@ -359,12 +371,69 @@ fn gauge(v: usize) -> ConstGauge<u64> {
 
 /// The engine's and the trees' figures of one scrape, per device.
 #[derive(Debug)]
-struct EngineFigures(Vec<DeviceStats>);
+struct EngineFigures(Vec<DeviceStats>, Option<HostTierMetrics>);
 
 impl Collector for EngineFigures {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
         let d = &self.0;
         let e = &mut enc;
+        for (name, help, f) in [
+            (
+                "host_loaded_tokens",
+                "Prompt tokens of finished requests loaded from the host tier instead of computed.",
+                (|d| d.metrics.host_loaded_tokens) as fn(&DeviceStats) -> u64,
+            ),
+            (
+                "peer_copied_tokens",
+                "Prompt tokens of finished requests copied from another device instead of computed.",
+                |d| d.metrics.peer_copied_tokens,
+            ),
+            (
+                "recomputed_tokens",
+                "Prompt tokens of finished requests computed (neither cached, loaded nor copied).",
+                |d| d.metrics.recomputed_tokens,
+            ),
+            (
+                "copy_bytes",
+                "Bytes of KV copied into the device for host loads and peer copies.",
+                |d| d.metrics.copy_bytes,
+            ),
+        ] {
+            per_device(e, (name, help, None), d, |d| counter(f(d)))?;
+        }
+        per_device(
+            e,
+            (
+                "copy_seconds",
+                "Model time of the KV copied into the device (the tier cost model).",
+                None,
+            ),
+            d,
+            |d| ConstCounter::new(d.metrics.copy_time_s),
+        )?;
+        if let Some(h) = &self.1 {
+            family(
+                e,
+                (
+                    "host_tier_pages",
+                    "Host tier pages (shared by the devices), free or used.",
+                    None,
+                ),
+                [
+                    (vec![("state", "free")], gauge(h.pages_free)),
+                    (vec![("state", "used")], gauge(h.pages_used)),
+                ],
+            )?;
+            family(
+                e,
+                (
+                    "host_tier_tokens",
+                    "Tokens resident on the host tier.",
+                    None,
+                ),
+                [(Vec::<(&str, &str)>::new(), gauge(h.tokens))],
+            )?;
+        }
         per_device_split(
             e,
             (
@@ -635,7 +704,7 @@ mod tests {
         l[0].matches.record(ms(2));
         l[0].inserts.record(ms(7));
         l[1].evict.record(Duration::from_secs(90));
-        let text = prometheus(vec![device(0), device(1)], l, http()).unwrap();
+        let text = prometheus(vec![device(0), device(1)], None, l, http()).unwrap();
         assert!(text.ends_with("# EOF\n"), "{text}");
         for name in ["ttft", "e2e", "match", "insert", "evict"] {
             let family = format!("radixkv_{name}_seconds");
@@ -729,8 +798,22 @@ mod tests {
 
     #[test]
     fn engine_and_http_families() {
-        let text = prometheus(vec![device(0)], latencies(1), http()).unwrap();
+        let host = HostTierMetrics {
+            pages_free: 30,
+            pages_used: 2,
+            tokens: 32,
+        };
+        let mut d = device(0);
+        d.metrics.peer_copied_tokens = 512;
+        d.metrics.copy_time_s = 0.25;
+        let text = prometheus(vec![d], Some(host), latencies(1), http()).unwrap();
         for line in [
+            "radixkv_peer_copied_tokens_total{device=\"0\"} 512",
+            "radixkv_host_loaded_tokens_total{device=\"0\"} 0",
+            "radixkv_copy_seconds_total{device=\"0\"} 0.25",
+            "radixkv_host_tier_pages{state=\"free\"} 30",
+            "radixkv_host_tier_pages{state=\"used\"} 2",
+            "radixkv_host_tier_tokens 32",
             "# TYPE radixkv_requests counter",
             "radixkv_requests_total{device=\"0\",outcome=\"finished\"} 4",
             "radixkv_requests_total{device=\"0\",outcome=\"failed\"} 0",
@@ -758,6 +841,9 @@ mod tests {
         // Every family has one HELP and one TYPE line.
         let types = lines(&text, "# TYPE ");
         assert_eq!(types.len(), lines(&text, "# HELP ").len());
-        assert_eq!(types.len(), 22, "{text}");
+        assert_eq!(types.len(), 29, "{text}");
+        // Without a host tier, no host-tier families.
+        let plain = prometheus(vec![device(0)], None, latencies(1), http()).unwrap();
+        assert!(!plain.contains("host_tier"), "{plain}");
     }
 }

@@ -199,8 +199,7 @@ impl futures_core::Stream for CompletionStream {
                     Some(e) => this.fail(e),
                     None => {
                         if this.include_usage {
-                            let usage =
-                                Usage::new(c.prompt_tokens, c.output_tokens, c.cached_tokens);
+                            let usage = Usage::of(&c);
                             let chunk = this.meta.chunk(Vec::new(), Some(usage));
                             this.queued.push_back(json_event(&chunk));
                         }

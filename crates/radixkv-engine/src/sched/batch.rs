@@ -2,6 +2,7 @@
 //! [`ModelBackend`] trait that runs it. The engine provides backends (the
 //! default simulator: `engine::backend::SimulatedBackend`).
 
+use radixkv::cache::SlotRun;
 use radixkv::device::DeviceId;
 use std::time::Duration;
 
@@ -56,6 +57,10 @@ pub struct Batch {
     pub prefill: Vec<PrefillWork>,
     /// Requests decoding one token in this pass.
     pub decode: Vec<DecodeWork>,
+    /// Model time of the KV copies (loads from the host tier, copies from
+    /// other devices) that this pass's requests wait for; a cost model
+    /// overlaps them with the pass (see `crate::tiers`). Zero without.
+    pub copy_time: Duration,
 }
 
 impl Batch {
@@ -126,6 +131,34 @@ pub trait ModelBackend: Send + Sync {
     /// Verification counters, for a backend that checks reused KV against
     /// recomputation (default `None`).
     fn verification(&self) -> Option<Verification> {
+        None
+    }
+
+    /// Moves the KV of `runs` from tier `from` to tier `to` (devices, or
+    /// the host tier: the cache's id one past the last device), before the
+    /// copy is completed in the cache. A cost model has no KV to move
+    /// (default: nothing to do); a backend that holds KV
+    /// ([`wants_data`](Self::wants_data)) must move it, and by default it
+    /// refuses, so that no copy ever completes without its data. Empty
+    /// `runs` ask whether the backend can copy at all (a scheduler whose
+    /// backend cannot makes no copies and no host writes).
+    fn copy(&self, from: DeviceId, to: DeviceId, runs: &[SlotRun]) -> Result<(), BackendError> {
+        let _ = (to, runs);
+        if self.wants_data() {
+            return Err(BackendError {
+                device: from,
+                reason: "this backend cannot copy KV between tiers".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The model time of computing `new_tokens` after `context_tokens`
+    /// of one request, for the copy-or-recompute decision (default `None`:
+    /// unknown, and a copy is made whenever it passes the load-back
+    /// threshold).
+    fn prefill_estimate(&self, new_tokens: usize, context_tokens: usize) -> Option<Duration> {
+        let _ = (new_tokens, context_tokens);
         None
     }
 

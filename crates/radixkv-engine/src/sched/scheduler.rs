@@ -30,6 +30,7 @@
 
 use super::batch::{Batch, DecodeWork, ModelBackend, PrefillWork, WorkData};
 use super::policy::{PolicyConfig, QueueOrderer, Waiting};
+use crate::tiers::{CopySource, TierConfig, WritePolicy, HOST_TIER};
 use radixkv::cache::{CacheError, RadixCache, Request, TokenKey};
 use radixkv::device::DeviceId;
 use std::collections::HashMap;
@@ -145,8 +146,19 @@ pub struct Completion {
     pub device: DeviceId,
     /// Prompt tokens.
     pub prompt_tokens: usize,
-    /// Prompt tokens served from the cache at its (first) admission.
+    /// Prompt tokens served from the device's own cache at its (first)
+    /// admission.
     pub cached_tokens: usize,
+    /// Prompt tokens loaded from the host tier instead of computed, at its
+    /// first admission.
+    pub host_loaded_tokens: usize,
+    /// Prompt tokens copied from another device instead of computed, at
+    /// its first admission.
+    pub peer_copied_tokens: usize,
+    /// Bytes of KV copied into the device for those tokens.
+    pub copy_bytes: u64,
+    /// Model time of those copies (per the tier cost model).
+    pub copy_time: Duration,
     /// Output tokens generated.
     pub output_tokens: usize,
     /// Arrival to first output token.
@@ -169,6 +181,22 @@ pub trait SchedulerEvents: Send + Sync {
     fn completed(&self, job: &Job, completion: Completion);
     /// A cache operation took `took` (default: ignored).
     fn cache_op(&self, _device: DeviceId, _op: CacheOp, _took: Duration) {}
+    /// `device` starts computing `key`'s prompt (its prefill was admitted);
+    /// until [`computed`](Self::computed), other devices may wait for it
+    /// rather than compute it too (default: not tracked).
+    fn computing(&self, _key: TokenKey<'_>, _device: DeviceId) {}
+    /// `device` is done computing `key`'s prompt: it is in the tree, or the
+    /// request left (default: not tracked).
+    fn computed(&self, _key: TokenKey<'_>, _device: DeviceId) {}
+    /// The longest prefix of `key` (whole pages) that a device other than
+    /// `device` is computing now, and that device (default: none).
+    fn computing_elsewhere(
+        &self,
+        _key: TokenKey<'_>,
+        _device: DeviceId,
+    ) -> Option<(DeviceId, usize)> {
+        None
+    }
 }
 
 /// Counters of one scheduler.
@@ -186,12 +214,39 @@ pub struct SchedulerStats {
     pub max_running: usize,
     /// Model time of all passes.
     pub busy: Duration,
+    /// Prompt tokens loaded from the host tier.
+    pub host_loaded_tokens: u64,
+    /// Prompt tokens copied from other devices.
+    pub peer_copied_tokens: u64,
+    /// Bytes of KV copied into this device (host loads and peer copies).
+    pub copy_bytes: u64,
+    /// Model time of those copies.
+    pub copy_time: Duration,
+    /// Tokens this device wrote to the host tier (write-through, or
+    /// write-back before evictions).
+    pub host_written_tokens: u64,
+    /// Admissions postponed to copy a prefix another device was computing.
+    pub waits_for_peers: u64,
+    /// Bytes of those writes.
+    pub host_write_bytes: u64,
+    /// Model time of those writes (on the copy engine, beside the passes).
+    pub host_write_time: Duration,
+}
+
+/// What a request's first admission copied into its device.
+#[derive(Clone, Copy, Debug, Default)]
+struct Loaded {
+    host: usize,
+    peer: usize,
+    bytes: u64,
+    time: Duration,
 }
 
 struct Entry {
     job: Job,
     generated: Vec<u32>,
     first_cached: Option<usize>,
+    first_loaded: Option<Loaded>,
     first_token: Option<Instant>,
     retractions: u32,
     settled: bool,
@@ -201,11 +256,16 @@ impl Entry {
     /// The request's completion as of `now` on `device`; `error` when it
     /// did not finish.
     fn completion(&self, device: DeviceId, now: Instant, error: Option<String>) -> Completion {
+        let loaded = self.first_loaded.unwrap_or_default();
         Completion {
             id: self.job.id,
             device,
             prompt_tokens: self.job.tokens.len(),
             cached_tokens: self.first_cached.unwrap_or(0),
+            host_loaded_tokens: loaded.host,
+            peer_copied_tokens: loaded.peer,
+            copy_bytes: loaded.bytes,
+            copy_time: loaded.time,
             output_tokens: self.generated.len(),
             ttft: self
                 .first_token
@@ -226,6 +286,11 @@ struct Running {
     /// Prompt length of this admission (prompt + output so far after a
     /// retraction).
     prompt: usize,
+    /// Tokens this admission reused (the device's cache and copies).
+    reused: usize,
+    /// Whether its prompt is registered as being computed here
+    /// ([`SchedulerEvents::computing`]).
+    computing: bool,
 }
 
 /// One device's scheduler; [`run`](Self::run) is its thread's body.
@@ -245,6 +310,11 @@ pub struct Scheduler {
     arrivals: u64,
     ratio: f64,
     stats: SchedulerStats,
+    tiers: TierConfig,
+    /// The cache's host tier, if any.
+    host: Option<DeviceId>,
+    /// Model time of the copies the next prefill pass waits for.
+    copy_wait: Duration,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -281,7 +351,24 @@ impl Scheduler {
             arrivals: 0,
             ratio,
             stats: SchedulerStats::default(),
+            tiers: TierConfig::default(),
+            host: None,
+            copy_wait: Duration::ZERO,
         }
+    }
+
+    /// Copies and host writes by `tiers` (default: [`TierConfig::default`];
+    /// the cache's host tier, if it has one, is used as it finds it).
+    pub fn with_tiers(mut self, mut tiers: TierConfig) -> Self {
+        self.host = self.cache.host();
+        if self.backend.copy(self.reported, HOST_TIER, &[]).is_err() {
+            // A backend that cannot move KV: every token is the device's
+            // own, cached or computed.
+            tiers.copy = crate::tiers::CopyPolicy::None;
+            self.host = None;
+        }
+        self.tiers = tiers;
+        self
     }
 
     /// Reports completions and settled prompts as device `d` (for a device
@@ -359,6 +446,7 @@ impl Scheduler {
     fn cancel(&mut self, id: u64) {
         let entry = if let Some(i) = self.running.iter().position(|r| r.entry.job.id == id) {
             let r = self.running.remove(i);
+            self.done_computing(&r);
             drop(r.req); // pages back, pin released, nothing cached
             Some(r.entry)
         } else {
@@ -376,6 +464,7 @@ impl Scheduler {
             job,
             generated: Vec::new(),
             first_cached: None,
+            first_loaded: None,
             first_token: None,
             retractions: 0,
             settled: false,
@@ -416,13 +505,136 @@ impl Scheduler {
     }
 
     /// Makes `tokens` free tokens available by evicting, if possible.
-    fn ensure_free(&self, tokens: usize) -> bool {
+    fn ensure_free(&mut self, tokens: usize) -> bool {
         let free = self.free_tokens();
         if free >= tokens {
             return true;
         }
-        let _ = self.cache.evict(self.device, tokens - free);
+        self.make_room(tokens);
+        let free = self.free_tokens();
+        if free < tokens {
+            let _ = self.cache.evict(self.device, tokens - free);
+        }
         self.free_tokens() >= tokens
+    }
+
+    /// With write-back to a host tier: evicts what `tokens` free tokens
+    /// need, writing the victims to the host first (an allocation that
+    /// falls short would evict without writing them).
+    fn make_room(&mut self, tokens: usize) {
+        if self.tiers.write != WritePolicy::WriteBack || self.host.is_none() {
+            return;
+        }
+        let free = self.free_tokens();
+        if free >= tokens {
+            return;
+        }
+        let (backend, from) = (Arc::clone(&self.backend), self.reported);
+        let ev = self
+            .cache
+            .evict_with_write_back(self.device, tokens - free, |copy| {
+                backend.copy(from, HOST_TIER, &copy.runs()).is_ok()
+            });
+        if let Ok(ev) = ev {
+            self.count_host_write(ev.written_back);
+        }
+    }
+
+    fn count_host_write(&mut self, tokens: usize) {
+        self.stats.host_written_tokens += tokens as u64;
+        self.stats.host_write_bytes += self.tiers.bytes(tokens);
+        if tokens > 0 {
+            self.stats.host_write_time += self.tiers.copy_time(CopySource::Host, tokens);
+        }
+    }
+
+    /// Writes `key` (whole pages, resident on this device) to the host
+    /// tier where it lacks it.
+    fn write_to_host(&mut self, key: TokenKey<'_>) {
+        let Some(host) = self.host else {
+            return;
+        };
+        let Ok(Some(copy)) = self.cache.copy_prefix(key, self.device, host) else {
+            return; // nothing to write, or the host is full of pinned pages
+        };
+        let n = copy.range().len();
+        if self
+            .backend
+            .copy(self.reported, HOST_TIER, &copy.runs())
+            .is_ok()
+            && copy.complete().is_ok()
+        {
+            self.count_host_write(n);
+        }
+    }
+
+    /// Before a request's prefill: loads from the host tier or copies from
+    /// another device the part of its prompt they hold beyond the device's
+    /// cached prefix, when the cost model says that beats computing it.
+    fn load_prefix(&mut self, req: &mut Request) -> Loaded {
+        let mut out = Loaded::default();
+        let ps = self.cache.page_size().max(1);
+        let cached = req.cached_len();
+        // A copy never covers the last token (at least one is computed).
+        let cap = req.tokens().len().saturating_sub(1) / ps * ps;
+        let mut best: Option<(CopySource, DeviceId, usize)> = None;
+        let mut consider = |src: CopySource, tier: DeviceId, len: usize| {
+            let len = len.min(cap);
+            if len > cached && best.is_none_or(|(_, _, l)| len > l) {
+                best = Some((src, tier, len));
+            }
+        };
+        if let (true, Some(h)) = (self.tiers.copy.peer(), req.peer()) {
+            consider(CopySource::Peer(h.0), h.0, h.1);
+        }
+        if let (true, Some(host)) = (self.tiers.copy.host(), self.host) {
+            consider(CopySource::Host, host, req.host_len());
+        }
+        let Some((src, tier, len)) = best else {
+            return out;
+        };
+        let extra = len - cached;
+        let recompute = self.backend.prefill_estimate(extra, cached);
+        if !self.tiers.worth_copying(src, extra, recompute) {
+            return out;
+        }
+        // A copy that cannot be planned (no pages, the source evicted
+        // meanwhile) or moved is not made: the tokens are computed.
+        let Ok(Some(copy)) = req.copy_from(tier) else {
+            return out;
+        };
+        let n = copy.range().len();
+        let from = match src {
+            CopySource::Host => HOST_TIER,
+            CopySource::Peer(e) => e,
+        };
+        if self
+            .backend
+            .copy(from, self.reported, &copy.runs())
+            .is_err()
+        {
+            return out;
+        }
+        if copy.complete().is_err() {
+            return out;
+        }
+        let (bytes, time) = (self.tiers.bytes(n), self.tiers.copy_time(src, n));
+        match src {
+            CopySource::Host => {
+                out.host = n;
+                self.stats.host_loaded_tokens += n as u64;
+            }
+            CopySource::Peer(_) => {
+                out.peer = n;
+                self.stats.peer_copied_tokens += n as u64;
+            }
+        }
+        out.bytes = bytes;
+        out.time = time;
+        self.stats.copy_bytes += bytes;
+        self.stats.copy_time += time;
+        self.copy_wait += time;
+        out
     }
 
     fn round(&mut self) -> Result<(), CacheError> {
@@ -481,6 +693,9 @@ impl Scheduler {
         // The running requests' reserved output, kept up to date as
         // requests are admitted (the ratio does not change meanwhile).
         let mut reserved = self.reserved_output();
+        // Requests that wait for a prefix another device is computing: back
+        // at the head of the queue, in order, after this round.
+        let mut parked: Vec<Waiting> = Vec::new();
         // Always the head of the ordered queue: admitted requests leave it.
         while let Some(w) = self.waiting.first() {
             if self.running.len() >= self.cfg.max_running_requests || budget == 0 {
@@ -494,7 +709,18 @@ impl Scheduler {
             let mut req = self.cache.begin(key, self.device)?;
             self.events
                 .cache_op(self.reported, CacheOp::Match, t.elapsed());
-            let extend = w.tokens.len() - req.cached_len();
+            let (w_id, w_len, w_max_new) = (w.id, w.tokens.len(), w.max_new_tokens);
+            let device_hit = req.cached_len();
+            let loaded = self.load_prefix(&mut req);
+            if self.worth_waiting(&req) {
+                // Another device is computing more of this prompt right
+                // now: wait for it and copy it then, rather than compute it
+                // a second time.
+                drop(req);
+                parked.push(self.waiting.remove(0));
+                continue;
+            }
+            let extend = w_len - req.cached_len();
             let chunk = self.chunk_of(extend);
             if chunk < extend && chunking {
                 break; // one chunked request at a time
@@ -504,35 +730,86 @@ impl Scheduler {
             }
             // Pages for the whole prompt now (evicting if needed), then room
             // for the running requests' reserved output and this one's.
+            self.make_room(extend);
             if req.reserve().is_err() {
                 break;
             }
             let own_out =
-                (w.max_new_tokens.min(self.cfg.clip_max_new_tokens) as f64 * self.ratio) as usize;
+                (w_max_new.min(self.cfg.clip_max_new_tokens) as f64 * self.ratio) as usize;
             if !self.ensure_free(reserved + own_out) {
                 drop(req); // pages back, pin released
                 break;
             }
-            let w = self.waiting.remove(0);
-            let Some(mut entry) = self.entries.remove(&w.id) else {
+            self.waiting.remove(0);
+            let Some(mut entry) = self.entries.remove(&w_id) else {
                 continue;
             };
-            entry.first_cached.get_or_insert(req.cached_len());
+            entry.first_cached.get_or_insert(device_hit);
+            entry.first_loaded.get_or_insert(loaded);
             reserved += own_out;
             let computed = req.cached_len();
+            let computing = computed < w_len;
+            if computing {
+                self.events.computing(self.key_of(&req), self.reported);
+            }
             self.running.push(Running {
                 entry,
                 req,
                 computed,
-                prompt: w.tokens.len(),
+                prompt: w_len,
+                reused: computed,
+                computing,
             });
             budget = budget.saturating_sub(chunk);
             chunking |= chunk < extend;
             admitted_any = true;
             admitted_now = true;
         }
+        if !parked.is_empty() {
+            self.stats.waits_for_peers += parked.len() as u64;
+            self.waiting.splice(0..0, parked);
+        }
         self.stats.max_running = self.stats.max_running.max(self.running.len());
         Ok(admitted_any)
+    }
+
+    /// The prompt key of a request (for the in-flight registry).
+    fn key_of<'r>(&self, req: &'r Request) -> TokenKey<'r> {
+        let ps = self.cache.page_size().max(1);
+        let n = req.tokens().len() / ps * ps;
+        TokenKey::new(&req.tokens()[..n]).in_namespace(req.namespace())
+    }
+
+    /// Whether `req` should wait for a prefix another device is computing:
+    /// it covers at least the load-back threshold more than `req` has, peer
+    /// copies are on, and copying that part costs less than computing it.
+    fn worth_waiting(&self, req: &Request) -> bool {
+        if !self.tiers.copy.peer() {
+            return false;
+        }
+        let cached = req.cached_len();
+        let Some((e, len)) = self
+            .events
+            .computing_elsewhere(self.key_of(req), self.reported)
+        else {
+            return false;
+        };
+        let ps = self.cache.page_size().max(1);
+        let len = len.min(req.tokens().len().saturating_sub(1) / ps * ps);
+        if len <= cached {
+            return false;
+        }
+        let extra = len - cached;
+        let recompute = self.backend.prefill_estimate(extra, cached);
+        self.tiers
+            .worth_copying(CopySource::Peer(e), extra, recompute)
+    }
+
+    /// Unregisters a request's prompt from the in-flight registry.
+    fn done_computing(&self, r: &Running) {
+        if r.computing {
+            self.events.computed(self.key_of(&r.req), self.reported);
+        }
     }
 
     fn chunk_of(&self, extend: usize) -> usize {
@@ -542,8 +819,11 @@ impl Scheduler {
         }
     }
 
-    fn prefill_batch(&self) -> Batch {
-        let mut b = Batch::default();
+    fn prefill_batch(&mut self) -> Batch {
+        let mut b = Batch {
+            copy_time: std::mem::take(&mut self.copy_wait),
+            ..Batch::default()
+        };
         let data = self.backend.wants_data();
         for r in &self.running {
             if r.computed < r.prompt {
@@ -576,6 +856,10 @@ impl Scheduler {
         let now = Instant::now();
         self.stats.prefill_passes += 1;
         let mut done = Vec::new();
+        // Prompts settled in this pass that the write policy sends to the
+        // host: (tokens, namespace, how many).
+        let mut writes: Vec<(Vec<u32>, Option<Arc<str>>, usize)> = Vec::new();
+        let ps = self.cache.page_size().max(1);
         for (i, r) in self.running.iter_mut().enumerate() {
             let Some(p) = batch.prefill.iter().find(|p| p.request == r.entry.job.id) else {
                 continue;
@@ -591,9 +875,33 @@ impl Scheduler {
             if r.computed < r.prompt {
                 continue;
             }
+            if r.computing {
+                r.computing = false;
+                let ps = self.cache.page_size().max(1);
+                let n = r.req.tokens().len() / ps * ps;
+                let key = TokenKey::new(&r.req.tokens()[..n]).in_namespace(r.req.namespace());
+                self.events.computed(key, self.reported);
+            }
             if !r.entry.settled {
                 r.entry.settled = true;
                 self.events.prompt_settled(&r.entry.job, self.reported);
+                let upto = match self.tiers.write {
+                    WritePolicy::WriteThrough => r.prompt / ps * ps,
+                    // The reused prefix, once hit often enough.
+                    WritePolicy::WriteThroughSelective
+                        if r.req.prefix_hits() >= self.tiers.selective_hits =>
+                    {
+                        r.reused
+                    }
+                    _ => 0,
+                };
+                if upto > 0 && self.host.is_some() {
+                    writes.push((
+                        r.req.tokens()[..upto].to_vec(),
+                        r.entry.job.namespace.clone(),
+                        upto,
+                    ));
+                }
             }
             // The pass also produced the first output token.
             let tok = next_token(&r.entry, sampled.get(&r.entry.job.id).copied());
@@ -609,6 +917,9 @@ impl Scheduler {
                 r.req.extend(&[tok]);
             }
         }
+        for (tokens, ns, upto) in writes {
+            self.write_to_host(TokenKey::new(&tokens[..upto]).in_namespace(ns.as_deref()));
+        }
         self.finish(done)
     }
 
@@ -622,7 +933,12 @@ impl Scheduler {
                 continue;
             }
             // The token produced last pass needs a slot before this pass.
-            if r.req.backed_len() < r.req.tokens().len() && r.req.reserve().is_err() {
+            let short = r.req.backed_len() < r.req.tokens().len();
+            if short {
+                self.make_room(self.cache.page_size());
+            }
+            let r = &mut self.running[i];
+            if short && r.req.reserve().is_err() {
                 match self.retract_for(i) {
                     None => break,
                     // Someone else was retracted: look at `i` again (it
@@ -671,6 +987,7 @@ impl Scheduler {
             });
         let v = victim?;
         let r = self.running.remove(v);
+        self.done_computing(&r);
         drop(r.req); // pages back, pin released, nothing cached
         self.backend.release(self.reported, r.entry.job.id);
         let mut entry = r.entry;
@@ -727,7 +1044,8 @@ impl Scheduler {
 
     fn fail_all(&mut self, why: &str) {
         let mut entries: Vec<Entry> = Vec::new();
-        for r in self.running.drain(..) {
+        for r in std::mem::take(&mut self.running) {
+            self.done_computing(&r);
             drop(r.req);
             entries.push(r.entry);
         }
