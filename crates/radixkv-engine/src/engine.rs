@@ -364,8 +364,14 @@ impl Engine {
         };
         let caches: Vec<Arc<RadixCache>> = if private {
             // Private trees (SGLang's DP ranks): each its own share of the
-            // host tier, as HiCache gives each rank its own.
-            let share = cfg.tiers.host_pages.map(|h| (h / cfg.devices).max(2));
+            // host tier, as HiCache gives each rank its own; none with a
+            // model that holds KV, whose one host pool cannot hold several
+            // trees' slots (each numbers its pages from 0).
+            let share = cfg
+                .tiers
+                .host_pages
+                .filter(|_| !backend.wants_data())
+                .map(|h| (h / cfg.devices).max(2));
             (0..cfg.devices)
                 .map(|_| build(1, share))
                 .collect::<Result<_, _>>()?

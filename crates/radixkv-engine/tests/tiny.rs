@@ -12,6 +12,8 @@ use radixkv::{DeviceId, RadixCache, TokenKey};
 use radixkv_engine::backend::{Batch, DecodeWork, ModelBackend, PrefillWork, WorkData};
 use radixkv_engine::kvpool::{HostKvPool, Kv, KvPool};
 use radixkv_engine::replay::{replay, ReplayConfig, ReplayModel};
+use radixkv_engine::router::RouterKind;
+use radixkv_engine::tiers::{CopyPolicy, TierConfig, WritePolicy, HOST_TIER};
 use radixkv_engine::tiny::{
     argmax, compare_rows, default_pages_per_device, default_workload, Comparison, Logits, PagedSeq,
     PoolKind, TinyBackend, TinyBackendConfig, TinyConfig, TinyError, TinyModel, LOGIT_TOLERANCE,
@@ -398,6 +400,74 @@ fn the_engine_verification_catches_a_corrupted_slot() {
         "both later requests read the corrupted row"
     );
     assert!(backend.stats().comparison.max_abs_diff > LOGIT_TOLERANCE);
+}
+
+/// Copies (issue 16): KV copied from another device's pool, or loaded from
+/// the host pool, gives the dense logits, at page sizes 1 and 16; and a
+/// corrupted copied slot is caught (negative control). Requests go one
+/// after the other, round-robin, so which device copies what is fixed.
+#[test]
+fn copied_and_host_loaded_kv_match_dense_and_a_corrupted_copy_is_caught() {
+    for ps in [1usize, 16] {
+        for (copy, devices) in [(CopyPolicy::Peer, 2usize), (CopyPolicy::Host, 3)] {
+            let mut cfg = engine_cfg(devices, ps, 1024);
+            cfg.router.kind = RouterKind::RoundRobin;
+            cfg.tiers = TierConfig {
+                host_pages: Some(2048 / ps + 1),
+                copy,
+                write: WritePolicy::WriteThrough,
+                load_back_threshold: 1,
+                ..TierConfig::default()
+            };
+            let backend = tiny_backend(&cfg, true);
+            let engine = Engine::start(cfg, backend.clone()).unwrap();
+            let prompts = shared_prompts(1, 4, 48, 8);
+            let what = format!("page size {ps}, {copy}");
+            // A on device 0 computes the prefix; B on device 1 copies it
+            // (peer) or loads it (host, written through by A).
+            run_engine(&engine, &[vec![prompts[0].clone()]], 2);
+            run_engine(&engine, &[vec![prompts[1].clone()]], 2);
+            let m = &engine.metrics()[1];
+            let moved = m.peer_copied_tokens + m.host_loaded_tokens;
+            assert!(moved >= 48 / ps as u64 * ps as u64, "{what}: {m:?}");
+            let s = backend.stats();
+            assert!(s.copied_positions >= moved, "{what}: {s:?}");
+            assert_eq!((s.mismatches, s.stale_reads), (0, 0), "{what}: {s:?}");
+            // Corrupt one copied slot: on device 1 (what it copied), or on
+            // the host (what the next load reads).
+            let (cache, _) = engine.cache(0).unwrap();
+            let (tier, pool) = match copy {
+                CopyPolicy::Peer => (DeviceId(1), DeviceId(1)),
+                _ => (cache.host().unwrap(), HOST_TIER),
+            };
+            let held = cache
+                .match_and_pin(TokenKey::new(&prompts[1][..48]), tier)
+                .unwrap();
+            assert!(held.len >= 32, "{what}");
+            let slot = held.values[20];
+            drop(held);
+            backend
+                .with_pool(pool, |p| {
+                    p.write_rows(0, Kv::V, &[slot], &vec![3.0; 128]).unwrap()
+                })
+                .unwrap();
+            // Peer: C on device 0 hits its own copy, D on device 1 reads the
+            // corrupted one. Host: C on device 2 loads the corrupted slot.
+            let rest = match copy {
+                CopyPolicy::Peer => vec![prompts[2].clone(), prompts[3].clone()],
+                _ => vec![prompts[2].clone()],
+            };
+            for p in rest {
+                run_engine(&engine, &[vec![p]], 2);
+            }
+            engine.shutdown();
+            let v = backend.verification().unwrap();
+            assert_eq!(
+                v.mismatches, 1,
+                "{what}: the request reading the corrupted copy"
+            );
+        }
+    }
 }
 
 #[test]

@@ -6,10 +6,11 @@
 
 use super::verify::{argmax, Comparison, RequestLog};
 use super::{Logits, PagedSeq, TinyConfig, TinyError, TinyModel};
-use crate::kvpool::{HostKvPool, KvLayout, KvPool};
+use crate::kvpool::{HostKvPool, Kv, KvLayout, KvPool};
 use crate::sched::batch::{BackendError, Batch, ModelBackend, StepOutput, Verification};
 use crate::trace::Trace;
 use crate::EngineConfig;
+use radixkv::cache::SlotRun;
 use radixkv::device::DeviceId;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -49,6 +50,10 @@ pub struct TinyBackendConfig {
     pub devices: usize,
     /// Slots per pool: the engine's pages per device × page size.
     pub slots_per_device: usize,
+    /// Slots of the host tier's pool (0: none): the engine's host pages ×
+    /// page size. Always in host memory; copies between it and the
+    /// devices' pools are the engine's host loads and writes.
+    pub host_slots: usize,
     /// Host or GPU pools.
     pub pool: PoolKind,
     /// Check every computed position against the dense reference (when
@@ -65,6 +70,10 @@ impl TinyBackendConfig {
             model: TinyConfig::default(),
             devices: engine.devices,
             slots_per_device: engine.pages_per_device.saturating_mul(engine.page_size),
+            host_slots: engine
+                .tiers
+                .host_pages
+                .map_or(0, |h| h.saturating_mul(engine.page_size)),
             pool: PoolKind::Host,
             verify: false,
         }
@@ -85,6 +94,9 @@ pub struct TinyStats {
     /// Reads of a slot whose K/V was not written for the reader's token
     /// prefix (stale or foreign KV handed out by the cache).
     pub stale_reads: u64,
+    /// Positions whose K/V was copied between pools (host loads and
+    /// writes, copies between devices).
+    pub copied_positions: u64,
     /// Requests verified (a retracted request counts once per admission).
     pub verified_requests: u64,
     /// Passes whose computed positions were verified.
@@ -100,6 +112,16 @@ struct DeviceState {
     /// Per slot: the tag of the token prefix whose K/V it holds (0: none).
     tags: Vec<u64>,
     logs: HashMap<u64, RequestLog>,
+}
+
+/// A pool's size in bytes, if it fits in memory's address range.
+fn layout_bytes(layout: &KvLayout) -> Option<usize> {
+    layout
+        .layers
+        .checked_mul(2 * layout.row)
+        .and_then(|x| x.checked_mul(layout.slots))
+        .filter(|&n| n <= isize::MAX as usize / 4)
+        .map(|n| n * 4)
 }
 
 /// Tags of the prefixes `tokens[..=p]` for every `p` (never 0).
@@ -147,6 +169,8 @@ pub struct TinyBackend {
     pool: PoolKind,
     verify: bool,
     devices: Vec<Mutex<DeviceState>>,
+    /// The host tier's pool ([`HOST_TIER`](crate::tiers::HOST_TIER)).
+    host: Option<Mutex<DeviceState>>,
     stats: Mutex<TinyStats>,
 }
 
@@ -197,12 +221,7 @@ impl TinyBackend {
         }
         let model = TinyModel::new(cfg.model)?;
         let layout = model.pool_layout(cfg.slots_per_device);
-        if layout
-            .layers
-            .checked_mul(2 * layout.row)
-            .and_then(|x| x.checked_mul(layout.slots))
-            .is_none_or(|n| n > isize::MAX as usize / 4)
-        {
+        if layout_bytes(&layout).is_none() {
             return Err(TinyError::InvalidConfig(format!(
                 "a pool of {} slots is too large",
                 cfg.slots_per_device
@@ -214,21 +233,36 @@ impl TinyBackend {
                 .collect(),
             PoolKind::Cuda => cuda_pools(cfg.devices, layout)?,
         };
+        let state = |pool: Box<dyn KvPool>, slots: usize| {
+            Mutex::new(DeviceState {
+                pool,
+                tags: vec![0; slots],
+                logs: HashMap::new(),
+            })
+        };
         let devices = pools
             .into_iter()
-            .map(|pool| {
-                Mutex::new(DeviceState {
-                    pool,
-                    tags: vec![0; cfg.slots_per_device],
-                    logs: HashMap::new(),
-                })
-            })
+            .map(|pool| state(pool, cfg.slots_per_device))
             .collect();
+        let host = if cfg.host_slots == 0 {
+            None
+        } else if cfg.host_slots > u32::MAX as usize
+            || layout_bytes(&model.pool_layout(cfg.host_slots)).is_none()
+        {
+            return Err(TinyError::InvalidConfig(format!(
+                "a host pool of {} slots is too large",
+                cfg.host_slots
+            )));
+        } else {
+            let layout = model.pool_layout(cfg.host_slots);
+            Some(state(Box::new(HostKvPool::new(layout)), cfg.host_slots))
+        };
         Ok(TinyBackend {
             model,
             pool: cfg.pool,
             verify: cfg.verify,
             devices,
+            host,
             stats: Mutex::new(TinyStats::default()),
         })
     }
@@ -255,11 +289,67 @@ impl TinyBackend {
     }
 
     fn state(&self, device: DeviceId) -> Result<std::sync::MutexGuard<'_, DeviceState>, TinyError> {
-        self.devices
-            .get(device.index())
-            .ok_or(TinyError::UnknownDevice(device))?
+        self.tier(device)?
             .lock()
             .map_err(|_| TinyError::Input(format!("{device}'s state is poisoned")))
+    }
+
+    /// A device's state, or the host tier's for [`HOST_TIER`](crate::tiers::HOST_TIER).
+    fn tier(&self, device: DeviceId) -> Result<&Mutex<DeviceState>, TinyError> {
+        if device == crate::tiers::HOST_TIER {
+            return self.host.as_ref().ok_or(TinyError::UnknownDevice(device));
+        }
+        self.devices
+            .get(device.index())
+            .ok_or(TinyError::UnknownDevice(device))
+    }
+
+    /// Copies the K/V of `runs` (every layer) from `from`'s pool to `to`'s,
+    /// one read and one write per run, layer and K or V, and the slots'
+    /// provenance tags with them (so a copied slot is checked as its
+    /// source was).
+    fn copy_runs(&self, from: DeviceId, to: DeviceId, runs: &[SlotRun]) -> Result<(), TinyError> {
+        if from == to {
+            return Err(TinyError::Input(format!("a copy from {from} to itself")));
+        }
+        let (a, b) = (self.tier(from)?, self.tier(to)?);
+        // Two locks, always in address order: two copies in opposite
+        // directions cannot deadlock.
+        let (first, second) = if (a as *const _) < (b as *const _) {
+            (a, b)
+        } else {
+            (b, a)
+        };
+        let poisoned = |d: DeviceId| TinyError::Input(format!("{d}'s state is poisoned"));
+        let g1 = first.lock().map_err(|_| poisoned(from))?;
+        let g2 = second.lock().map_err(|_| poisoned(to))?;
+        let (src, mut dst) = if std::ptr::eq(first, a) {
+            (g1, g2)
+        } else {
+            (g2, g1)
+        };
+        let layers = src.pool.layout().layers;
+        let mut copied = 0u64;
+        for r in runs {
+            let from_slots: Vec<u32> = (r.src..r.src + r.len).collect();
+            let to_slots: Vec<u32> = (r.dst..r.dst + r.len).collect();
+            for layer in 0..layers {
+                for kv in [Kv::K, Kv::V] {
+                    let rows = src.pool.read_rows(layer, kv, &from_slots)?;
+                    dst.pool.write_rows(layer, kv, &to_slots, &rows)?;
+                }
+            }
+            for (&s, &d) in from_slots.iter().zip(&to_slots) {
+                let tag = src.tags.get(s as usize).copied().unwrap_or(0);
+                if let Some(t) = dst.tags.get_mut(d as usize) {
+                    *t = tag;
+                }
+            }
+            copied += u64::from(r.len);
+        }
+        drop((src, dst));
+        self.bump(|s| s.copied_positions += copied);
+        Ok(())
     }
 
     fn bump(&self, f: impl FnOnce(&mut TinyStats)) {
@@ -400,6 +490,16 @@ impl ModelBackend for TinyBackend {
 
     fn wants_data(&self) -> bool {
         true
+    }
+
+    fn copy(&self, from: DeviceId, to: DeviceId, runs: &[SlotRun]) -> Result<(), BackendError> {
+        if runs.is_empty() {
+            return Ok(()); // yes, this backend copies
+        }
+        self.copy_runs(from, to, runs).map_err(|e| BackendError {
+            device: from,
+            reason: e.to_string(),
+        })
     }
 
     fn release(&self, device: DeviceId, request: u64) {
