@@ -33,7 +33,16 @@ pub struct ReplayArgs {
     /// (default when given without a list: all four).
     #[arg(long, value_delimiter = ',', num_args = 0.., default_missing_value = "cache-aware,round-robin,least-loaded,private")]
     compare: Option<Vec<String>>,
-    /// Write the summary (a list with --compare) as JSON to this file.
+    /// Run under each of these copy policies too (none, host, peer, all),
+    /// side by side: with --compare, every router under every policy.
+    #[arg(long, value_delimiter = ',')]
+    compare_copy: Option<Vec<String>>,
+    /// Run under each of these write policies too (write-back,
+    /// write-through, write-through-selective), side by side.
+    #[arg(long, value_delimiter = ',')]
+    compare_write: Option<Vec<String>>,
+    /// Write the summary (a list with --compare, --compare-copy or
+    /// --compare-write) as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
     /// No progress output.
@@ -142,10 +151,35 @@ pub fn run(a: ReplayArgs) -> CmdResult {
         None => (w.total_tokens() / a.engine.page_size.max(1) + 2).min(1 << 22),
     };
     a.engine.apply_tiers(&mut cfg.engine)?;
+    // Every router under every copy and write policy compared (each list
+    // defaults to the one setting of the run).
+    let copies: Vec<radixkv_engine::tiers::CopyPolicy> = match &a.compare_copy {
+        Some(list) => list.iter().map(|c| c.parse()).collect::<Result<_, _>>()?,
+        None => vec![cfg.engine.tiers.copy],
+    };
+    let writes: Vec<radixkv_engine::tiers::WritePolicy> = match &a.compare_write {
+        Some(list) => list.iter().map(|c| c.parse()).collect::<Result<_, _>>()?,
+        None => vec![cfg.engine.tiers.write],
+    };
+    let mut settings = Vec::new();
+    for &r in &routers {
+        for &c in &copies {
+            for &wp in &writes {
+                settings.push((r, c, wp));
+            }
+        }
+    }
+    for &(_, c, wp) in &settings {
+        let mut t = cfg.engine.tiers.clone();
+        (t.copy, t.write) = (c, wp);
+        t.validate()?;
+    }
     interrupt_on_signal();
     let mut runs = Vec::new();
-    for r in routers {
+    for (r, c, wp) in settings {
         cfg.engine.router.kind = r;
+        cfg.engine.tiers.copy = c;
+        cfg.engine.tiers.write = wp;
         runs.push(replay(&w, &cfg, &INTERRUPTED)?);
         if INTERRUPTED.load(Ordering::Relaxed) {
             break;
@@ -153,7 +187,7 @@ pub fn run(a: ReplayArgs) -> CmdResult {
     }
     print!("{}", format_summaries(&runs));
     if let Some(p) = &a.json {
-        if a.compare.is_some() {
+        if a.compare.is_some() || a.compare_copy.is_some() || a.compare_write.is_some() {
             crate::args::write_json(p, &runs)?;
         } else {
             crate::args::write_json(p, &runs[0])?;

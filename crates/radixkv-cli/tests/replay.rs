@@ -213,6 +213,62 @@ fn the_command_line_names_bad_inputs() {
 }
 
 #[test]
+fn the_command_line_compares_copy_policies() {
+    let bin = env!("CARGO_BIN_EXE_radixkv");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("tiers.json");
+    let run = Command::new(bin)
+        .args([
+            "replay",
+            "--quiet",
+            "--router",
+            "round-robin",
+            "--gsp-groups",
+            "2",
+            "--gsp-prompts",
+            "4",
+            "--gsp-system",
+            "256",
+            "--output-len",
+            "4",
+            "--speedup",
+            "500",
+            "--compare-copy",
+            "none,all",
+            "--json",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let runs = v.as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(
+        (
+            runs[0]["copy_policy"].as_str(),
+            runs[1]["copy_policy"].as_str()
+        ),
+        (Some("none"), Some("all"))
+    );
+    // Without copies the reuse is the device hits exactly; copies only add.
+    assert_eq!(runs[0]["reuse_rate"], runs[0]["hit_rate"]);
+    assert_eq!(runs[0]["tokens_peer_copied"], 0);
+    assert!(runs[1]["reuse_rate"].as_f64() >= runs[0]["reuse_rate"].as_f64());
+    let bad = Command::new(bin)
+        .args(["replay", "--quiet", "--compare-copy", "none,sideways"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("copy policy"));
+}
+
+#[test]
 fn the_command_line_replays_and_compares() {
     let bin = env!("CARGO_BIN_EXE_radixkv");
     let tmp = tempfile::tempdir().unwrap();

@@ -552,11 +552,11 @@ pub fn format_summaries(runs: &[ReplaySummary]) -> String {
         ("copied GB / model s", |r| {
             format!("{:.1} / {:.2}", r.copy_bytes as f64 / 1e9, r.copy_time_s)
         }),
-        ("host tier", |r| {
+        ("copy / host tier", |r| {
             if r.host_pages == 0 {
-                format!("none, copy {}", r.copy_policy)
+                format!("{} / none", r.copy_policy)
             } else {
-                format!("{} pages, {}", r.host_pages, r.write_policy)
+                format!("{} / {}", r.copy_policy, r.write_policy)
             }
         }),
         ("written to host", |r| r.host_written_tokens.to_string()),

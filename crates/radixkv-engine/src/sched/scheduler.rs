@@ -522,7 +522,11 @@ impl Scheduler {
     /// need, writing the victims to the host first (an allocation that
     /// falls short would evict without writing them).
     fn make_room(&mut self, tokens: usize) {
-        if self.tiers.write != WritePolicy::WriteBack || self.host.is_none() {
+        // Nothing is written to a host tier nothing will load from.
+        if self.tiers.write != WritePolicy::WriteBack
+            || self.host.is_none()
+            || !self.tiers.copy.host()
+        {
             return;
         }
         let free = self.free_tokens();
@@ -895,7 +899,7 @@ impl Scheduler {
                     }
                     _ => 0,
                 };
-                if upto > 0 && self.host.is_some() {
+                if upto > 0 && self.host.is_some() && self.tiers.copy.host() {
                     writes.push((
                         r.req.tokens()[..upto].to_vec(),
                         r.entry.job.namespace.clone(),
