@@ -28,6 +28,11 @@ pub struct HitrateArgs {
     /// Tokens per page.
     #[arg(long, default_value_t = 16)]
     page_size: usize,
+    /// A host tier behind the device, as a share of the distinct tokens
+    /// (write-back: the device's victims go there; requests load from it
+    /// what the device lacks). Belady's rows stay device-only.
+    #[arg(long)]
+    host_capacity: Option<f64>,
     /// Also write the rows as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -61,15 +66,19 @@ pub fn run(a: HitrateArgs) -> CmdResult {
         t.requests.len(),
         t.input_tokens()
     );
-    let rows = if a.pages.is_empty() {
-        let capacity = if a.capacity.is_empty() {
-            vec![0.1, 0.25, 0.5]
-        } else {
-            a.capacity
-        };
-        hitrate::evaluate_sized(&t, &policies, &capacity, ps, distinct)?
+    let capacity = if a.capacity.is_empty() && a.pages.is_empty() {
+        vec![0.1, 0.25, 0.5]
     } else {
-        hitrate::evaluate_pages(&t, &policies, &a.pages, ps, distinct)?
+        a.capacity
+    };
+    let rows = match a.host_capacity {
+        Some(h) => {
+            hitrate::evaluate_with_host(&t, &policies, &capacity, &a.pages, ps, distinct, h)?
+        }
+        None if a.pages.is_empty() => {
+            hitrate::evaluate_sized(&t, &policies, &capacity, ps, distinct)?
+        }
+        None => hitrate::evaluate_pages(&t, &policies, &a.pages, ps, distinct)?,
     };
     print!("{}", table(&rows));
     if let Some(p) = &a.json {
@@ -80,19 +89,33 @@ pub fn run(a: HitrateArgs) -> CmdResult {
 
 /// The rows as a fixed-width table with a header line.
 fn table(rows: &[HitRow]) -> String {
+    let host = rows.iter().any(|r| r.host_pages > 0);
     let mut s = format!(
-        "{:<10} {:>9} {:>12} {:>10} {:>16}\n",
+        "{:<10} {:>9} {:>12} {:>10} {:>16}",
         "policy", "capacity", "pages", "hit rate", "evicted tokens"
     );
+    if host {
+        s += &format!(" {:>9} {:>11} {:>8}", "host cap", "host loads", "reuse");
+    }
+    s += "\n";
     for r in rows {
         s += &format!(
-            "{:<10} {:>8.1}% {:>12} {:>9.1}% {:>16}\n",
+            "{:<10} {:>8.1}% {:>12} {:>9.1}% {:>16}",
             r.policy,
             r.capacity * 100.0,
             r.pages,
             r.hit_rate_tokens * 100.0,
             r.evicted_tokens
         );
+        if host {
+            s += &format!(
+                " {:>8.1}% {:>10.1}% {:>7.1}%",
+                r.host_capacity * 100.0,
+                r.host_rate_tokens * 100.0,
+                (r.hit_rate_tokens + r.host_rate_tokens) * 100.0
+            );
+        }
+        s += "\n";
     }
     s
 }

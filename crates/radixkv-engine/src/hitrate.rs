@@ -46,6 +46,14 @@ pub struct HitRow {
     pub hit_rate_tokens: f64,
     /// Tokens evicted during the replay.
     pub evicted_tokens: u64,
+    /// The host tier's capacity as a share of the distinct tokens (0:
+    /// none; Belady's row is always without one).
+    pub host_capacity: f64,
+    /// The host tier's pages (0: none).
+    pub host_pages: usize,
+    /// Input tokens loaded from the host tier (written back there before
+    /// the device evicted them) / all input tokens.
+    pub host_rate_tokens: f64,
 }
 
 /// Replays `trace` with `policy` through a pool of `pages` pages; returns
@@ -56,21 +64,53 @@ pub fn replay(
     page_size: usize,
     pages: usize,
 ) -> Result<(f64, u64), HitrateError> {
-    let cache = Arc::new(
-        RadixCache::builder()
-            .page_size(page_size)
-            .eviction_policy(policy)
-            .pages_per_device(pages.saturating_add(1))
-            .build()?,
-    );
+    replay_with_host(trace, policy, page_size, pages, None).map(|(hit, _, ev)| (hit, ev))
+}
+
+/// [`replay`] with a host tier of `host_pages` pages behind the device
+/// (write-back: the device's victims are written there before they go, by
+/// the same policy; a request loads from it what the device lacks).
+/// Returns the device's hit rate, the host's load rate (both shares of
+/// the input tokens) and the tokens the device evicted.
+pub fn replay_with_host(
+    trace: &Trace,
+    policy: EvictionPolicy,
+    page_size: usize,
+    pages: usize,
+    host_pages: Option<usize>,
+) -> Result<(f64, f64, u64), HitrateError> {
+    let mut b = RadixCache::builder()
+        .page_size(page_size)
+        .eviction_policy(policy)
+        .pages_per_device(pages.saturating_add(1));
+    if let Some(h) = host_pages {
+        b = b.host_pages(h.saturating_add(1));
+    }
+    let cache = Arc::new(b.build()?);
     let d = DeviceId(0);
-    let (mut hit, mut total, mut adopted) = (0u64, 0u64, 0u64);
+    let host = cache.host();
+    let (mut hit, mut loaded, mut total, mut adopted) = (0u64, 0u64, 0u64, 0u64);
     let mut tokens = Vec::new();
+    let ps = page_size as u64;
+    let free = |c: &RadixCache| c.allocator(d).map_or(0, |a| a.free_pages() as u64 * ps);
     for i in 0..trace.requests.len() {
         trace.tokens_into(i, &mut tokens);
         let mut req = cache.begin(TokenKey::new(&tokens), d)?;
         hit += req.cached_len() as u64;
         total += tokens.len() as u64;
+        if let Some(h) = host {
+            // Room for the load and the rest first, writing victims back.
+            let need = (tokens.len() - req.cached_len()) as u64;
+            if free(&cache) < need {
+                cache.evict_with_write_back(d, (need - free(&cache)) as usize, |_| true)?;
+            }
+            if let Ok(Some(copy)) = req.copy_from(h) {
+                let n = copy.range().len() as u64;
+                if copy.complete().is_ok() {
+                    loaded += n;
+                }
+            }
+        }
         // The request computes the rest; with no room even after eviction
         // (a request larger than the pool), nothing of it is cached.
         if req.reserve().is_ok() {
@@ -82,6 +122,7 @@ pub fn replay(
     let cached = cache.sizes(d)?.total as u64;
     Ok((
         hit as f64 / total.max(1) as f64,
+        loaded as f64 / total.max(1) as f64,
         adopted.saturating_sub(cached),
     ))
 }
@@ -250,15 +291,53 @@ pub fn evaluate_sized(
     }
     let mut sizes = Vec::new();
     for &c in capacities {
-        if !(c > 0.0 && c.is_finite()) {
-            return Err(HitrateError::Invalid(format!(
-                "capacity {c} is not a positive fraction"
-            )));
-        }
-        let pages = ((distinct as f64 * c) / page_size as f64).ceil().max(2.0) as usize;
-        sizes.push((c, pages));
+        sizes.push((c, pages_of(c, distinct, page_size)?));
     }
-    evaluate_at(trace, policies, &sizes, page_size)
+    evaluate_at(trace, policies, &sizes, page_size, None)
+}
+
+/// Pages for a capacity given as a share of `distinct` tokens.
+fn pages_of(c: f64, distinct: usize, page_size: usize) -> Result<usize, HitrateError> {
+    if !(c > 0.0 && c.is_finite()) {
+        return Err(HitrateError::Invalid(format!(
+            "capacity {c} is not a positive fraction"
+        )));
+    }
+    Ok(((distinct as f64 * c) / page_size as f64).ceil().max(2.0) as usize)
+}
+
+/// Like [`evaluate_sized`] (or, with `pages`, [`evaluate_pages`]) with a
+/// host tier of `host` × the distinct tokens behind the device, written
+/// back on eviction (`radixkv hitrate --host-capacity`). Belady's rows
+/// stay the device-only bound.
+pub fn evaluate_with_host(
+    trace: &Trace,
+    policies: &[EvictionPolicy],
+    capacities: &[f64],
+    pages: &[usize],
+    page_size: usize,
+    distinct: usize,
+    host: f64,
+) -> Result<Vec<HitRow>, HitrateError> {
+    if page_size == 0 {
+        return Err(HitrateError::Invalid("page size must be at least 1".into()));
+    }
+    let host_pages = pages_of(host, distinct, page_size).map_err(|_| {
+        HitrateError::Invalid(format!("host capacity {host} is not a positive fraction"))
+    })?;
+    let mut sizes = Vec::new();
+    for &c in capacities {
+        sizes.push((c, pages_of(c, distinct, page_size)?));
+    }
+    for &p in pages {
+        if p == 0 || distinct == 0 {
+            return Err(HitrateError::Invalid(
+                "a pool needs at least 1 page of a trace with one".into(),
+            ));
+        }
+        sizes.push(((p as f64 * page_size as f64) / distinct as f64, p));
+    }
+    evaluate_at(trace, policies, &sizes, page_size, Some((host, host_pages)))
 }
 
 /// Like [`evaluate_sized`] with absolute pool sizes in pages; each row's
@@ -285,7 +364,7 @@ pub fn evaluate_pages(
         }
         sizes.push(((p as f64 * page_size as f64) / distinct as f64, p));
     }
-    evaluate_at(trace, policies, &sizes, page_size)
+    evaluate_at(trace, policies, &sizes, page_size, None)
 }
 
 /// Rows for every `(capacity share, pages)` and policy, plus Belady's.
@@ -294,22 +373,34 @@ fn evaluate_at(
     policies: &[EvictionPolicy],
     sizes: &[(f64, usize)],
     page_size: usize,
+    host: Option<(f64, usize)>,
 ) -> Result<Vec<HitRow>, HitrateError> {
     let plan = next_uses(trace, page_size)?;
     let mut rows = Vec::new();
     for &(capacity, pages) in sizes {
-        let row = |policy: String, (rate, evicted): (f64, u64)| HitRow {
-            trace: trace.name.clone(),
-            policy,
-            capacity,
-            pages,
-            hit_rate_tokens: rate,
-            evicted_tokens: evicted,
+        let row = |policy: String, (rate, host_rate, evicted): (f64, f64, u64), with_host: bool| {
+            let (host_capacity, host_pages) = match host {
+                Some(h) if with_host => h,
+                _ => (0.0, 0),
+            };
+            HitRow {
+                trace: trace.name.clone(),
+                policy,
+                capacity,
+                pages,
+                hit_rate_tokens: rate,
+                evicted_tokens: evicted,
+                host_capacity,
+                host_pages,
+                host_rate_tokens: host_rate,
+            }
         };
         for &p in policies {
-            rows.push(row(p.to_string(), replay(trace, p, page_size, pages)?));
+            let r = replay_with_host(trace, p, page_size, pages, host.map(|h| h.1))?;
+            rows.push(row(p.to_string(), r, true));
         }
-        rows.push(row("belady".into(), belady_with(&plan, page_size, pages)));
+        let (rate, evicted) = belady_with(&plan, page_size, pages);
+        rows.push(row("belady".into(), (rate, 0.0, evicted), false));
     }
     Ok(rows)
 }

@@ -328,3 +328,57 @@ fn built_in_generators_make_the_same_requests_as_before() {
         0x2fe4_3fba_a883_3061
     );
 }
+
+/// `radixkv hitrate --host-capacity`: a host tier behind a small device
+/// pool keeps what the device evicts (written back) and the requests load
+/// it again; the device's own hits and the loads are reported apart, the
+/// Belady row stays the device-only bound, and a bad share is an error.
+#[test]
+fn a_host_tier_behind_the_pool_recovers_what_the_device_evicts() {
+    let t = chat(
+        &ChatShape {
+            conversations: 8,
+            turns: 6,
+            ..ChatShape::default()
+        },
+        5,
+    );
+    let ps = 4;
+    let distinct = t.distinct_tokens(ps);
+    let plain = hitrate::evaluate_sized(&t, &[EvictionPolicy::Lru], &[0.1], ps, distinct).unwrap();
+    let tiers =
+        hitrate::evaluate_with_host(&t, &[EvictionPolicy::Lru], &[0.1], &[], ps, distinct, 1.0)
+            .unwrap();
+    assert_eq!(tiers.len(), 2);
+    let (lru, belady) = (&tiers[0], &tiers[1]);
+    assert!(lru.host_pages > 0 && lru.host_capacity == 1.0);
+    assert!(lru.host_rate_tokens > 0.0, "{lru:?}");
+    // Device hits plus host loads: more than the device alone, at most the
+    // infinite-capacity rate (a load needs device pages, and the longest
+    // conversations' histories outgrow this pool).
+    let inf =
+        hitrate::evaluate(&t, &[EvictionPolicy::Lru], &[10.0], ps).unwrap()[0].hit_rate_tokens;
+    assert!(
+        lru.hit_rate_tokens + lru.host_rate_tokens > plain[0].hit_rate_tokens,
+        "{lru:?} vs {:?}",
+        plain[0]
+    );
+    assert!(
+        lru.hit_rate_tokens + lru.host_rate_tokens <= inf + 1e-9,
+        "{lru:?} vs {inf}"
+    );
+    assert_eq!((belady.host_pages, belady.host_rate_tokens), (0, 0.0));
+    assert_eq!(belady.hit_rate_tokens, plain[1].hit_rate_tokens);
+    for bad in [0.0, -1.0, f64::NAN] {
+        assert!(hitrate::evaluate_with_host(
+            &t,
+            &[EvictionPolicy::Lru],
+            &[0.1],
+            &[],
+            ps,
+            distinct,
+            bad
+        )
+        .is_err());
+    }
+}
