@@ -429,10 +429,28 @@ fn copies_write_backs_and_evictions_race_without_losing_kv() {
         });
     });
     c.audit();
-    let pools = pools.lock().unwrap();
+    let mut pools = pools.lock().unwrap();
+    // A sequential tail (no evictor runs now): one more request, loading
+    // what the host holds, so the check below always has a prefix to look
+    // at, whatever the threads above did.
+    let last = request(0, 2 * ops);
+    let mut req = c.begin(TokenKey::new(&last), D0).unwrap();
+    if let Ok(Some(copy)) = req.copy_from(host) {
+        pools.copy(host, D0, &copy.runs());
+        copy.complete().unwrap();
+    }
+    req.reserve().unwrap();
+    let (from, slots) = (req.cached_len(), req.slots());
+    pools.compute(D0, &last, &slots, from);
+    req.finish().unwrap();
+    assert_eq!(
+        c.peek(TokenKey::new(&last))[0],
+        32,
+        "the tail request is cached"
+    );
     let mut checked = 0;
     for p in 0..prompts.len() as u32 {
-        for r in 0..2 * ops {
+        for r in 0..=2 * ops {
             let k = request(p as usize, r);
             for tier in [D0, D1, host] {
                 let m = c.match_and_pin(TokenKey::new(&k), tier).unwrap();

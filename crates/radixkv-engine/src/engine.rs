@@ -386,6 +386,9 @@ impl Engine {
         }
         let mut router_cfg = cfg.router;
         router_cfg.copies = !private && cfg.tiers.copy.peer();
+        // A prefix of a thirty-second of a pool or more is "long" for the
+        // router (RouterConfig::copy_slack_long).
+        router_cfg.long_prefix_tokens = cfg.pages_per_device.saturating_mul(cfg.page_size) / 32;
         let (done_tx, done_rx) = channel();
         let shared = Arc::new(Shared {
             router: Mutex::new(Router::new(router_cfg, cfg.devices, cfg.page_size)),

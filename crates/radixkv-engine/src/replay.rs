@@ -19,7 +19,11 @@
 //! };
 //! let s = replay(&w, &cfg, &Default::default())?;
 //! assert_eq!((s.requests, s.finished), (16, 16));
-//! assert!(s.hit_rate > 0.5);
+//! // Each prompt token was a device hit, a copy from the other device, or
+//! // computed; each group's prompt is computed on at most both devices.
+//! let reused = s.tokens_device_hit + s.tokens_peer_copied;
+//! assert_eq!(reused + s.tokens_recomputed, s.prompt_tokens);
+//! assert!(s.reuse_rate >= s.hit_rate && s.reuse_rate > 0.4);
 //! # Ok::<(), radixkv_engine::EngineError>(())
 //! ```
 

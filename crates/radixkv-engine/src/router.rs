@@ -99,11 +99,19 @@ pub struct RouterConfig {
     pub copies: bool,
     /// With `copies`: how many more outstanding requests than the least
     /// loaded device a device may have and still win on its prefix
-    /// (default 8: on GSP's all-at-once arrival 0–8 all give a TTFT p99 of
-    /// 4.5–4.8 s and 16 triples it, while on the agentic trace each step
-    /// towards 16 keeps more conversations where their context is;
-    /// BENCHMARKS.md).
+    /// (default 0: among the least loaded devices, the longest prefix; on
+    /// GSP's all-at-once arrival 0–8 give a TTFT p99 of 4.1–4.8 s, 16
+    /// gives 12 s; BENCHMARKS.md).
     pub copy_slack: usize,
+    /// With `copies`: the slack for a request whose longest cached prefix
+    /// has at least [`long_prefix_tokens`](Self::long_prefix_tokens)
+    /// tokens (default 16): copying a long context means finding that
+    /// many free pages on a busier device's neighbour, and a refused copy
+    /// is a recomputation, so a long prefix stays with its device longer.
+    pub copy_slack_long: usize,
+    /// What counts as a long prefix (default: never; the engine sets a
+    /// thirty-second of a device's pool).
+    pub long_prefix_tokens: usize,
 }
 
 impl Default for RouterConfig {
@@ -113,7 +121,9 @@ impl Default for RouterConfig {
             balance_abs: 32,
             balance_rel: 1.5,
             copies: false,
-            copy_slack: 8,
+            copy_slack: 0,
+            copy_slack_long: 16,
+            long_prefix_tokens: usize::MAX,
         }
     }
 }
@@ -332,7 +342,12 @@ impl Router {
             }
         }
         let slack = if self.cfg.copies {
-            min + self.cfg.copy_slack
+            let longest = best.iter().copied().max().unwrap_or(0);
+            min + if longest >= self.cfg.long_prefix_tokens {
+                self.cfg.copy_slack_long
+            } else {
+                self.cfg.copy_slack
+            }
         } else {
             usize::MAX
         };

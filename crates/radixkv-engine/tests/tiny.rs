@@ -659,7 +659,7 @@ fn the_default_tiny_replay_verifies_with_evictions() {
         assert_eq!(s.finished, w.requests.len(), "page size {ps}: {s:?}");
         assert!(s.devices >= 2);
         assert!(evicted > 0, "page size {ps}: no eviction");
-        assert!(s.hit_rate > 0.2, "page size {ps}: hit rate {}", s.hit_rate);
+        assert!(s.reuse_rate > 0.2, "page size {ps}: reuse {}", s.reuse_rate);
         assert!(s.verified_requests >= w.requests.len() as u64);
         assert_eq!(s.mismatches, 0, "page size {ps}");
         let v: serde_json::Value = serde_json::to_value(&s).unwrap();
