@@ -102,16 +102,13 @@ impl RadixCache {
     ) -> Result<Option<PrefixCopy>, CacheError> {
         self.check_copy(source, dest)?;
         let dest_match = self.match_and_pin(key, dest)?;
-        let Some(dest_lease) = dest_match.lease else {
-            return Err(CacheError::NoAllocator); // match_and_pin always leases
-        };
         self.plan_copy(
             key,
             source,
             dest,
             dest_match.len,
             dest_match.values,
-            Some(dest_lease),
+            dest_match.lease,
         )
     }
 
@@ -142,16 +139,13 @@ impl RadixCache {
         if src.len <= dest_len {
             return Ok(None);
         }
-        let Some(source_lease) = src.lease else {
-            return Err(CacheError::NoAllocator); // match_and_pin always leases
-        };
         #[cfg(radixkv_negative = "copy_source_pin")]
         let source_lease = {
-            drop(source_lease);
+            drop(src.lease);
             None
         };
         #[cfg(not(radixkv_negative = "copy_source_pin"))]
-        let source_lease = Some(source_lease);
+        let source_lease = src.lease;
         let range = dest_len..src.len;
         let pages = self.alloc(dest, range.len())?;
         Ok(Some(PrefixCopy {

@@ -238,6 +238,30 @@ fn climb_to<'g>(
     None
 }
 
+/// Calls `visit` on the images of `end` and of its ancestors below the
+/// root, `end`'s first, read under `guard` (from which `end` was reached),
+/// and returns the root they lead to. `None` if `visit` says so, or if a
+/// parent link is null before a root (a chain cut by an unlink).
+fn climb_to_root<'g>(
+    end: &'g Node,
+    guard: &'g Guard,
+    mut visit: impl FnMut(&'g Image) -> Option<()>,
+) -> Option<&'g Node> {
+    let mut n = end;
+    while !n.is_root {
+        let img = n.image_ref(guard);
+        visit(img)?;
+        if img.parent.0.is_null() {
+            return None;
+        }
+        // SAFETY: `n` was reached under `guard`, so its image's parent was
+        // linked during the guard's life and is not freed before it (see
+        // `ParentPtr`).
+        n = unsafe { &*img.parent.0 };
+    }
+    Some(n)
+}
+
 /// Asks the CPU to start loading `tokens` (a key about to be walked) into
 /// the cache, so that reading it overlaps the walk's own chain of misses on
 /// the tree instead of following it: a query's key usually comes from
@@ -680,19 +704,11 @@ impl Tree {
             return None;
         }
         let mut segs: Vec<&[u32]> = Vec::new();
-        let mut n = node;
-        while !n.is_root {
-            let img = n.image_ref(guard);
+        let root = climb_to_root(node, guard, |img| {
             segs.push(&img.key);
-            if img.parent.0.is_null() {
-                return None;
-            }
-            // SAFETY: `n` was reached under `guard`, so its image's parent
-            // was linked during the guard's life and is not freed before it
-            // (see `ParentPtr`).
-            n = unsafe { &*img.parent.0 };
-        }
-        let ns = namespaces::name_of(&n.image_ref(guard).key);
+            Some(())
+        })?;
+        let ns = namespaces::name_of(&root.image_ref(guard).key);
         let mut tokens = Vec::with_capacity(segs.iter().map(|s| s.len()).sum());
         for s in segs.iter().rev() {
             tokens.extend_from_slice(s);
@@ -710,23 +726,16 @@ impl Tree {
         len: usize,
         guard: &Guard,
     ) -> Option<Vec<u32>> {
+        // `end` is pinned on `d` (caller's contract), so it and its
+        // ancestors are resident on `d` and linked during `guard`.
         let mut segs = Vec::new();
         let mut total = 0;
-        let mut node = end;
-        while !node.is_root {
-            let img = node.image_ref(guard);
-            // Borrowed: the image lives as long as `guard`.
+        climb_to_root(end, guard, |img| {
             let v = img.values.get(d)?;
             total += v.tokens(self.page_size);
             segs.push(v);
-            if img.parent.0.is_null() {
-                return None;
-            }
-            // SAFETY: `end` is pinned on `d` (caller's contract), so it and
-            // its ancestors are resident on `d` and linked during `guard`;
-            // see `ParentPtr`.
-            node = unsafe { &*img.parent.0 };
-        }
+            Some(())
+        })?;
         if total != len {
             return None;
         }

@@ -23,7 +23,7 @@ pub(crate) use super::children::Children; // also named through `node` (by `recl
 use super::children::NO_CHILDREN;
 use super::reclaim::Retired;
 use super::residency::Residency;
-use super::values::DeviceValues;
+use super::values::{head_and_words, DeviceValues};
 use crate::sync::{Arc, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Mutex, MutexGuard, Ordering};
 use crossbeam_epoch::{Atomic, Guard, Owned, Pointable, Pointer, Shared};
 use std::alloc::Layout;
@@ -119,18 +119,9 @@ impl Drop for Image {
 
 impl Image {
     /// The allocation of an image with a key of `len` tokens, and the
-    /// key's offset in it: `repr(C)` places the head at 0 and the tail at
-    /// the head's size rounded up to `u32`'s alignment, which is what
-    /// [`Layout::extend`] computes.
+    /// key's offset in it (`repr(C)`: see `values::head_and_words`).
     fn layout(len: usize) -> (Layout, usize) {
-        // A key of `len` tokens exists in memory, so its bytes fit in an
-        // `isize`; only a head added to a key of nearly `isize::MAX` bytes
-        // could overflow, which no token sequence reaches (as `Vec`, this
-        // is a capacity overflow, not an input error).
-        let (layout, offset) = Layout::array::<u32>(len)
-            .and_then(|key| Layout::new::<ImageHead>().extend(key))
-            .expect("image size overflows isize");
-        (layout.pad_to_align(), offset)
+        head_and_words::<ImageHead>(len)
     }
 
     /// Allocates an image of `parts` and returns its address.

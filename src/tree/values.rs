@@ -43,20 +43,25 @@ unsafe impl Send for HeapWords {}
 // SAFETY: as above; `&HeapWords` only reads.
 unsafe impl Sync for HeapWords {}
 
-impl HeapWords {
-    /// The allocation of `n` words and the words' offset in it.
-    fn layout(n: usize) -> (Layout, usize) {
-        // `n` words exist in memory (they are copied from a slice), so only
-        // a count added to nearly `isize::MAX` bytes could overflow: a
-        // capacity overflow, as `Vec` has, which no node's values reach.
-        let (layout, offset) = Layout::array::<u32>(n)
-            .and_then(|w| Layout::new::<usize>().extend(w))
-            .expect("values size overflows isize");
-        (layout.pad_to_align(), offset)
-    }
+/// The allocation of an `H` followed by `n` `u32`s, and the words' offset
+/// in it: what `repr(C)` gives a struct whose tail is `[u32]` (the head at
+/// 0, the tail at the head's size rounded up to `u32`'s alignment), which
+/// is what [`Layout::extend`] computes. Heap words (a count, then the
+/// words) and images (a head, then the key, `node::Image`) are laid out so.
+pub(crate) fn head_and_words<H>(n: usize) -> (Layout, usize) {
+    // `n` words exist in memory (they are copied from a slice), so their
+    // bytes fit in an `isize`; only a head added to nearly `isize::MAX`
+    // bytes could overflow, which no token sequence reaches (as `Vec`, a
+    // capacity overflow, not an input error).
+    let (layout, offset) = Layout::array::<u32>(n)
+        .and_then(|w| Layout::new::<H>().extend(w))
+        .expect("allocation size overflows isize");
+    (layout.pad_to_align(), offset)
+}
 
+impl HeapWords {
     fn new(words: &[u32]) -> HeapWords {
-        let (layout, offset) = HeapWords::layout(words.len());
+        let (layout, offset) = head_and_words::<usize>(words.len());
         // SAFETY: `layout` is not empty (it holds the count).
         let p = unsafe { std::alloc::alloc(layout) };
         let Some(p) = NonNull::new(p) else {
@@ -81,7 +86,7 @@ impl HeapWords {
         // `layout` gives; the allocation lives as long as `self`.
         unsafe {
             let n = self.0.as_ptr().read();
-            let (_, offset) = HeapWords::layout(n);
+            let (_, offset) = head_and_words::<usize>(n);
             std::slice::from_raw_parts(self.0.as_ptr().cast::<u8>().add(offset).cast::<u32>(), n)
         }
     }
@@ -98,7 +103,7 @@ impl Drop for HeapWords {
         // SAFETY: allocated by `new` with the layout of this count, freed
         // only here, once.
         unsafe {
-            let (layout, _) = HeapWords::layout(self.0.as_ptr().read());
+            let (layout, _) = head_and_words::<usize>(self.0.as_ptr().read());
             std::alloc::dealloc(self.0.as_ptr().cast(), layout);
         }
     }
