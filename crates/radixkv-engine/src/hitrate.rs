@@ -101,8 +101,9 @@ pub fn replay_with_host(
         if let Some(h) = host {
             // Room for the load and the rest first, writing victims back.
             let need = (tokens.len() - req.cached_len()) as u64;
-            if free(&cache) < need {
-                cache.evict_with_write_back(d, (need - free(&cache)) as usize, |_| true)?;
+            let have = free(&cache);
+            if have < need {
+                cache.evict_with_write_back(d, (need - have) as usize, |_| true)?;
             }
             if let Ok(Some(copy)) = req.copy_from(h) {
                 let n = copy.range().len() as u64;
@@ -270,9 +271,7 @@ pub fn evaluate(
     capacities: &[f64],
     page_size: usize,
 ) -> Result<Vec<HitRow>, HitrateError> {
-    if page_size == 0 {
-        return Err(HitrateError::Invalid("page size must be at least 1".into()));
-    }
+    check_page_size(page_size)?;
     let distinct = trace.distinct_tokens(page_size);
     evaluate_sized(trace, policies, capacities, page_size, distinct)
 }
@@ -286,13 +285,7 @@ pub fn evaluate_sized(
     page_size: usize,
     distinct: usize,
 ) -> Result<Vec<HitRow>, HitrateError> {
-    if page_size == 0 {
-        return Err(HitrateError::Invalid("page size must be at least 1".into()));
-    }
-    let mut sizes = Vec::new();
-    for &c in capacities {
-        sizes.push((c, pages_of(c, distinct, page_size)?));
-    }
+    let sizes = share_sizes(capacities, distinct, page_size)?;
     evaluate_at(trace, policies, &sizes, page_size, None)
 }
 
@@ -304,6 +297,49 @@ fn pages_of(c: f64, distinct: usize, page_size: usize) -> Result<usize, HitrateE
         )));
     }
     Ok(((distinct as f64 * c) / page_size as f64).ceil().max(2.0) as usize)
+}
+
+fn check_page_size(page_size: usize) -> Result<(), HitrateError> {
+    if page_size == 0 {
+        return Err(HitrateError::Invalid("page size must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// `(share, pages)` of capacities given as shares of `distinct` tokens.
+fn share_sizes(
+    capacities: &[f64],
+    distinct: usize,
+    page_size: usize,
+) -> Result<Vec<(f64, usize)>, HitrateError> {
+    check_page_size(page_size)?;
+    capacities
+        .iter()
+        .map(|&c| Ok((c, pages_of(c, distinct, page_size)?)))
+        .collect()
+}
+
+/// `(share, pages)` of pool sizes given in pages.
+fn page_sizes(
+    pages: &[usize],
+    distinct: usize,
+    page_size: usize,
+) -> Result<Vec<(f64, usize)>, HitrateError> {
+    check_page_size(page_size)?;
+    if distinct == 0 {
+        return Err(HitrateError::Invalid(format!(
+            "the trace has no whole page of {page_size} tokens: a capacity in pages has no share"
+        )));
+    }
+    pages
+        .iter()
+        .map(|&p| {
+            if p == 0 {
+                return Err(HitrateError::Invalid("a pool needs at least 1 page".into()));
+            }
+            Ok(((p as f64 * page_size as f64) / distinct as f64, p))
+        })
+        .collect()
 }
 
 /// Like [`evaluate_sized`] (or, with `pages`, [`evaluate_pages`]) with a
@@ -319,24 +355,13 @@ pub fn evaluate_with_host(
     distinct: usize,
     host: f64,
 ) -> Result<Vec<HitRow>, HitrateError> {
-    if page_size == 0 {
-        return Err(HitrateError::Invalid("page size must be at least 1".into()));
+    let mut sizes = share_sizes(capacities, distinct, page_size)?;
+    if !pages.is_empty() {
+        sizes.extend(page_sizes(pages, distinct, page_size)?);
     }
     let host_pages = pages_of(host, distinct, page_size).map_err(|_| {
         HitrateError::Invalid(format!("host capacity {host} is not a positive fraction"))
     })?;
-    let mut sizes = Vec::new();
-    for &c in capacities {
-        sizes.push((c, pages_of(c, distinct, page_size)?));
-    }
-    for &p in pages {
-        if p == 0 || distinct == 0 {
-            return Err(HitrateError::Invalid(
-                "a pool needs at least 1 page of a trace with one".into(),
-            ));
-        }
-        sizes.push(((p as f64 * page_size as f64) / distinct as f64, p));
-    }
     evaluate_at(trace, policies, &sizes, page_size, Some((host, host_pages)))
 }
 
@@ -349,21 +374,7 @@ pub fn evaluate_pages(
     page_size: usize,
     distinct: usize,
 ) -> Result<Vec<HitRow>, HitrateError> {
-    if page_size == 0 {
-        return Err(HitrateError::Invalid("page size must be at least 1".into()));
-    }
-    if distinct == 0 {
-        return Err(HitrateError::Invalid(format!(
-            "the trace has no whole page of {page_size} tokens: a capacity in pages has no share"
-        )));
-    }
-    let mut sizes = Vec::new();
-    for &p in pages {
-        if p == 0 {
-            return Err(HitrateError::Invalid("a pool needs at least 1 page".into()));
-        }
-        sizes.push(((p as f64 * page_size as f64) / distinct as f64, p));
-    }
+    let sizes = page_sizes(pages, distinct, page_size)?;
     evaluate_at(trace, policies, &sizes, page_size, None)
 }
 

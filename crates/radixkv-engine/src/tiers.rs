@@ -230,6 +230,14 @@ impl CopyPolicy {
         matches!(self, CopyPolicy::Peer | CopyPolicy::All)
     }
 
+    /// Every policy, in the order the flag's help lists them.
+    pub const ALL: [CopyPolicy; 4] = [
+        CopyPolicy::None,
+        CopyPolicy::Host,
+        CopyPolicy::Peer,
+        CopyPolicy::All,
+    ];
+
     /// The flag's spelling.
     pub fn name(self) -> &'static str {
         match self {
@@ -244,13 +252,15 @@ impl CopyPolicy {
 impl FromStr for CopyPolicy {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "none" => CopyPolicy::None,
-            "host" => CopyPolicy::Host,
-            "peer" => CopyPolicy::Peer,
-            "all" => CopyPolicy::All,
-            _ => return Err(format!("unknown copy policy {s:?} (none, host, peer, all)")),
-        })
+        CopyPolicy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown copy policy {s:?} ({})",
+                    CopyPolicy::ALL.map(CopyPolicy::name).join(", ")
+                )
+            })
     }
 }
 
@@ -279,6 +289,13 @@ pub enum WritePolicy {
 }
 
 impl WritePolicy {
+    /// Every policy, in the order the flag's help lists them.
+    pub const ALL: [WritePolicy; 3] = [
+        WritePolicy::WriteThrough,
+        WritePolicy::WriteThroughSelective,
+        WritePolicy::WriteBack,
+    ];
+
     /// The flag's spelling.
     pub fn name(self) -> &'static str {
         match self {
@@ -291,17 +308,18 @@ impl WritePolicy {
 
 impl FromStr for WritePolicy {
     type Err = String;
+    /// A name as [`name`](Self::name) spells it, `_` for `-` accepted.
     fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s.replace('_', "-").as_str() {
-            "write-through" => WritePolicy::WriteThrough,
-            "write-through-selective" => WritePolicy::WriteThroughSelective,
-            "write-back" => WritePolicy::WriteBack,
-            _ => {
-                return Err(format!(
-                "unknown write policy {s:?} (write-through, write-through-selective, write-back)"
-            ))
-            }
-        })
+        let dashed = s.replace('_', "-");
+        WritePolicy::ALL
+            .into_iter()
+            .find(|p| p.name() == dashed)
+            .ok_or_else(|| {
+                format!(
+                    "unknown write policy {s:?} ({})",
+                    WritePolicy::ALL.map(WritePolicy::name).join(", ")
+                )
+            })
     }
 }
 

@@ -577,10 +577,8 @@ impl Scheduler {
     /// cached prefix, when the cost model says that beats computing it.
     fn load_prefix(&mut self, req: &mut Request) -> Loaded {
         let mut out = Loaded::default();
-        let ps = self.cache.page_size().max(1);
         let cached = req.cached_len();
-        // A copy never covers the last token (at least one is computed).
-        let cap = req.tokens().len().saturating_sub(1) / ps * ps;
+        let cap = copy_cap(req, self.cache.page_size());
         let mut best: Option<(CopySource, DeviceId, usize)> = None;
         let mut consider = |src: CopySource, tier: DeviceId, len: usize| {
             let len = len.min(cap);
@@ -754,7 +752,8 @@ impl Scheduler {
             let computed = req.cached_len();
             let computing = computed < w_len;
             if computing {
-                self.events.computing(self.key_of(&req), self.reported);
+                self.events
+                    .computing(prompt_key(&req, self.cache.page_size()), self.reported);
             }
             self.running.push(Running {
                 entry,
@@ -777,13 +776,6 @@ impl Scheduler {
         Ok(admitted_any)
     }
 
-    /// The prompt key of a request (for the in-flight registry).
-    fn key_of<'r>(&self, req: &'r Request) -> TokenKey<'r> {
-        let ps = self.cache.page_size().max(1);
-        let n = req.tokens().len() / ps * ps;
-        TokenKey::new(&req.tokens()[..n]).in_namespace(req.namespace())
-    }
-
     /// Whether `req` should wait for a prefix another device is computing:
     /// it covers at least the load-back threshold more than `req` has, peer
     /// copies are on, and copying that part costs less than computing it.
@@ -792,14 +784,14 @@ impl Scheduler {
             return false;
         }
         let cached = req.cached_len();
+        let ps = self.cache.page_size();
         let Some((e, len)) = self
             .events
-            .computing_elsewhere(self.key_of(req), self.reported)
+            .computing_elsewhere(prompt_key(req, ps), self.reported)
         else {
             return false;
         };
-        let ps = self.cache.page_size().max(1);
-        let len = len.min(req.tokens().len().saturating_sub(1) / ps * ps);
+        let len = len.min(copy_cap(req, ps));
         if len <= cached {
             return false;
         }
@@ -812,7 +804,8 @@ impl Scheduler {
     /// Unregisters a request's prompt from the in-flight registry.
     fn done_computing(&self, r: &Running) {
         if r.computing {
-            self.events.computed(self.key_of(&r.req), self.reported);
+            self.events
+                .computed(prompt_key(&r.req, self.cache.page_size()), self.reported);
         }
     }
 
@@ -861,8 +854,8 @@ impl Scheduler {
         self.stats.prefill_passes += 1;
         let mut done = Vec::new();
         // Prompts settled in this pass that the write policy sends to the
-        // host: (tokens, namespace, how many).
-        let mut writes: Vec<(Vec<u32>, Option<Arc<str>>, usize)> = Vec::new();
+        // host: (tokens, namespace).
+        let mut writes: Vec<(Vec<u32>, Option<Arc<str>>)> = Vec::new();
         let ps = self.cache.page_size().max(1);
         for (i, r) in self.running.iter_mut().enumerate() {
             let Some(p) = batch.prefill.iter().find(|p| p.request == r.entry.job.id) else {
@@ -881,10 +874,7 @@ impl Scheduler {
             }
             if r.computing {
                 r.computing = false;
-                let ps = self.cache.page_size().max(1);
-                let n = r.req.tokens().len() / ps * ps;
-                let key = TokenKey::new(&r.req.tokens()[..n]).in_namespace(r.req.namespace());
-                self.events.computed(key, self.reported);
+                self.events.computed(prompt_key(&r.req, ps), self.reported);
             }
             if !r.entry.settled {
                 r.entry.settled = true;
@@ -903,7 +893,6 @@ impl Scheduler {
                     writes.push((
                         r.req.tokens()[..upto].to_vec(),
                         r.entry.job.namespace.clone(),
-                        upto,
                     ));
                 }
             }
@@ -921,8 +910,8 @@ impl Scheduler {
                 r.req.extend(&[tok]);
             }
         }
-        for (tokens, ns, upto) in writes {
-            self.write_to_host(TokenKey::new(&tokens[..upto]).in_namespace(ns.as_deref()));
+        for (tokens, ns) in writes {
+            self.write_to_host(TokenKey::new(&tokens).in_namespace(ns.as_deref()));
         }
         self.finish(done)
     }
@@ -1080,6 +1069,22 @@ impl Scheduler {
             let _ = s.send(StreamEvent::Done(c));
         }
     }
+}
+
+/// A request's prompt key in whole pages of `ps` tokens: the in-flight
+/// registry's key ([`SchedulerEvents::computing`]).
+fn prompt_key(req: &Request, ps: usize) -> TokenKey<'_> {
+    let ps = ps.max(1);
+    let n = req.tokens().len() / ps * ps;
+    TokenKey::new(&req.tokens()[..n]).in_namespace(req.namespace())
+}
+
+/// The most of a request's tokens a copy may bring: the whole pages before
+/// its last token, which is always computed (as
+/// [`Request::copy_from`] caps it).
+fn copy_cap(req: &Request, ps: usize) -> usize {
+    let ps = ps.max(1);
+    req.tokens().len().saturating_sub(1) / ps * ps
 }
 
 /// Sends a generated token to a streaming client (a gone client is not an
