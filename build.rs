@@ -22,6 +22,7 @@ const STEPS: &[&str] = &[
     "chunk_retire",
     "copy_source_pin",
     "copy_dups",
+    "event_in_lock",
 ];
 
 /// Controls of ordinary (not loom) tests: `tests/parked_writer.rs`.

@@ -126,6 +126,7 @@
 //!   [`Request`], [`PrefixCopy`]), eviction policies and the background
 //!   [`Evictor`].
 //! * [`device`]: device ids.
+//! * [`events`]: the residency-event hook ([`events::CacheListener`]).
 //! * [`metrics`]: counters and latency histograms (eviction metrics per device).
 //! * [`sync`]: the std/loom shim every atomic goes through.
 //! * `reference` (feature `testing`): the sequential model.
@@ -135,6 +136,7 @@
 pub mod alloc;
 pub mod cache;
 pub mod device;
+pub mod events;
 pub mod metrics;
 #[cfg(all(feature = "testing", not(loom)))]
 pub mod pause;

@@ -630,3 +630,62 @@ fn model20_write_back_vs_evict() {
         c.audit();
     });
 }
+
+/// A listener that checks the order of residency events as they come: a
+/// page is stored only while absent and removed only while present, and a
+/// child only below a stored parent.
+#[derive(Default)]
+struct EventOrder(std::sync::Mutex<std::collections::HashSet<Vec<u32>>>);
+
+impl radixkv::events::CacheListener for EventOrder {
+    fn stored(&self, e: &radixkv::events::PageEvent<'_>) {
+        let mut held = self.0.lock().unwrap();
+        assert!(
+            e.start == 0 || held.contains(e.prefix()),
+            "a child's store came before its parent's"
+        );
+        assert!(
+            held.insert(e.path.to_vec()),
+            "a page was stored twice without a removal between"
+        );
+    }
+    fn removed(&self, e: &radixkv::events::PageEvent<'_>) {
+        assert!(
+            self.0.lock().unwrap().remove(e.path),
+            "a removal came before its store"
+        );
+    }
+}
+
+/// Model 21, a store racing the removal of the same page: an insert
+/// attaches a leaf while an evictor takes it. Protecting step: the store is
+/// reported inside the attach's locked section, before the leaf is
+/// published, so the eviction (which needs the parent's lock and must see
+/// the leaf) reports after it. Control: `event_in_lock` (the store is
+/// reported once the attach is done, after the lock). Mru: its evictor finds leaves by
+/// a scan of the tree, so it can meet the leaf as soon as it is published.
+#[test]
+fn model21_store_event_vs_evict() {
+    model(|| {
+        let log = Arc::new(EventOrder::default());
+        let c = Arc::new(
+            RadixCache::builder()
+                .listener(log.clone())
+                .eviction_policy(radixkv::EvictionPolicy::Mru)
+                .build()
+                .unwrap(),
+        );
+        let c1 = Arc::clone(&c);
+        let t = thread::spawn(move || {
+            c1.insert(key(&[1]), D0, &[10], 0).unwrap();
+        });
+        c.evict(D0, 1).unwrap();
+        t.join().unwrap();
+        let held = log.0.lock().unwrap().contains(&vec![1]);
+        assert_eq!(
+            held,
+            c.peek(key(&[1])) == vec![1],
+            "the events must end where the cache is"
+        );
+    });
+}

@@ -63,6 +63,7 @@ pub struct RadixCacheBuilder {
     watermarks: Option<(usize, usize)>,
     replica_aware: bool,
     host_pages: Option<usize>,
+    listener: Option<crate::events::Listener>,
 }
 
 /// The largest supported page size in tokens.
@@ -81,6 +82,7 @@ impl Default for RadixCacheBuilder {
             watermarks: None,
             replica_aware: false,
             host_pages: None,
+            listener: None,
         }
     }
 }
@@ -185,6 +187,14 @@ impl RadixCacheBuilder {
         self
     }
 
+    /// Tells `listener` about every page that becomes resident on a tier or
+    /// leaves it (default none): see [`events`](crate::events) for what is
+    /// reported, in which order, and what it costs.
+    pub fn listener(mut self, listener: std::sync::Arc<dyn crate::events::CacheListener>) -> Self {
+        self.listener = Some(crate::events::Listener(listener));
+        self
+    }
+
     /// Validates the settings and builds the cache.
     pub fn build(self) -> Result<RadixCache, CacheError> {
         if self.page_size == 0 || self.page_size > MAX_PAGE_SIZE {
@@ -275,6 +285,7 @@ impl RadixCacheBuilder {
                 self.devices,
                 clock,
                 self.policy.keys_only_grow(),
+                self.listener,
             ),
             candidates: (0..tiers)
                 .map(|_| crate::sync::Mutex::new(Candidates::default()))

@@ -309,6 +309,17 @@ pub(crate) struct Tree {
     /// since the evictor last looked: pushed lock-free by inserts, drained
     /// by the evictor. `None` when the policy ranks by a scan instead.
     inbox: Option<Box<[LeafInbox]>>,
+    /// Told about every residency change (crate::events), if installed.
+    listener: Option<crate::events::Listener>,
+}
+
+/// Where a store happens, for the listener: the namespace and the path of
+/// the changed node, whose pages start at `start`.
+#[derive(Clone, Copy)]
+struct StoreAt<'a> {
+    ns: Option<&'a str>,
+    path: &'a [u32],
+    start: usize,
 }
 
 /// One device's share of the tree's counters.
@@ -350,6 +361,7 @@ impl Tree {
         gpus: usize,
         clock: Clock,
         track_leaves: bool,
+        listener: Option<crate::events::Listener>,
     ) -> Self {
         debug_assert!(gpus <= devices && devices <= gpus + 1);
         Tree {
@@ -366,6 +378,28 @@ impl Tree {
                 .collect(),
             reclaimer: Arc::new(Reclaimer::default()),
             inbox: track_leaves.then(|| (0..devices).map(|_| LeafInbox::default()).collect()),
+            listener,
+        }
+    }
+
+    /// The event of a change on `d` at `at`.
+    fn page_event<'a>(&self, d: usize, at: StoreAt<'a>) -> crate::events::PageEvent<'a> {
+        crate::events::PageEvent {
+            device: crate::DeviceId(d as u32),
+            host: self.host() == Some(d),
+            namespace: at.ns,
+            path: at.path,
+            start: at.start,
+        }
+    }
+
+    /// Tells the listener that `at`'s pages became resident on `d`. Called
+    /// inside the locked section of the change, before the node is
+    /// published (or while it is locked): see crate::events for the order
+    /// this gives.
+    fn report_stored(&self, d: usize, at: StoreAt<'_>) {
+        if let Some(l) = &self.listener {
+            l.0.stored(&self.page_event(d, at));
         }
     }
 
@@ -811,7 +845,12 @@ impl Tree {
                             // its values are no longer ours to hand out.
                             break 'restart;
                         }
-                        match self.attach_leaf(cur, d, rest, &values[pos..], priority, pin, guard) {
+                        let at = StoreAt {
+                            ns,
+                            path: tokens,
+                            start: pos,
+                        };
+                        match self.attach_leaf(cur, d, at, &values[pos..], priority, pin, guard) {
                             Ok(leaf) => {
                                 push_range(&mut adopted, pos..len);
                                 #[cfg(radixkv_negative = "born_pinned")]
@@ -858,8 +897,22 @@ impl Tree {
                             if overlaps(&adopted, pos..pos + k) {
                                 break 'restart;
                             }
+                            let at = StoreAt {
+                                ns,
+                                path: &tokens[..pos + k],
+                                start: pos,
+                            };
                             if self
-                                .adopt(cur, node, d, &values[pos..pos + k], priority, pin, guard)
+                                .adopt(
+                                    cur,
+                                    node,
+                                    d,
+                                    at,
+                                    &values[pos..pos + k],
+                                    priority,
+                                    pin,
+                                    guard,
+                                )
                                 .is_err()
                             {
                                 spin_wait();
@@ -1007,13 +1060,14 @@ impl Tree {
         &self,
         parent: &Node,
         d: usize,
-        tokens: &[u32],
+        at: StoreAt<'_>,
         values: &[u32],
         priority: i64,
         pin: bool,
         guard: &'g Guard,
     ) -> Result<&'g Node, Conflict> {
         let ps = self.page_size;
+        let tokens = &at.path[at.start..];
         let hash = page_hash(&tokens[..ps]);
         // The leaf is built before the parent's lock is taken (its key copy
         // and allocations are most of an attach), so that the locked section
@@ -1060,6 +1114,12 @@ impl Tree {
         }
         #[cfg(all(feature = "testing", not(loom)))]
         crate::pause::at(crate::pause::Point::Attach);
+        // The protecting step of model 21: the store is reported before the
+        // leaf is published, under the parent's lock, so nobody can evict
+        // (or extend) it before. The control reports it once the attach is
+        // done, after the lock.
+        #[cfg(not(radixkv_negative = "event_in_lock"))]
+        self.report_stored(d, at);
         let leaf = NodePtr::link(leaf);
         let mut retired = Retired::default();
         locked.publish_parent_children(children.with_added(hash, leaf), guard, &mut retired);
@@ -1075,6 +1135,8 @@ impl Tree {
         // SAFETY: just linked under `guard`.
         let leaf = unsafe { leaf.node_in(guard) };
         self.note_leaf(leaf, d);
+        #[cfg(radixkv_negative = "event_in_lock")]
+        self.report_stored(d, at);
         Ok(leaf)
     }
 
@@ -1084,6 +1146,7 @@ impl Tree {
         parent: &Node,
         node: &Node,
         d: usize,
+        at: StoreAt<'_>,
         values: &[u32],
         priority: i64,
         pin: bool,
@@ -1120,6 +1183,8 @@ impl Tree {
             &mut retired,
         );
         self.reclaimer.retire(retired, guard);
+        // Under both locks, before the node is resident (see crate::events).
+        self.report_stored(d, at);
         // Values are published before RESIDENT is set, so a pinned reader
         // always finds them.
         node.dev(d).residency.make_resident();
@@ -1173,6 +1238,18 @@ impl Tree {
             debug_assert!(false, "RESIDENT without values");
             return None;
         };
+        // Under the node's and its parent's locks (see crate::events): the
+        // path is read before anything changes.
+        if let Some(l) = &self.listener {
+            if let Some((ns, path)) = self.path_of(node, guard) {
+                let at = StoreAt {
+                    ns: ns.as_deref(),
+                    path: &path,
+                    start: path.len() - img.key.len(),
+                };
+                l.0.removed(&self.page_event(d, at));
+            }
+        }
         let vals = img.values.without(d);
         // Under the node's lock, the image's values and the devices' RESIDENT
         // bits agree (both change only under it, values published first): no
