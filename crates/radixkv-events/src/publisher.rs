@@ -1,0 +1,541 @@
+//! The publisher: a [`CacheListener`] that queues each device's events and
+//! tokio tasks that send them, in batches, on one ZeroMQ PUB socket per
+//! device (and answer replays on an optional ROUTER socket per device).
+
+use crate::wire::{self, Encoding, KvEvent, Medium};
+use bytes::Bytes;
+use radixkv::events::{CacheListener, PageEvent};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+
+/// What the publisher is told to do; [`KvEventsConfig::new`] fills in
+/// vLLM's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvEventsConfig {
+    /// Device 0's PUB endpoint, `tcp://HOST:PORT`; device `d` binds
+    /// `PORT + d` (vLLM's convention for data-parallel ranks).
+    pub endpoint: String,
+    /// Device 0's replay (ROUTER) endpoint, likewise `PORT + d`; none by
+    /// default.
+    pub replay_endpoint: Option<String>,
+    /// The topic frame of every message (default empty, as vLLM's).
+    pub topic: String,
+    /// How events are encoded (default [`Encoding::Map`]).
+    pub encoding: Encoding,
+    /// Batches kept per device for replays (default 10,000, as vLLM).
+    pub replay_buffer: usize,
+    /// Events queued per device before new ones are dropped and counted
+    /// (default 100,000; the PUB socket's own high-water mark is 100,000
+    /// messages per subscriber, beyond which it drops as libzmq does).
+    pub max_pending: usize,
+    /// How long a batch waits for more events after its first (default
+    /// 1 ms): the bound on batching's share of an event's latency.
+    pub max_delay: Duration,
+}
+
+impl KvEventsConfig {
+    /// A configuration publishing on `endpoint` with every other setting
+    /// at its default.
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        KvEventsConfig {
+            endpoint: endpoint.into(),
+            replay_endpoint: None,
+            topic: String::new(),
+            encoding: Encoding::Map,
+            replay_buffer: 10_000,
+            max_pending: 100_000,
+            max_delay: Duration::from_millis(1),
+        }
+    }
+}
+
+/// Why the publisher could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EventsError {
+    /// The endpoint is not `tcp://HOST:PORT`, or a device's port is past 65,535.
+    #[error("bad KV-events endpoint {endpoint:?}: {why}")]
+    Endpoint {
+        /// What was given.
+        endpoint: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A socket could not bind (the port is in use, the host is not local…).
+    #[error("cannot bind the KV-events socket {endpoint}: {source}")]
+    Bind {
+        /// The endpoint of the device's socket.
+        endpoint: String,
+        /// ZeroMQ's error.
+        source: zeromq::ZmqError,
+    },
+    /// Publishing for no device.
+    #[error("the KV-event publisher needs at least one device")]
+    NoDevices,
+}
+
+/// `tcp://HOST:PORT` → (HOST, PORT).
+fn parse_endpoint(endpoint: &str) -> Result<(String, u16), EventsError> {
+    let bad = |why: &str| EventsError::Endpoint {
+        endpoint: endpoint.to_owned(),
+        why: why.to_owned(),
+    };
+    let rest = endpoint
+        .strip_prefix("tcp://")
+        .ok_or_else(|| bad("only tcp://HOST:PORT is supported"))?;
+    let (host, port) = rest
+        .rsplit_once(':')
+        .ok_or_else(|| bad("no :PORT after the host"))?;
+    if host.is_empty() {
+        return Err(bad("no host (use tcp://0.0.0.0:PORT to listen everywhere)"));
+    }
+    let host = if host == "*" { "0.0.0.0" } else { host };
+    let port: u16 = port
+        .parse()
+        .map_err(|_| bad("the port is not a number in 1..=65535"))?;
+    if port == 0 {
+        return Err(bad("port 0: give a fixed port, subscribers must know it"));
+    }
+    Ok((host.to_owned(), port))
+}
+
+/// The endpoints of `devices` devices from device 0's.
+pub fn device_endpoints(endpoint: &str, devices: usize) -> Result<Vec<String>, EventsError> {
+    let (host, port) = parse_endpoint(endpoint)?;
+    (0..devices)
+        .map(|d| {
+            let p = u32::from(port) + d as u32;
+            if p > 65_535 {
+                return Err(EventsError::Endpoint {
+                    endpoint: endpoint.to_owned(),
+                    why: format!("device {d} would need port {p}"),
+                });
+            }
+            Ok(format!("tcp://{host}:{p}"))
+        })
+        .collect()
+}
+
+/// Counters of one device's socket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SocketStats {
+    /// Batches sent.
+    pub batches: u64,
+    /// Events sent.
+    pub events: u64,
+    /// Events dropped because the queue held [`KvEventsConfig::max_pending`].
+    pub dropped_events: u64,
+    /// Replay requests answered.
+    pub replays: u64,
+    /// The last sequence number sent.
+    pub last_seq: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    batches: AtomicU64,
+    events: AtomicU64,
+    dropped: AtomicU64,
+    replays: AtomicU64,
+    last_seq: AtomicU64,
+}
+
+/// One device's queue and replay buffer.
+#[derive(Debug, Default)]
+struct DeviceQueue {
+    pending: Mutex<Vec<KvEvent>>,
+    notify: Notify,
+    replay: Mutex<VecDeque<(u64, Bytes)>>,
+    counters: Counters,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks leaves a plain Vec or
+    // VecDeque behind, still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[derive(Debug)]
+struct Shared {
+    queues: Vec<DeviceQueue>,
+    page_size: usize,
+    max_pending: usize,
+    closing: AtomicBool,
+}
+
+impl Shared {
+    fn push(&self, device: usize, event: KvEvent) {
+        let Some(q) = self.queues.get(device) else {
+            return;
+        };
+        let mut p = lock(&q.pending);
+        if p.len() >= self.max_pending {
+            // Relaxed: a statistic.
+            q.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        p.push(event);
+        drop(p);
+        q.notify.notify_one();
+    }
+
+    fn convert(&self, e: &PageEvent<'_>, stored: bool) -> KvEvent {
+        let ps = self.page_size;
+        let ids = wire::block_ids(e.namespace, e.path, ps);
+        let first = e.start / ps;
+        let medium = if e.host { Medium::Cpu } else { Medium::Gpu };
+        if stored {
+            let (lora, salt) = e.namespace.map_or((None, None), wire::namespace_parts);
+            KvEvent::BlockStored {
+                parent_block_hash: first.checked_sub(1).map(|p| ids[p]),
+                block_hashes: ids[first..].to_vec(),
+                token_ids: e.pages().to_vec(),
+                block_size: ps,
+                medium,
+                lora_name: lora.map(str::to_owned),
+                cache_salt: salt.map(str::to_owned),
+            }
+        } else {
+            KvEvent::BlockRemoved {
+                block_hashes: ids[first..].to_vec(),
+                medium,
+            }
+        }
+    }
+
+    fn report(&self, e: &PageEvent<'_>, stored: bool, device: Option<usize>) {
+        let ev = self.convert(e, stored);
+        if e.host {
+            // The host tier is shared: every device can load its pages, so
+            // every device's socket reports them (medium CPU).
+            for d in 0..self.queues.len() {
+                self.push(d, ev.clone());
+            }
+        } else {
+            self.push(device.unwrap_or(e.device.index()), ev);
+        }
+    }
+}
+
+/// The [`CacheListener`] of a [`KvEventPublisher`]: converts residency
+/// changes into KV events on the right device's queue.
+#[derive(Debug, Clone)]
+pub struct EventSink {
+    shared: Arc<Shared>,
+    /// For a cache with one device that stands for engine device `d`
+    /// (private trees): every device event goes to `d`'s socket.
+    device: Option<usize>,
+}
+
+impl CacheListener for EventSink {
+    fn stored(&self, e: &PageEvent<'_>) {
+        self.shared.report(e, true, self.device);
+    }
+    fn removed(&self, e: &PageEvent<'_>) {
+        self.shared.report(e, false, self.device);
+    }
+}
+
+/// Publishes a cache's residency changes as vLLM KV events, one PUB socket
+/// per device. Install [`listener`](Self::listener) on the cache
+/// ([`radixkv::RadixCacheBuilder::listener`]).
+///
+/// Each socket sends, first, a batch with `AllBlocksCleared` (a router
+/// that kept state from an earlier run drops it), with a sequence number
+/// taken from the wall clock (microseconds since the epoch), so that it is
+/// above any earlier run's; then one batch per flush, numbered one more
+/// each. The host tier's pages appear on every socket with medium `CPU`.
+#[derive(Debug)]
+pub struct KvEventPublisher {
+    shared: Arc<Shared>,
+    endpoints: Vec<String>,
+    replay_endpoints: Vec<String>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+fn frames(parts: Vec<Bytes>) -> ZmqMessage {
+    // Never empty: every caller passes at least two frames.
+    ZmqMessage::try_from(parts).unwrap_or_else(|_| ZmqMessage::from(Bytes::new()))
+}
+
+fn unix_now() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+impl KvEventPublisher {
+    /// Binds every device's sockets (inside a tokio runtime) and starts
+    /// publishing. Errors: a malformed endpoint, a port in use.
+    pub async fn start(
+        cfg: KvEventsConfig,
+        devices: usize,
+        page_size: usize,
+    ) -> Result<KvEventPublisher, EventsError> {
+        if devices == 0 {
+            return Err(EventsError::NoDevices);
+        }
+        let endpoints = device_endpoints(&cfg.endpoint, devices)?;
+        let replay_endpoints = match &cfg.replay_endpoint {
+            Some(r) => device_endpoints(r, devices)?,
+            None => Vec::new(),
+        };
+        let mut pubs = Vec::with_capacity(devices);
+        for ep in &endpoints {
+            let mut s = zeromq::PubSocket::new();
+            s.bind(ep).await.map_err(|source| EventsError::Bind {
+                endpoint: ep.clone(),
+                source,
+            })?;
+            pubs.push(s);
+        }
+        let mut routers = Vec::with_capacity(replay_endpoints.len());
+        for ep in &replay_endpoints {
+            let mut s = zeromq::RouterSocket::new();
+            s.bind(ep).await.map_err(|source| EventsError::Bind {
+                endpoint: ep.clone(),
+                source,
+            })?;
+            routers.push(s);
+        }
+        let shared = Arc::new(Shared {
+            queues: (0..devices).map(|_| DeviceQueue::default()).collect(),
+            page_size,
+            max_pending: cfg.max_pending.max(1),
+            closing: AtomicBool::new(false),
+        });
+        let first_seq = unix_now().as_micros() as u64;
+        let mut tasks = Vec::new();
+        for (d, socket) in pubs.into_iter().enumerate() {
+            tasks.push(tokio::spawn(publish_loop(
+                Arc::clone(&shared),
+                d,
+                socket,
+                cfg.clone(),
+                first_seq,
+            )));
+        }
+        for (d, socket) in routers.into_iter().enumerate() {
+            tasks.push(tokio::spawn(replay_loop(Arc::clone(&shared), d, socket)));
+        }
+        Ok(KvEventPublisher {
+            shared,
+            endpoints,
+            replay_endpoints,
+            tasks,
+        })
+    }
+
+    /// The listener to install on a cache whose devices are this
+    /// publisher's devices (a shared tree).
+    pub fn listener(&self) -> Arc<EventSink> {
+        Arc::new(EventSink {
+            shared: Arc::clone(&self.shared),
+            device: None,
+        })
+    }
+
+    /// The listener for a one-device cache that stands for device `d`
+    /// (private trees, one per device): its events go on `d`'s socket.
+    pub fn listener_for_device(&self, d: usize) -> Arc<EventSink> {
+        Arc::new(EventSink {
+            shared: Arc::clone(&self.shared),
+            device: Some(d),
+        })
+    }
+
+    /// Each device's PUB endpoint.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// Each device's replay endpoint (empty without replay).
+    pub fn replay_endpoints(&self) -> &[String] {
+        &self.replay_endpoints
+    }
+
+    /// Each device's counters.
+    pub fn stats(&self) -> Vec<SocketStats> {
+        self.shared
+            .queues
+            .iter()
+            .map(|q| {
+                let c = &q.counters;
+                // Relaxed: statistics.
+                SocketStats {
+                    batches: c.batches.load(Ordering::Relaxed),
+                    events: c.events.load(Ordering::Relaxed),
+                    dropped_events: c.dropped.load(Ordering::Relaxed),
+                    replays: c.replays.load(Ordering::Relaxed),
+                    last_seq: c.last_seq.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+
+    /// Sends what is queued and stops (the sockets close).
+    pub async fn shutdown(mut self) {
+        self.shared.closing.store(true, Ordering::SeqCst);
+        for q in &self.shared.queues {
+            q.notify.notify_one();
+        }
+        let devices = self.shared.queues.len();
+        for t in self.tasks.drain(..devices) {
+            let _ = t.await;
+        }
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for KvEventPublisher {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+async fn publish_loop(
+    shared: Arc<Shared>,
+    d: usize,
+    mut socket: zeromq::PubSocket,
+    cfg: KvEventsConfig,
+    first_seq: u64,
+) {
+    let q = &shared.queues[d];
+    let topic = Bytes::from(cfg.topic.clone().into_bytes());
+    let mut seq = first_seq;
+    let send = |events: Vec<KvEvent>, seq: u64| {
+        let ts = unix_now().as_secs_f64();
+        let payload = Bytes::from(wire::encode_batch(
+            ts,
+            &events,
+            Some(d as u32),
+            cfg.encoding,
+        ));
+        let mut replay = lock(&q.replay);
+        if cfg.replay_buffer > 0 {
+            if replay.len() >= cfg.replay_buffer {
+                replay.pop_front();
+            }
+            replay.push_back((seq, payload.clone()));
+        }
+        drop(replay);
+        // Relaxed: statistics.
+        q.counters.batches.fetch_add(1, Ordering::Relaxed);
+        q.counters
+            .events
+            .fetch_add(events.len() as u64, Ordering::Relaxed);
+        q.counters.last_seq.store(seq, Ordering::Relaxed);
+        frames(vec![
+            topic.clone(),
+            Bytes::copy_from_slice(&seq.to_be_bytes()),
+            payload,
+        ])
+    };
+    let first = send(vec![KvEvent::AllBlocksCleared], seq);
+    let _ = socket.send(first).await;
+    loop {
+        q.notify.notified().await;
+        if !shared.closing.load(Ordering::SeqCst) {
+            // Let a burst gather into one batch, for at most max_delay.
+            tokio::time::sleep(cfg.max_delay).await;
+        }
+        let events = std::mem::take(&mut *lock(&q.pending));
+        if !events.is_empty() {
+            seq += 1;
+            let msg = send(events, seq);
+            // PUB never blocks on a slow subscriber: it drops past the
+            // high-water mark.
+            let _ = socket.send(msg).await;
+        }
+        if shared.closing.load(Ordering::SeqCst) {
+            return;
+        }
+    }
+}
+
+/// Answers `[identity, "", start_seq]` with every buffered batch from
+/// `start_seq` on, `[identity, "", seq, payload]` each, then the end marker
+/// `[identity, "", -1, ""]` (vLLM's replay protocol).
+async fn replay_loop(shared: Arc<Shared>, d: usize, mut socket: zeromq::RouterSocket) {
+    let q = &shared.queues[d];
+    loop {
+        let Ok(msg) = socket.recv().await else {
+            return;
+        };
+        let parts = msg.into_vec();
+        let (Some(identity), Some(last)) = (parts.first().cloned(), parts.last()) else {
+            continue;
+        };
+        let Ok(start) = <[u8; 8]>::try_from(last.as_ref()) else {
+            continue; // not a replay request
+        };
+        let start = u64::from_be_bytes(start);
+        let batches: Vec<(u64, Bytes)> = lock(&q.replay)
+            .iter()
+            .filter(|(s, _)| *s >= start)
+            .cloned()
+            .collect();
+        // Relaxed: a statistic.
+        q.counters.replays.fetch_add(1, Ordering::Relaxed);
+        for (s, payload) in batches {
+            let m = frames(vec![
+                identity.clone(),
+                Bytes::new(),
+                Bytes::copy_from_slice(&s.to_be_bytes()),
+                payload,
+            ]);
+            if socket.send(m).await.is_err() {
+                break;
+            }
+        }
+        let end = frames(vec![
+            identity,
+            Bytes::new(),
+            Bytes::copy_from_slice(&(-1i64).to_be_bytes()),
+            Bytes::new(),
+        ]);
+        let _ = socket.send(end).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse_and_step_by_device() {
+        assert_eq!(
+            device_endpoints("tcp://127.0.0.1:5557", 2).unwrap(),
+            ["tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558"]
+        );
+        assert_eq!(
+            device_endpoints("tcp://*:5557", 1).unwrap(),
+            ["tcp://0.0.0.0:5557"]
+        );
+        for bad in [
+            "127.0.0.1:5557",
+            "tcp://127.0.0.1",
+            "tcp://:5557",
+            "tcp://h:port",
+            "tcp://h:0",
+            "ipc:///tmp/x",
+        ] {
+            assert!(
+                matches!(device_endpoints(bad, 1), Err(EventsError::Endpoint { .. })),
+                "{bad}"
+            );
+        }
+        let e = device_endpoints("tcp://h:65535", 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("device 1 would need port 65536"), "{e}");
+    }
+}

@@ -1,0 +1,138 @@
+//! A subscriber for one device's KV events: the SUB side of the protocol,
+//! with replay (for tests, tools, and a late-joining consumer's catch-up).
+//!
+//! A consumer that joins late subscribes first, then asks the replay socket
+//! for every batch from sequence 0 (or the last it saw + 1), and merges the
+//! two by sequence number, dropping what it already has: [`Merged`] does
+//! that.
+
+use bytes::Bytes;
+use std::collections::BTreeMap;
+use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+
+/// One batch as it arrived: its sequence number and msgpack payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Batch {
+    /// The topic frame.
+    pub topic: Bytes,
+    /// The batch's sequence number.
+    pub seq: u64,
+    /// `[ts, events, rank]` in msgpack.
+    pub payload: Bytes,
+}
+
+/// Why a receive failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SubscribeError {
+    /// ZeroMQ failed (connect, receive).
+    #[error("ZeroMQ: {0}")]
+    Zmq(#[from] zeromq::ZmqError),
+    /// A message that is not `[topic, 8-byte seq, payload]`.
+    #[error("malformed KV-event message: {0}")]
+    Malformed(String),
+}
+
+fn seq_of(frame: &[u8]) -> Result<i64, SubscribeError> {
+    <[u8; 8]>::try_from(frame)
+        .map(i64::from_be_bytes)
+        .map_err(|_| SubscribeError::Malformed(format!("a {}-byte sequence frame", frame.len())))
+}
+
+/// A SUB socket on one device's PUB endpoint.
+pub struct KvEventSubscriber {
+    sub: zeromq::SubSocket,
+}
+
+impl std::fmt::Debug for KvEventSubscriber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KvEventSubscriber")
+    }
+}
+
+impl KvEventSubscriber {
+    /// Connects to `endpoint` and subscribes to `topic` (empty: everything).
+    pub async fn connect(endpoint: &str, topic: &str) -> Result<Self, SubscribeError> {
+        let mut sub = zeromq::SubSocket::new();
+        sub.connect(endpoint).await?;
+        sub.subscribe(topic).await?;
+        Ok(KvEventSubscriber { sub })
+    }
+
+    /// The next batch.
+    pub async fn recv(&mut self) -> Result<Batch, SubscribeError> {
+        let parts = self.sub.recv().await?.into_vec();
+        let [topic, seq, payload]: [Bytes; 3] = parts
+            .try_into()
+            .map_err(|p: Vec<Bytes>| SubscribeError::Malformed(format!("{} frames", p.len())))?;
+        let seq = seq_of(&seq)? as u64;
+        Ok(Batch {
+            topic,
+            seq,
+            payload,
+        })
+    }
+}
+
+/// Asks a replay (ROUTER) endpoint for every buffered batch from `start`
+/// on; returns them in order (the end marker, sequence -1, is consumed).
+pub async fn replay(endpoint: &str, start: u64) -> Result<Vec<Batch>, SubscribeError> {
+    let mut dealer = zeromq::DealerSocket::new();
+    dealer.connect(endpoint).await?;
+    let req = ZmqMessage::try_from(vec![
+        Bytes::new(),
+        Bytes::copy_from_slice(&start.to_be_bytes()),
+    ])
+    .map_err(|_| SubscribeError::Malformed("empty request".into()))?;
+    dealer.send(req).await?;
+    let mut out = Vec::new();
+    loop {
+        let mut parts = dealer.recv().await?.into_vec();
+        // [ "", seq, payload ] from the ROUTER (the DEALER strips nothing).
+        if parts.first().is_some_and(|f| f.is_empty()) && parts.len() == 3 {
+            parts.remove(0);
+        }
+        let [seq, payload]: [Bytes; 2] = parts.try_into().map_err(|p: Vec<Bytes>| {
+            SubscribeError::Malformed(format!("replay: {} frames", p.len()))
+        })?;
+        let seq = seq_of(&seq)?;
+        if seq < 0 {
+            return Ok(out);
+        }
+        out.push(Batch {
+            topic: Bytes::new(),
+            seq: seq as u64,
+            payload,
+        });
+    }
+}
+
+/// Batches from a live subscription and a replay, merged by sequence
+/// number: each batch once, in order, with gaps reported.
+#[derive(Debug, Default)]
+pub struct Merged {
+    batches: BTreeMap<u64, Bytes>,
+}
+
+impl Merged {
+    /// Adds a batch (a duplicate sequence number is ignored).
+    pub fn add(&mut self, b: Batch) {
+        self.batches.entry(b.seq).or_insert(b.payload);
+    }
+
+    /// The payloads in order, if the sequence numbers have no gap.
+    pub fn contiguous(&self) -> Option<Vec<&Bytes>> {
+        let mut prev: Option<u64> = None;
+        for &s in self.batches.keys() {
+            if prev.is_some_and(|p| s != p + 1) {
+                return None;
+            }
+            prev = Some(s);
+        }
+        Some(self.batches.values().collect())
+    }
+
+    /// The highest sequence number held.
+    pub fn last_seq(&self) -> Option<u64> {
+        self.batches.keys().next_back().copied()
+    }
+}

@@ -1,0 +1,385 @@
+//! The payload: vLLM's KV-event batch in msgpack, and radixkv's block ids.
+//!
+//! A batch is `[ts, events, data_parallel_rank]`. Events are encoded as
+//! maps with a `"type"` key (current vLLM, [`Encoding::Map`], the default)
+//! or as arrays `[tag, field…]` in declaration order (older vLLM,
+//! [`Encoding::Array`]):
+//!
+//! | event | map fields / array order |
+//! | --- | --- |
+//! | `BlockStored` | `block_hashes`, `parent_block_hash`, `token_ids`, `block_size`, `lora_id` (nil), `medium`, `lora_name`, `extra_keys`; maps add `cache_salt` |
+//! | `BlockRemoved` | `block_hashes`, `medium` |
+//! | `AllBlocksCleared` | none |
+//!
+//! In the array form a cache salt travels as Dynamo's tagged first-block
+//! extra key (`"dynamo-cache-salt:<salt>"`), the only place that form has
+//! for it; in the map form it is the `cache_salt` field and `extra_keys` is
+//! nil.
+//!
+//! # Block ids
+//!
+//! [`block_ids`]: one 63-bit id per full page, chained: page `i`'s id is
+//! xxh3-64 of its tokens (little-endian `u32`s) seeded with page `i - 1`'s
+//! id, page 0's seeded with the namespace's own hash (0 without one). So
+//! the same prefix in the same namespace always gets the same ids (after
+//! an eviction and a re-store too), and two namespaces never share them.
+//! Ids are below 2^63, so consumers that read them as signed 64-bit
+//! integers (Dynamo documents them so) and unsigned ones agree.
+//!
+//! # Namespaces
+//!
+//! A radixkv namespace ([`radixkv::TokenKey::in_namespace`]) is published
+//! as a cache salt, except one made by [`namespace`] with a LoRA name,
+//! which is published as `lora_name` (and its salt, if any, as the salt):
+//! [`namespace_parts`] splits it back.
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// How events inside a batch are encoded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Encoding {
+    /// Maps with a `"type"` key (current vLLM; the default).
+    #[default]
+    Map,
+    /// Arrays `[tag, field…]` (vLLM's older `array_like` structs).
+    Array,
+}
+
+impl Encoding {
+    /// Every encoding.
+    pub const ALL: [Encoding; 2] = [Encoding::Map, Encoding::Array];
+
+    /// Its name on the command line: `map` or `array`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::Map => "map",
+            Encoding::Array => "array",
+        }
+    }
+}
+
+impl std::str::FromStr for Encoding {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Encoding::ALL
+            .into_iter()
+            .find(|e| e.name() == s)
+            .ok_or_else(|| format!("unknown KV-event encoding {s:?} (map or array)"))
+    }
+}
+
+/// Where blocks live, as vLLM's `medium` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Medium {
+    /// A device (GPU) pool.
+    Gpu,
+    /// The host tier (CPU memory), shared by every device.
+    Cpu,
+}
+
+impl Medium {
+    /// `"GPU"` or `"CPU"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Medium::Gpu => "GPU",
+            Medium::Cpu => "CPU",
+        }
+    }
+}
+
+/// One KV event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KvEvent {
+    /// Full blocks became resident.
+    BlockStored {
+        /// One id per block, in prefix order.
+        block_hashes: Vec<u64>,
+        /// The id of the block before the first one (`None` at the root).
+        parent_block_hash: Option<u64>,
+        /// The tokens of all the blocks, concatenated.
+        token_ids: Vec<u32>,
+        /// Tokens per block (the cache's page size).
+        block_size: usize,
+        /// Where they live.
+        medium: Medium,
+        /// The LoRA adapter, if the namespace names one.
+        lora_name: Option<String>,
+        /// The cache salt, if any.
+        cache_salt: Option<String>,
+    },
+    /// Blocks left.
+    BlockRemoved {
+        /// Their ids.
+        block_hashes: Vec<u64>,
+        /// Where they were.
+        medium: Medium,
+    },
+    /// Everything this socket reported is gone (sent first after a start).
+    AllBlocksCleared,
+}
+
+/// The tag of LoRA namespaces made by [`namespace`].
+const LORA_TAG: &str = "lora:";
+/// Separates a LoRA name from a salt inside a namespace.
+const SALT_SEP: char = '\u{1f}';
+/// Dynamo's tag for a salt carried in `extra_keys` (the array form).
+const DYNAMO_SALT_TAG: &str = "dynamo-cache-salt:";
+
+/// The radixkv namespace of a LoRA adapter and a cache salt (`None` for
+/// neither): the salt alone, or `lora:<name>` with the salt after a
+/// U+001F separator. [`namespace_parts`] is its inverse.
+///
+/// ```
+/// use radixkv_events::wire::{namespace, namespace_parts};
+/// assert_eq!(namespace(None, None), None);
+/// assert_eq!(namespace(None, Some("t1")).as_deref(), Some("t1"));
+/// let ns = namespace(Some("math"), Some("t1")).unwrap();
+/// assert_eq!(namespace_parts(&ns), (Some("math"), Some("t1")));
+/// ```
+pub fn namespace(lora_name: Option<&str>, cache_salt: Option<&str>) -> Option<String> {
+    let lora_name = lora_name.filter(|l| !l.is_empty());
+    let cache_salt = cache_salt.filter(|s| !s.is_empty());
+    match (lora_name, cache_salt) {
+        (None, None) => None,
+        (None, Some(s)) => Some(s.to_owned()),
+        (Some(l), None) => Some(format!("{LORA_TAG}{l}")),
+        (Some(l), Some(s)) => Some(format!("{LORA_TAG}{l}{SALT_SEP}{s}")),
+    }
+}
+
+/// A namespace's LoRA name and cache salt (see [`namespace`]).
+pub fn namespace_parts(ns: &str) -> (Option<&str>, Option<&str>) {
+    match ns.strip_prefix(LORA_TAG) {
+        None => (None, Some(ns).filter(|s| !s.is_empty())),
+        Some(rest) => match rest.split_once(SALT_SEP) {
+            Some((l, s)) => (Some(l), Some(s)),
+            None => (Some(rest), None),
+        },
+    }
+}
+
+/// The seed of a namespace's chain (0 without one).
+fn namespace_seed(ns: Option<&str>) -> u64 {
+    ns.map_or(0, |n| xxh3_64_with_seed(n.as_bytes(), 0x7261_6469_786b_76)) & ID_MASK
+}
+
+const ID_MASK: u64 = (1 << 63) - 1;
+
+/// The id of one page after a parent id (or a namespace seed).
+fn next_id(parent: u64, page: &[u32]) -> u64 {
+    let mut bytes = [0u8; 256];
+    let id = if page.len() * 4 <= bytes.len() {
+        for (i, t) in page.iter().enumerate() {
+            bytes[i * 4..i * 4 + 4].copy_from_slice(&t.to_le_bytes());
+        }
+        xxh3_64_with_seed(&bytes[..page.len() * 4], parent)
+    } else {
+        let v: Vec<u8> = page.iter().flat_map(|t| t.to_le_bytes()).collect();
+        xxh3_64_with_seed(&v, parent)
+    };
+    id & ID_MASK
+}
+
+/// The chained ids of every full page of `path` (tokens from the
+/// namespace's root) in namespace `ns`.
+///
+/// ```
+/// use radixkv_events::wire::block_ids;
+/// let a = block_ids(None, &[1, 2, 3, 4], 2);
+/// assert_eq!(a.len(), 2);
+/// assert_eq!(block_ids(None, &[1, 2, 9, 9], 2)[0], a[0]); // same first page
+/// assert_ne!(block_ids(None, &[1, 2, 9, 9], 2)[1], a[1]);
+/// assert_ne!(block_ids(Some("t"), &[1, 2, 3, 4], 2)[0], a[0]); // another namespace
+/// assert_ne!(block_ids(None, &[3, 4, 1, 2], 2)[1], a[0]); // chained, not per page
+/// ```
+pub fn block_ids(ns: Option<&str>, path: &[u32], page_size: usize) -> Vec<u64> {
+    let mut id = namespace_seed(ns);
+    path.chunks_exact(page_size.max(1))
+        .map(|page| {
+            id = next_id(id, page);
+            id
+        })
+        .collect()
+}
+
+type Buf = Vec<u8>;
+
+// Writes to a Vec cannot fail: the helpers below unwrap nothing.
+fn w_str(b: &mut Buf, s: &str) {
+    let _ = rmp::encode::write_str(b, s);
+}
+fn w_uint(b: &mut Buf, v: u64) {
+    let _ = rmp::encode::write_uint(b, v);
+}
+fn w_array(b: &mut Buf, n: usize) {
+    let _ = rmp::encode::write_array_len(b, n as u32);
+}
+fn w_map(b: &mut Buf, n: usize) {
+    let _ = rmp::encode::write_map_len(b, n as u32);
+}
+fn w_nil(b: &mut Buf) {
+    let _ = rmp::encode::write_nil(b);
+}
+fn w_ids(b: &mut Buf, ids: &[u64]) {
+    w_array(b, ids.len());
+    for &i in ids {
+        w_uint(b, i);
+    }
+}
+fn w_tokens(b: &mut Buf, t: &[u32]) {
+    w_array(b, t.len());
+    for &x in t {
+        w_uint(b, u64::from(x));
+    }
+}
+fn w_opt_str(b: &mut Buf, s: Option<&str>) {
+    match s {
+        Some(s) => w_str(b, s),
+        None => w_nil(b),
+    }
+}
+
+impl KvEvent {
+    fn encode(&self, b: &mut Buf, enc: Encoding) {
+        match (self, enc) {
+            (
+                KvEvent::BlockStored {
+                    block_hashes,
+                    parent_block_hash,
+                    token_ids,
+                    block_size,
+                    medium,
+                    lora_name,
+                    cache_salt,
+                },
+                Encoding::Map,
+            ) => {
+                w_map(b, 9 + usize::from(cache_salt.is_some()));
+                w_str(b, "type");
+                w_str(b, "BlockStored");
+                w_str(b, "block_hashes");
+                w_ids(b, block_hashes);
+                w_str(b, "parent_block_hash");
+                match parent_block_hash {
+                    Some(p) => w_uint(b, *p),
+                    None => w_nil(b),
+                }
+                w_str(b, "token_ids");
+                w_tokens(b, token_ids);
+                w_str(b, "block_size");
+                w_uint(b, *block_size as u64);
+                w_str(b, "lora_id");
+                w_nil(b);
+                w_str(b, "medium");
+                w_str(b, medium.as_str());
+                w_str(b, "lora_name");
+                w_opt_str(b, lora_name.as_deref());
+                w_str(b, "extra_keys");
+                w_nil(b);
+                if let Some(s) = cache_salt {
+                    w_str(b, "cache_salt");
+                    w_str(b, s);
+                }
+            }
+            (
+                KvEvent::BlockStored {
+                    block_hashes,
+                    parent_block_hash,
+                    token_ids,
+                    block_size,
+                    medium,
+                    lora_name,
+                    cache_salt,
+                },
+                Encoding::Array,
+            ) => {
+                w_array(b, 9);
+                w_str(b, "BlockStored");
+                w_ids(b, block_hashes);
+                match parent_block_hash {
+                    Some(p) => w_uint(b, *p),
+                    None => w_nil(b),
+                }
+                w_tokens(b, token_ids);
+                w_uint(b, *block_size as u64);
+                w_nil(b); // lora_id
+                w_str(b, medium.as_str());
+                w_opt_str(b, lora_name.as_deref());
+                match cache_salt {
+                    // extra_keys, one entry per block: the salt, tagged, in
+                    // the first block's.
+                    Some(s) => {
+                        w_array(b, block_hashes.len());
+                        w_array(b, 1);
+                        w_str(b, &format!("{DYNAMO_SALT_TAG}{s}"));
+                        for _ in 1..block_hashes.len() {
+                            w_nil(b);
+                        }
+                    }
+                    None => w_nil(b),
+                }
+            }
+            (
+                KvEvent::BlockRemoved {
+                    block_hashes,
+                    medium,
+                },
+                Encoding::Map,
+            ) => {
+                w_map(b, 3);
+                w_str(b, "type");
+                w_str(b, "BlockRemoved");
+                w_str(b, "block_hashes");
+                w_ids(b, block_hashes);
+                w_str(b, "medium");
+                w_str(b, medium.as_str());
+            }
+            (
+                KvEvent::BlockRemoved {
+                    block_hashes,
+                    medium,
+                },
+                Encoding::Array,
+            ) => {
+                w_array(b, 3);
+                w_str(b, "BlockRemoved");
+                w_ids(b, block_hashes);
+                w_str(b, medium.as_str());
+            }
+            (KvEvent::AllBlocksCleared, Encoding::Map) => {
+                w_map(b, 1);
+                w_str(b, "type");
+                w_str(b, "AllBlocksCleared");
+            }
+            (KvEvent::AllBlocksCleared, Encoding::Array) => {
+                w_array(b, 1);
+                w_str(b, "AllBlocksCleared");
+            }
+        }
+    }
+}
+
+/// Encodes a batch `[ts, events, rank]` (`ts` in seconds since the epoch).
+///
+/// ```
+/// use radixkv_events::wire::{encode_batch, Encoding, KvEvent};
+/// let b = encode_batch(1.5, &[KvEvent::AllBlocksCleared], Some(0), Encoding::Map);
+/// // fixarray(3), float64 1.5, fixarray(1), fixmap(1) "type" "AllBlocksCleared", 0
+/// assert_eq!(b[0], 0x93);
+/// assert_eq!(b[1], 0xcb);
+/// assert_eq!(*b.last().unwrap(), 0x00);
+/// ```
+pub fn encode_batch(ts: f64, events: &[KvEvent], rank: Option<u32>, enc: Encoding) -> Vec<u8> {
+    let mut b = Vec::with_capacity(64 + events.len() * 64);
+    w_array(&mut b, 3);
+    let _ = rmp::encode::write_f64(&mut b, ts);
+    w_array(&mut b, events.len());
+    for e in events {
+        e.encode(&mut b, enc);
+    }
+    match rank {
+        Some(r) => w_uint(&mut b, u64::from(r)),
+        None => w_nil(&mut b),
+    }
+    b
+}

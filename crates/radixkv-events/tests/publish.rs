@@ -1,0 +1,310 @@
+//! The publisher end to end over real sockets (loopback): a cache with two
+//! devices and a host tier publishes; subscribers read both devices'
+//! sockets and the replay sockets; every payload is decoded (rmpv) and
+//! checked field by field. Also: the latency of an event at idle
+//! (printed), and bad endpoints.
+
+use radixkv::{DeviceId, RadixCache, TokenKey};
+use radixkv_events::subscriber::{replay, KvEventSubscriber, Merged};
+use radixkv_events::wire::block_ids;
+use radixkv_events::{Encoding, EventsError, KvEventPublisher, KvEventsConfig};
+use rmpv::Value;
+use std::time::{Duration, Instant};
+
+/// `n` consecutive free loopback ports (probed by binding them).
+fn free_ports(n: u16) -> u16 {
+    for _ in 0..200 {
+        let p = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if p > 65_000 - n {
+            continue;
+        }
+        if (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
+            return p;
+        }
+    }
+    panic!("no {n} consecutive free ports");
+}
+
+fn decode(payload: &[u8]) -> (f64, Vec<Value>, Option<u64>) {
+    let v = rmpv::decode::read_value(&mut &payload[..]).unwrap();
+    let a = v.as_array().expect("a batch is an array").clone();
+    assert_eq!(a.len(), 3, "[ts, events, rank]");
+    (
+        a[0].as_f64().expect("ts is a float"),
+        a[1].as_array().expect("events is a list").clone(),
+        a[2].as_u64(),
+    )
+}
+
+fn field<'a>(e: &'a Value, name: &str) -> &'a Value {
+    e.as_map()
+        .expect("a map-encoded event")
+        .iter()
+        .find(|(k, _)| k.as_str() == Some(name))
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("no field {name} in {e}"))
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+async fn wait_sent(p: &KvEventPublisher, events: u64) {
+    let t = Instant::now();
+    while p.stats().iter().map(|s| s.events).sum::<u64>() < events {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "events not sent: {:?}",
+            p.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_reach_subscribers_and_replays_in_vllm_format() {
+    let port = free_ports(4);
+    let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
+    cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + 2));
+    let p = KvEventPublisher::start(cfg, 2, 2).await.unwrap();
+    assert_eq!(p.endpoints().len(), 2);
+    let cache = RadixCache::builder()
+        .devices(2)
+        .page_size(2)
+        .host_pages(64)
+        .listener(p.listener())
+        .build()
+        .unwrap();
+    let mut live0 = KvEventSubscriber::connect(&p.endpoints()[0], "")
+        .await
+        .unwrap();
+
+    // Wait for the subscription to be live: probe until a batch arrives.
+    let probe = [90u32, 91];
+    let mut probes = 0;
+    loop {
+        cache
+            .insert(TokenKey::new(&probe), DeviceId(0), &[1, 2], 0)
+            .unwrap();
+        probes += 1;
+        match tokio::time::timeout(Duration::from_millis(100), live0.recv()).await {
+            Ok(b) => {
+                b.unwrap();
+                break;
+            }
+            Err(_) => {
+                cache.evict(DeviceId(0), 2).unwrap();
+                probes += 1;
+                assert!(probes < 400, "the subscription never became live");
+            }
+        }
+    }
+    // Latency at idle: one insert, then the batch that reports it.
+    let mut lat = Vec::new();
+    for i in 0..20u32 {
+        let t = Instant::now();
+        cache
+            .insert(TokenKey::new(&[100 + i, 0]), DeviceId(0), &[1, 2], 0)
+            .unwrap();
+        let b = tokio::time::timeout(Duration::from_secs(5), live0.recv())
+            .await
+            .expect("an event within 5 s")
+            .unwrap();
+        lat.push(t.elapsed());
+        let (_, evs, rank) = decode(&b.payload);
+        assert_eq!(rank, Some(0));
+        assert_eq!(
+            ids(field(&evs[0], "block_hashes")),
+            block_ids(None, &[100 + i, 0], 2)
+        );
+    }
+    lat.sort();
+    println!(
+        "KV-event latency at idle (insert -> SUB receives), 20 samples: p50 {:?}, max {:?}",
+        lat[10], lat[19]
+    );
+
+    // A prefix, a child, a namespace, the host tier, an eviction.
+    let a = [1u32, 2, 3, 4];
+    cache.insert(TokenKey::new(&a), DeviceId(1), &a, 0).unwrap();
+    cache
+        .insert(
+            TokenKey::new(&[1, 2, 3, 4, 5, 6]),
+            DeviceId(1),
+            &[1, 2, 3, 4, 5, 6],
+            0,
+        )
+        .unwrap();
+    cache
+        .insert(
+            TokenKey::new(&a).in_namespace(Some("t1")),
+            DeviceId(1),
+            &a,
+            0,
+        )
+        .unwrap();
+    let host = cache.host().unwrap();
+    cache
+        .insert(TokenKey::new(&[7, 7]), host, &[3, 3], 0)
+        .unwrap();
+    let ev = cache.evict(DeviceId(1), 2).unwrap();
+    assert_eq!(ev.tokens, 2);
+    let before = p.stats();
+    // events so far: probes (stores/removals) + 20 + device 1's four + the
+    // host's store on both sockets + the eviction.
+    wait_sent(&p, probes as u64 + 20 + 3 + 2 + 1).await;
+
+    // Device 1's socket, read entirely through its replay (it had no
+    // subscriber): the first batch is AllBlocksCleared, then in order.
+    let batches = replay(&p.replay_endpoints()[1], 0).await.unwrap();
+    let mut merged = Merged::default();
+    for b in batches.clone() {
+        merged.add(b);
+    }
+    let payloads = merged.contiguous().expect("no gap in the sequence numbers");
+    let first_seq = batches[0].seq;
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    assert!(
+        first_seq > now_us - 600_000_000 && first_seq <= now_us,
+        "seq starts at the wall clock"
+    );
+    let events: Vec<Value> = payloads.iter().flat_map(|p| decode(p).1).collect();
+    let ty = |e: &Value| field(e, "type").as_str().unwrap().to_owned();
+    assert_eq!(ty(&events[0]), "AllBlocksCleared");
+    let stored: Vec<&Value> = events.iter().filter(|e| ty(e) == "BlockStored").collect();
+    let removed: Vec<&Value> = events.iter().filter(|e| ty(e) == "BlockRemoved").collect();
+    assert_eq!(stored.len(), 4, "{events:?}");
+    // [1 2 3 4] on device 1: two blocks from the root.
+    assert_eq!(
+        ids(field(stored[0], "block_hashes")),
+        block_ids(None, &a, 2)
+    );
+    assert!(field(stored[0], "parent_block_hash").is_nil());
+    assert_eq!(field(stored[0], "block_size").as_u64(), Some(2));
+    assert_eq!(field(stored[0], "medium").as_str(), Some("GPU"));
+    let toks: Vec<u64> = field(stored[0], "token_ids")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    assert_eq!(toks, [1, 2, 3, 4]);
+    // The child [5 6]: parent = the id of [1 2 3 4]'s last block.
+    let chain = block_ids(None, &[1, 2, 3, 4, 5, 6], 2);
+    assert_eq!(ids(field(stored[1], "block_hashes")), &chain[2..]);
+    assert_eq!(
+        field(stored[1], "parent_block_hash").as_u64(),
+        Some(chain[1])
+    );
+    // The namespace: its own ids, and its salt.
+    assert_eq!(field(stored[2], "cache_salt").as_str(), Some("t1"));
+    assert_eq!(
+        ids(field(stored[2], "block_hashes")),
+        block_ids(Some("t1"), &a, 2)
+    );
+    assert_ne!(block_ids(Some("t1"), &a, 2), block_ids(None, &a, 2));
+    // The host tier's page, medium CPU, on device 1's socket too.
+    assert_eq!(field(stored[3], "medium").as_str(), Some("CPU"));
+    // The eviction took one leaf's block: one that was stored before.
+    assert_eq!(removed.len(), 1);
+    let gone = ids(field(removed[0], "block_hashes"));
+    assert!(stored
+        .iter()
+        .any(|s| ids(field(s, "block_hashes")).ends_with(&gone)));
+    assert_eq!(field(removed[0], "medium").as_str(), Some("GPU"));
+
+    // Device 0 saw the host page too.
+    let b0 = replay(&p.replay_endpoints()[0], 0).await.unwrap();
+    let cpu0 = b0
+        .iter()
+        .flat_map(|b| decode(&b.payload).1)
+        .filter(|e| ty(e) == "BlockStored" && field(e, "medium").as_str() == Some("CPU"))
+        .count();
+    assert_eq!(cpu0, 1);
+    // A replay from a later sequence number returns only the rest.
+    let later = replay(&p.replay_endpoints()[1], first_seq + 2)
+        .await
+        .unwrap();
+    assert_eq!(later.len(), batches.len() - 2);
+    assert!(before.iter().all(|s| s.dropped_events == 0));
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_array_encoding_carries_the_salt_in_extra_keys() {
+    let port = free_ports(2);
+    let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
+    cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + 1));
+    cfg.encoding = Encoding::Array;
+    let p = KvEventPublisher::start(cfg, 1, 2).await.unwrap();
+    let cache = RadixCache::builder()
+        .page_size(2)
+        .listener(p.listener())
+        .build()
+        .unwrap();
+    cache
+        .insert(
+            TokenKey::new(&[1, 2, 3, 4]).in_namespace(Some("s")),
+            DeviceId(0),
+            &[1, 2, 3, 4],
+            0,
+        )
+        .unwrap();
+    wait_sent(&p, 2).await;
+    let b = replay(&p.replay_endpoints()[0], 0).await.unwrap();
+    let evs: Vec<Value> = b.iter().flat_map(|b| decode(&b.payload).1).collect();
+    assert_eq!(
+        evs[0].as_array().unwrap()[0].as_str(),
+        Some("AllBlocksCleared")
+    );
+    let s = evs[1].as_array().unwrap();
+    assert_eq!(s.len(), 9);
+    assert_eq!(s[0].as_str(), Some("BlockStored"));
+    assert_eq!(s[4].as_u64(), Some(2));
+    assert!(s[5].is_nil(), "lora_id");
+    assert_eq!(s[6].as_str(), Some("GPU"));
+    let extra = s[8].as_array().unwrap();
+    assert_eq!(extra.len(), 2, "one entry per block");
+    assert_eq!(
+        extra[0].as_array().unwrap()[0].as_str(),
+        Some("dynamo-cache-salt:s")
+    );
+    assert!(extra[1].is_nil());
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_endpoints_and_ports_in_use_are_clear_errors() {
+    for bad in [
+        "tcp://127.0.0.1",
+        "udp://127.0.0.1:5557",
+        "tcp://127.0.0.1:x",
+    ] {
+        let e = KvEventPublisher::start(KvEventsConfig::new(bad), 1, 16)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, EventsError::Endpoint { .. }), "{bad}: {e}");
+    }
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let e = KvEventPublisher::start(
+        KvEventsConfig::new(format!("tcp://127.0.0.1:{port}")),
+        1,
+        16,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(e, EventsError::Bind { .. }), "{e}");
+    assert!(e.to_string().contains(&port.to_string()), "{e}");
+}
