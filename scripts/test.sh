@@ -32,6 +32,9 @@ echo "== peer bench against Dynamo's indexes (bench-peers/, CI size: built and r
 cargo run --release --manifest-path bench-peers/Cargo.toml --target-dir target/peers --quiet -- --quick --traces "$traces"
 QUICK=1 THREADS=1,2 PROCESSES=1 bash scripts/scaling.sh "" target/peers/scaling-smoke.json
 
+echo "== KV events read by Dynamo's own decoder and index (bench-peers/tests/dynamo_events.rs: a 4-device replay with evictions, every prompt's overlap per rank equal to radixkv's peek)"
+cargo test --release --manifest-path bench-peers/Cargo.toml --target-dir target/peers --test dynamo_events
+
 echo "== docs build without warnings (every public item documented, links resolve)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 

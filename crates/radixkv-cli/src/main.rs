@@ -10,6 +10,7 @@
 
 mod args;
 mod hitrate;
+mod kv_events;
 mod ops;
 mod replay;
 mod serve;

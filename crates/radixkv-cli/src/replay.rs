@@ -65,6 +65,9 @@ pub struct ReplayArgs {
     #[arg(long, default_value = "host")]
     #[cfg_attr(not(feature = "candle"), allow(dead_code))] // read only with the tiny model
     kv_pool: String,
+    /// Publish the run's KV events, so that a router can watch the trace.
+    #[command(flatten)]
+    kv_events: crate::kv_events::KvEventArgs,
 }
 
 /// Set by SIGINT or SIGTERM: the replay stops and prints what it has.
@@ -174,6 +177,29 @@ pub fn run(a: ReplayArgs) -> CmdResult {
         (t.copy, t.write) = (c, wp);
         t.validate()?;
     }
+    // KV events: one run only (several runs would each start from an empty
+    // cache on the same sockets).
+    let events_rt = if a.kv_events.kv_events.is_some() {
+        if settings.len() > 1 {
+            return Err(
+                "--kv-events publishes one run: drop --compare, --compare-copy and --compare-write"
+                    .into(),
+            );
+        }
+        Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .thread_name("radixkv-kv-events")
+                .build()?,
+        )
+    } else {
+        None
+    };
+    let publisher = match &events_rt {
+        Some(rt) => rt.block_on(crate::kv_events::start(&a.kv_events, &mut cfg.engine))?,
+        None => None,
+    };
     interrupt_on_signal();
     let mut runs = Vec::new();
     for (r, c, wp) in settings {
@@ -184,6 +210,16 @@ pub fn run(a: ReplayArgs) -> CmdResult {
         if INTERRUPTED.load(Ordering::Relaxed) {
             break;
         }
+    }
+    if let (Some(rt), Some(p)) = (&events_rt, publisher) {
+        // The engine and its caches are gone with the run: flush what is queued.
+        let stats = match std::sync::Arc::try_unwrap(p) {
+            Ok(p) => rt.block_on(p.shutdown()),
+            Err(p) => p.stats(),
+        };
+        let sent: u64 = stats.iter().map(|s| s.events).sum();
+        let dropped: u64 = stats.iter().map(|s| s.dropped_events).sum();
+        eprintln!("radixkv replay: {sent} KV events published, {dropped} dropped");
     }
     print!("{}", format_summaries(&runs));
     if let Some(p) = &a.json {

@@ -36,6 +36,8 @@ pub struct ServeArgs {
     /// Seconds a shutdown waits for in-flight requests before stopping them.
     #[arg(long, default_value_t = 30.0)]
     drain_timeout_s: f64,
+    #[command(flatten)]
+    kv_events: crate::kv_events::KvEventArgs,
 }
 
 /// Starts the engine and the server; returns after a drained shutdown.
@@ -85,13 +87,18 @@ pub fn run(a: ServeArgs) -> CmdResult {
         model_name: format!("radixkv-{}", a.model),
         ..ServerConfig::default()
     };
-    let engine = Engine::start(cfg, backend)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("radixkv-http")
         .build()?;
+    let publisher = rt.block_on(crate::kv_events::start(&a.kv_events, &mut cfg))?;
+    let engine = Engine::start(cfg, backend)?;
     let report = rt.block_on(async move {
-        let server = Server::bind(std::net::SocketAddr::new(a.host, a.port), engine, scfg).await?;
+        let mut server =
+            Server::bind(std::net::SocketAddr::new(a.host, a.port), engine, scfg).await?;
+        if let Some(p) = &publisher {
+            server = server.with_kv_events(std::sync::Arc::clone(p));
+        }
         let addr = server.local_addr()?;
         {
             use std::io::Write as _;

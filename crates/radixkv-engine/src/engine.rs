@@ -11,6 +11,7 @@ use crate::sched::scheduler::{
 use crate::tiers::TierConfig;
 use radixkv::cache::{CacheError, EvictionPolicy, RadixCache, TokenKey};
 use radixkv::device::DeviceId;
+use radixkv::events::CacheListener;
 use radixkv::metrics::{EvictionMetrics, LatencyHistogram, LatencySummary};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -40,6 +41,57 @@ pub struct EngineConfig {
     /// The host tier, copies and host writes (default: no host tier; peer
     /// copies on).
     pub tiers: TierConfig,
+    /// Residency listeners for the engine's caches (default none): a KV-event
+    /// publisher, a mirror index.
+    pub listeners: Option<CacheListeners>,
+}
+
+/// Makes the residency listener of each cache the engine builds: called
+/// with `None` for the one shared tree (its device ids are the engine's),
+/// or with `Some(d)` for device `d`'s private tree (routers with private
+/// trees: that tree's device 0 is the engine's device `d`).
+///
+/// ```
+/// use radixkv::events::{CacheListener, PageEvent};
+/// use radixkv_engine::CacheListeners;
+/// use std::sync::Arc;
+/// struct Quiet;
+/// impl CacheListener for Quiet {
+///     fn stored(&self, _: &PageEvent<'_>) {}
+///     fn removed(&self, _: &PageEvent<'_>) {}
+/// }
+/// let l = CacheListeners::new(|_private_device| Arc::new(Quiet) as Arc<dyn CacheListener>);
+/// let _for_the_shared_tree = l.make(None);
+/// ```
+#[derive(Clone)]
+pub struct CacheListeners(Arc<ListenerFactory>);
+
+type ListenerFactory = dyn Fn(Option<usize>) -> Arc<dyn CacheListener> + Send + Sync;
+
+impl CacheListeners {
+    /// Listeners made by `f` (see the type's docs for its argument).
+    pub fn new(
+        f: impl Fn(Option<usize>) -> Arc<dyn CacheListener> + Send + Sync + 'static,
+    ) -> Self {
+        CacheListeners(Arc::new(f))
+    }
+
+    /// The listener of the shared tree (`None`) or of device `d`'s private tree.
+    pub fn make(&self, private_device: Option<usize>) -> Arc<dyn CacheListener> {
+        (self.0)(private_device)
+    }
+}
+
+impl std::fmt::Debug for CacheListeners {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CacheListeners")
+    }
+}
+
+impl PartialEq for CacheListeners {
+    fn eq(&self, o: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &o.0)
+    }
 }
 
 impl Default for EngineConfig {
@@ -53,6 +105,7 @@ impl Default for EngineConfig {
             router: RouterConfig::default(),
             scheduler: SchedulerConfig::default(),
             tiers: TierConfig::default(),
+            listeners: None,
         }
     }
 }
@@ -348,7 +401,7 @@ impl Engine {
         }
         cfg.tiers.validate().map_err(EngineError::InvalidConfig)?;
         let private = cfg.router.kind.private_trees();
-        let build = |devices: usize, host: Option<usize>| {
+        let build = |devices: usize, host: Option<usize>, private: Option<usize>| {
             let mut b = RadixCache::builder()
                 .devices(devices)
                 .page_size(cfg.page_size)
@@ -359,6 +412,9 @@ impl Engine {
             }
             if let Some(h) = host {
                 b = b.host_pages(h);
+            }
+            if let Some(l) = &cfg.listeners {
+                b = b.listener(l.make(private));
             }
             b.build().map(Arc::new)
         };
@@ -373,10 +429,10 @@ impl Engine {
                 .filter(|_| !backend.wants_data())
                 .map(|h| (h / cfg.devices).max(2));
             (0..cfg.devices)
-                .map(|_| build(1, share))
+                .map(|d| build(1, share, Some(d)))
                 .collect::<Result<_, _>>()?
         } else {
-            vec![build(cfg.devices, cfg.tiers.host_pages)?]
+            vec![build(cfg.devices, cfg.tiers.host_pages, None)?]
         };
         let mut evictor = Vec::new();
         if cfg.watermarks.is_some() {

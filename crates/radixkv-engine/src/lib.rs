@@ -65,7 +65,7 @@ pub mod torture;
 pub mod trace;
 
 pub use engine::{
-    DeviceLatencies, DeviceMetrics, DeviceReport, Engine, EngineConfig, EngineError, EngineReport,
-    EngineRequest, HostTierMetrics, Latencies,
+    CacheListeners, DeviceLatencies, DeviceMetrics, DeviceReport, Engine, EngineConfig,
+    EngineError, EngineReport, EngineRequest, HostTierMetrics, Latencies,
 };
 pub use sched::scheduler::{Completion, StreamEvent};

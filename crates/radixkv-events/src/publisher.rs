@@ -133,6 +133,8 @@ pub struct SocketStats {
     pub replays: u64,
     /// The last sequence number sent.
     pub last_seq: u64,
+    /// Events handed to the queue (sent, dropped or still queued).
+    pub queued: u64,
 }
 
 #[derive(Debug, Default)]
@@ -142,6 +144,7 @@ struct Counters {
     dropped: AtomicU64,
     replays: AtomicU64,
     last_seq: AtomicU64,
+    queued: AtomicU64,
 }
 
 /// One device's queue and replay buffer.
@@ -172,6 +175,8 @@ impl Shared {
         let Some(q) = self.queues.get(device) else {
             return;
         };
+        // Relaxed: a statistic (flush compares it once the cache is quiet).
+        q.counters.queued.fetch_add(1, Ordering::Relaxed);
         let mut p = lock(&q.pending);
         if p.len() >= self.max_pending {
             // Relaxed: a statistic.
@@ -372,13 +377,27 @@ impl KvEventPublisher {
                     dropped_events: c.dropped.load(Ordering::Relaxed),
                     replays: c.replays.load(Ordering::Relaxed),
                     last_seq: c.last_seq.load(Ordering::Relaxed),
+                    queued: c.queued.load(Ordering::Relaxed),
                 }
             })
             .collect()
     }
 
-    /// Sends what is queued and stops (the sockets close).
-    pub async fn shutdown(mut self) {
+    /// Waits until every event queued so far has been sent (or dropped):
+    /// call it once the cache is quiet, before reading replays.
+    pub async fn flush(&self) {
+        while self
+            .stats()
+            .iter()
+            .any(|s| s.events + s.dropped_events < s.queued)
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Sends what is queued and stops (the sockets close); returns the
+    /// final counters.
+    pub async fn shutdown(mut self) -> Vec<SocketStats> {
         self.shared.closing.store(true, Ordering::SeqCst);
         for q in &self.shared.queues {
             q.notify.notify_one();
@@ -390,6 +409,7 @@ impl KvEventPublisher {
         for t in self.tasks.drain(..) {
             t.abort();
         }
+        self.stats()
     }
 }
 

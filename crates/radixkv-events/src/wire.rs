@@ -160,7 +160,9 @@ pub fn namespace_parts(ns: &str) -> (Option<&str>, Option<&str>) {
 
 /// The seed of a namespace's chain (0 without one).
 fn namespace_seed(ns: Option<&str>) -> u64 {
-    ns.map_or(0, |n| xxh3_64_with_seed(n.as_bytes(), 0x0072_6164_6978_6b76)) & ID_MASK
+    ns.map_or(0, |n| {
+        xxh3_64_with_seed(n.as_bytes(), 0x0072_6164_6978_6b76)
+    }) & ID_MASK
 }
 
 const ID_MASK: u64 = (1 << 63) - 1;

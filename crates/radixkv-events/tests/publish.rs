@@ -161,6 +161,7 @@ async fn events_reach_subscribers_and_replays_in_vllm_format() {
     // events so far: probes (stores/removals) + 20 + device 1's four + the
     // host's store on both sockets + the eviction.
     wait_sent(&p, probes as u64 + 20 + 3 + 2 + 1).await;
+    p.flush().await;
 
     // Device 1's socket, read entirely through its replay (it had no
     // subscriber): the first batch is AllBlocksCleared, then in order.

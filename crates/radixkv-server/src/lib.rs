@@ -102,6 +102,9 @@ pub(crate) struct AppState {
     stats: ServerStats,
     draining: AtomicBool,
     started: Instant,
+    /// The KV-event publisher, if the cache publishes (its counters go to
+    /// /metrics).
+    kv_events: std::sync::OnceLock<Arc<radixkv_events::KvEventPublisher>>,
 }
 
 impl AppState {
@@ -130,7 +133,8 @@ impl AppState {
             )
         };
         let devices = metrics::device_stats(m, &self.caches);
-        metrics::prometheus(devices, host, latencies, self.http_stats())
+        let events = self.kv_events.get().map(|p| p.stats());
+        metrics::prometheus(devices, host, latencies, self.http_stats(), events)
     }
 
     fn in_flight(&self) -> usize {
@@ -209,8 +213,16 @@ impl Server {
             stats: ServerStats::new(),
             draining: AtomicBool::new(false),
             started: Instant::now(),
+            kv_events: std::sync::OnceLock::new(),
         });
         Ok(Server { listener, state })
+    }
+
+    /// Reports `publisher`'s counters in `/metrics` (the publisher whose
+    /// listener the engine's caches were built with).
+    pub fn with_kv_events(self, publisher: Arc<radixkv_events::KvEventPublisher>) -> Self {
+        let _ = self.state.kv_events.set(publisher);
+        self
     }
 
     /// The address it listens on.

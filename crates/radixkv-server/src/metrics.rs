@@ -301,11 +301,15 @@ pub fn prometheus(
     host_tier: Option<HostTierMetrics>,
     latencies: Vec<DeviceLatencies>,
     http: HttpStats,
+    kv_events: Option<Vec<radixkv_events::SocketStats>>,
 ) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::with_prefix("radixkv");
     registry.register_collector(Box::new(EngineFigures(devices, host_tier)));
     registry.register_collector(Box::new(LatencyFigures(latencies)));
     registry.register_collector(Box::new(HttpFigures(http)));
+    if let Some(k) = kv_events {
+        registry.register_collector(Box::new(KvEventFigures(k)));
+    }
     let mut out = String::new();
     encode(&mut out, &registry)?;
     Ok(out)
@@ -595,6 +599,54 @@ impl Collector for LatencyFigures {
 #[derive(Debug)]
 struct HttpFigures(HttpStats);
 
+/// The KV-event publisher's counters, one series per device socket.
+#[derive(Debug)]
+struct KvEventFigures(Vec<radixkv_events::SocketStats>);
+
+impl Collector for KvEventFigures {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let e = &mut enc;
+        let by_device = |f: fn(&radixkv_events::SocketStats) -> u64| {
+            self.0
+                .iter()
+                .enumerate()
+                .map(move |(d, s)| ([("device", d as u32)], counter(f(s))))
+        };
+        family(
+            e,
+            (
+                "kv_events_batches",
+                "KV-event batches published, per device socket.",
+                None,
+            ),
+            by_device(|s| s.batches),
+        )?;
+        family(
+            e,
+            ("kv_events", "KV events published, per device socket.", None),
+            by_device(|s| s.events),
+        )?;
+        family(
+            e,
+            (
+                "kv_events_dropped",
+                "KV events dropped because the device's queue was full (a router that missed them must resynchronise).",
+                None,
+            ),
+            by_device(|s| s.dropped_events),
+        )?;
+        family(
+            e,
+            (
+                "kv_events_replays",
+                "Replay requests answered, per device.",
+                None,
+            ),
+            by_device(|s| s.replays),
+        )
+    }
+}
+
 impl Collector for HttpFigures {
     fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
         let h = &self.0;
@@ -704,8 +756,29 @@ mod tests {
         l[0].matches.record(ms(2));
         l[0].inserts.record(ms(7));
         l[1].evict.record(Duration::from_secs(90));
-        let text = prometheus(vec![device(0), device(1)], None, l, http()).unwrap();
+        let events = vec![
+            radixkv_events::SocketStats {
+                batches: 3,
+                events: 7,
+                dropped_events: 1,
+                ..Default::default()
+            };
+            2
+        ];
+        let text = prometheus(vec![device(0), device(1)], None, l, http(), Some(events)).unwrap();
         assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(
+            text.contains("radixkv_kv_events_total{device=\"1\"} 7\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("radixkv_kv_events_dropped_total{device=\"0\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("radixkv_kv_events_batches_total{device=\"0\"} 3\n"),
+            "{text}"
+        );
         for name in ["ttft", "e2e", "match", "insert", "evict"] {
             let family = format!("radixkv_{name}_seconds");
             assert!(
@@ -806,7 +879,7 @@ mod tests {
         let mut d = device(0);
         d.metrics.peer_copied_tokens = 512;
         d.metrics.copy_time_s = 0.25;
-        let text = prometheus(vec![d], Some(host), latencies(1), http()).unwrap();
+        let text = prometheus(vec![d], Some(host), latencies(1), http(), None).unwrap();
         for line in [
             "radixkv_peer_copied_tokens_total{device=\"0\"} 512",
             "radixkv_host_loaded_tokens_total{device=\"0\"} 0",
@@ -843,7 +916,7 @@ mod tests {
         assert_eq!(types.len(), lines(&text, "# HELP ").len());
         assert_eq!(types.len(), 29, "{text}");
         // Without a host tier, no host-tier families.
-        let plain = prometheus(vec![device(0)], None, latencies(1), http()).unwrap();
+        let plain = prometheus(vec![device(0)], None, latencies(1), http(), None).unwrap();
         assert!(!plain.contains("host_tier"), "{plain}");
     }
 }

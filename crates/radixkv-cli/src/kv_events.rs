@@ -1,0 +1,73 @@
+//! `--kv-events`: the cache's residency changes as vLLM KV events over
+//! ZeroMQ (`radixkv-events`), on `serve` and `replay`.
+
+use radixkv_engine::{CacheListeners, EngineConfig};
+use radixkv_events::{Encoding, KvEventPublisher, KvEventsConfig};
+use std::sync::Arc;
+
+/// The KV-event flags of `serve` and `replay`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct KvEventArgs {
+    /// Publish KV events (vLLM's format) on this ZeroMQ PUB endpoint,
+    /// `tcp://HOST:PORT`: device 0 on PORT, device d on PORT + d; the host
+    /// tier's pages on every device's socket with medium CPU.
+    #[arg(long, value_name = "ENDPOINT")]
+    pub kv_events: Option<String>,
+    /// Answer replay requests (ROUTER) here, device d on PORT + d, from a
+    /// buffer of the last 10,000 batches per device.
+    #[arg(long, value_name = "ENDPOINT", requires = "kv_events")]
+    pub kv_events_replay: Option<String>,
+    /// The topic frame of every message (default empty).
+    #[arg(long, default_value = "", requires = "kv_events")]
+    pub kv_events_topic: String,
+    /// Event encoding: `map` (current vLLM) or `array` (older vLLM).
+    #[arg(long, default_value = "map", requires = "kv_events")]
+    pub kv_events_encoding: String,
+}
+
+impl KvEventArgs {
+    /// The publisher's configuration, if `--kv-events` was given.
+    pub fn config(&self) -> Result<Option<KvEventsConfig>, String> {
+        let Some(ep) = &self.kv_events else {
+            return Ok(None);
+        };
+        let mut c = KvEventsConfig::new(ep.clone());
+        c.replay_endpoint = self.kv_events_replay.clone();
+        c.topic = self.kv_events_topic.clone();
+        c.encoding = self.kv_events_encoding.parse::<Encoding>()?;
+        Ok(Some(c))
+    }
+}
+
+/// Starts the publisher (inside a tokio runtime) for `cfg`'s devices and
+/// page size and installs it as the engine's cache listener; prints where
+/// it publishes.
+pub async fn start(
+    args: &KvEventArgs,
+    cfg: &mut EngineConfig,
+) -> Result<Option<Arc<KvEventPublisher>>, Box<dyn std::error::Error>> {
+    let Some(c) = args.config()? else {
+        return Ok(None);
+    };
+    let p = Arc::new(KvEventPublisher::start(c, cfg.devices, cfg.page_size).await?);
+    // The sinks, not the publisher: the caller keeps the only handle on it
+    // (to shut it down).
+    let shared = p.listener();
+    let private: Vec<_> = (0..cfg.devices).map(|d| p.listener_for_device(d)).collect();
+    cfg.listeners = Some(CacheListeners::new(move |device| {
+        match device.and_then(|d| private.get(d)) {
+            Some(sink) => Arc::clone(sink) as Arc<dyn radixkv::events::CacheListener>,
+            None => Arc::clone(&shared) as Arc<dyn radixkv::events::CacheListener>,
+        }
+    }));
+    eprintln!(
+        "radixkv: KV events on {}{}",
+        p.endpoints().join(", "),
+        if p.replay_endpoints().is_empty() {
+            String::new()
+        } else {
+            format!(" (replay on {})", p.replay_endpoints().join(", "))
+        }
+    );
+    Ok(Some(p))
+}
