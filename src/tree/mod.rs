@@ -393,6 +393,66 @@ impl Tree {
         }
     }
 
+    /// Tells `l` that `node`'s `key_len` tokens left `d`, with the path of
+    /// root → `node` built in a per-thread buffer (an eviction reports
+    /// many leaves: no allocation each).
+    fn report_removed(
+        &self,
+        l: &crate::events::Listener,
+        node: &Node,
+        d: usize,
+        key_len: usize,
+        guard: &Guard,
+    ) {
+        let mut segs: smallvec::SmallVec<[&[u32]; 16]> = smallvec::SmallVec::new();
+        let Some(root) = climb_to_root(node, guard, |img| {
+            segs.push(&img.key);
+            Some(())
+        }) else {
+            return;
+        };
+        let ns = namespaces::name_of(&root.image_ref(guard).key);
+        let fill = |path: &mut Vec<u32>| {
+            path.clear();
+            for s in segs.iter().rev() {
+                path.extend_from_slice(s);
+            }
+        };
+        let report = |path: &[u32]| {
+            let at = StoreAt {
+                ns: ns.as_deref(),
+                path,
+                start: path.len() - key_len,
+            };
+            l.0.removed(&self.page_event(d, at));
+        };
+        #[cfg(not(loom))]
+        {
+            thread_local! {
+                static PATH: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+            }
+            PATH.with(|p| match p.try_borrow_mut() {
+                Ok(mut p) => {
+                    fill(&mut p);
+                    report(&p);
+                }
+                // Only if a listener evicted from inside its call (which
+                // it must not): a buffer of its own then.
+                Err(_) => {
+                    let mut p = Vec::new();
+                    fill(&mut p);
+                    report(&p);
+                }
+            });
+        }
+        #[cfg(loom)]
+        {
+            let mut p = Vec::new();
+            fill(&mut p);
+            report(&p);
+        }
+    }
+
     /// Tells the listener that `at`'s pages became resident on `d`. Called
     /// inside the locked section of the change, before the node is
     /// published (or while it is locked): see crate::events for the order
@@ -1241,14 +1301,7 @@ impl Tree {
         // Under the node's and its parent's locks (see crate::events): the
         // path is read before anything changes.
         if let Some(l) = &self.listener {
-            if let Some((ns, path)) = self.path_of(node, guard) {
-                let at = StoreAt {
-                    ns: ns.as_deref(),
-                    path: &path,
-                    start: path.len() - img.key.len(),
-                };
-                l.0.removed(&self.page_event(d, at));
-            }
+            self.report_removed(l, node, d, img.key.len(), guard);
         }
         let vals = img.values.without(d);
         // Under the node's lock, the image's values and the devices' RESIDENT

@@ -2,7 +2,7 @@
 //! tokio tasks that send them, in batches, on one ZeroMQ PUB socket per
 //! device (and answer replays on an optional ROUTER socket per device).
 
-use crate::wire::{self, Encoding, KvEvent, Medium};
+use crate::wire::{self, BatchEncoder, Encoding, EventRef, Medium};
 use bytes::Bytes;
 use radixkv::events::{CacheListener, PageEvent};
 use std::collections::VecDeque;
@@ -147,18 +147,73 @@ struct Counters {
     queued: AtomicU64,
 }
 
+/// One queued residency change; its path is `Changes::tokens[at..at + len]`.
+#[derive(Clone, Debug)]
+struct Head {
+    stored: bool,
+    host: bool,
+    namespace: Option<Arc<str>>,
+    at: usize,
+    len: usize,
+    start: usize,
+}
+
+/// A device's queued changes, as the listener leaves them: each path copied
+/// into one flat buffer, nothing computed (block ids are hashed by the
+/// socket's task, off the cache's locked section). The task swaps the whole
+/// queue for an empty one of the same capacity and hands that back after
+/// sending, so in a steady state queueing allocates and frees nothing (a
+/// free on another thread than the allocation's, per event, cost more than
+/// the insert it reported).
+#[derive(Debug, Default)]
+struct Changes {
+    heads: Vec<Head>,
+    tokens: Vec<u32>,
+}
+
+impl Changes {
+    fn clear(&mut self) {
+        self.heads.clear();
+        self.tokens.clear();
+    }
+
+    fn push(&mut self, e: &PageEvent<'_>, stored: bool) {
+        // The namespace of the previous change, shared if it is the same.
+        let namespace = match (e.namespace, self.heads.last()) {
+            (None, _) => None,
+            (
+                Some(n),
+                Some(Head {
+                    namespace: Some(last),
+                    ..
+                }),
+            ) if **last == *n => Some(Arc::clone(last)),
+            (Some(n), _) => Some(Arc::from(n)),
+        };
+        self.heads.push(Head {
+            stored,
+            host: e.host,
+            namespace,
+            at: self.tokens.len(),
+            len: e.path.len(),
+            start: e.start,
+        });
+        self.tokens.extend_from_slice(e.path);
+    }
+}
+
 /// One device's queue and replay buffer.
 #[derive(Debug, Default)]
 struct DeviceQueue {
-    pending: Mutex<Vec<KvEvent>>,
+    pending: Mutex<Changes>,
     notify: Notify,
     replay: Mutex<VecDeque<(u64, Bytes)>>,
     counters: Counters,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of these locks leaves a plain Vec or
-    // VecDeque behind, still usable.
+    // A panic while holding one of these locks leaves plain vectors
+    // behind, still usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -171,57 +226,68 @@ struct Shared {
 }
 
 impl Shared {
-    fn push(&self, device: usize, event: KvEvent) {
+    fn push(&self, device: usize, e: &PageEvent<'_>, stored: bool) {
         let Some(q) = self.queues.get(device) else {
             return;
         };
         // Relaxed: a statistic (flush compares it once the cache is quiet).
         q.counters.queued.fetch_add(1, Ordering::Relaxed);
         let mut p = lock(&q.pending);
-        if p.len() >= self.max_pending {
+        if p.heads.len() >= self.max_pending {
             // Relaxed: a statistic.
             q.counters.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        p.push(event);
+        let first = p.heads.is_empty();
+        p.push(e, stored);
         drop(p);
-        q.notify.notify_one();
+        // One wake-up per batch: the task, once woken, waits max_delay and
+        // then takes everything queued by then; a push onto a non-empty
+        // queue is already covered (a wake-up of a parked runtime thread
+        // is a system call, several times an insert's cost).
+        if first {
+            q.notify.notify_one();
+        }
     }
 
-    fn convert(&self, e: &PageEvent<'_>, stored: bool) -> KvEvent {
+    /// Appends `h`'s event to `b` (`ids`: a reused buffer).
+    fn encode(&self, b: &mut BatchEncoder, h: &Head, tokens: &[u32], ids: &mut Vec<u64>) {
         let ps = self.page_size;
-        let ids = wire::block_ids(e.namespace, e.path, ps);
-        let first = e.start / ps;
-        let medium = if e.host { Medium::Cpu } else { Medium::Gpu };
-        if stored {
-            let (lora, salt) = e.namespace.map_or((None, None), wire::namespace_parts);
-            KvEvent::BlockStored {
+        let path = &tokens[h.at..h.at + h.len];
+        wire::block_ids_into(h.namespace.as_deref(), path, ps, ids);
+        let first = (h.start / ps).min(ids.len());
+        let medium = if h.host { Medium::Cpu } else { Medium::Gpu };
+        if h.stored {
+            let (lora_name, cache_salt) = h
+                .namespace
+                .as_deref()
+                .map_or((None, None), wire::namespace_parts);
+            b.push(EventRef::BlockStored {
                 parent_block_hash: first.checked_sub(1).map(|p| ids[p]),
-                block_hashes: ids[first..].to_vec(),
-                token_ids: e.pages().to_vec(),
+                block_hashes: &ids[first..],
+                token_ids: &path[h.start.min(path.len())..],
                 block_size: ps,
                 medium,
-                lora_name: lora.map(str::to_owned),
-                cache_salt: salt.map(str::to_owned),
-            }
+                lora_name,
+                cache_salt,
+            });
         } else {
-            KvEvent::BlockRemoved {
-                block_hashes: ids[first..].to_vec(),
+            b.push(EventRef::BlockRemoved {
+                block_hashes: &ids[first..],
                 medium,
-            }
+            });
         }
     }
 
     fn report(&self, e: &PageEvent<'_>, stored: bool, device: Option<usize>) {
-        let ev = self.convert(e, stored);
         if e.host {
             // The host tier is shared: every device can load its pages, so
             // every device's socket reports them (medium CPU).
             for d in 0..self.queues.len() {
-                self.push(d, ev.clone());
+                self.push(d, e, stored);
             }
         } else {
-            self.push(device.unwrap_or(e.device.index()), ev);
+            self.push(device.unwrap_or(e.device.index()), e, stored);
         }
     }
 }
@@ -431,14 +497,9 @@ async fn publish_loop(
     let q = &shared.queues[d];
     let topic = Bytes::from(cfg.topic.clone().into_bytes());
     let mut seq = first_seq;
-    let send = |events: Vec<KvEvent>, seq: u64| {
-        let ts = unix_now().as_secs_f64();
-        let payload = Bytes::from(wire::encode_batch(
-            ts,
-            &events,
-            Some(d as u32),
-            cfg.encoding,
-        ));
+    // Counts `events` sent as `seq` and returns its three frames.
+    let send = |payload: Vec<u8>, events: usize, seq: u64| {
+        let payload = Bytes::from(payload);
         let mut replay = lock(&q.replay);
         if cfg.replay_buffer > 0 {
             if replay.len() >= cfg.replay_buffer {
@@ -451,7 +512,7 @@ async fn publish_loop(
         q.counters.batches.fetch_add(1, Ordering::Relaxed);
         q.counters
             .events
-            .fetch_add(events.len() as u64, Ordering::Relaxed);
+            .fetch_add(events as u64, Ordering::Relaxed);
         q.counters.last_seq.store(seq, Ordering::Relaxed);
         frames(vec![
             topic.clone(),
@@ -459,18 +520,35 @@ async fn publish_loop(
             payload,
         ])
     };
-    let first = send(vec![KvEvent::AllBlocksCleared], seq);
+    let rank = Some(d as u32);
+    let mut b = BatchEncoder::new(unix_now().as_secs_f64(), 1, cfg.encoding);
+    b.push(EventRef::AllBlocksCleared);
+    let first = send(b.finish(rank), 1, seq);
     let _ = socket.send(first).await;
+    let mut spare = Changes::default();
+    let mut ids = Vec::new();
     loop {
         q.notify.notified().await;
         if !shared.closing.load(Ordering::SeqCst) {
             // Let a burst gather into one batch, for at most max_delay.
             tokio::time::sleep(cfg.max_delay).await;
         }
-        let events = std::mem::take(&mut *lock(&q.pending));
-        if !events.is_empty() {
+        std::mem::swap(&mut *lock(&q.pending), &mut spare);
+        let n = spare.heads.len();
+        if n > 0 {
+            // Room for the tokens (at most 5 bytes each) and ids (9).
+            let bytes = 64 + n * 96 + spare.tokens.len() / 4 + {
+                let new: usize = spare.heads.iter().map(|h| h.len - h.start).sum();
+                new * 5
+            };
+            let mut b =
+                BatchEncoder::with_capacity(unix_now().as_secs_f64(), n, cfg.encoding, bytes);
+            for h in &spare.heads {
+                shared.encode(&mut b, h, &spare.tokens, &mut ids);
+            }
+            spare.clear();
             seq += 1;
-            let msg = send(events, seq);
+            let msg = send(b.finish(rank), n, seq);
             // PUB never blocks on a slow subscriber: it drops past the
             // high-water mark.
             let _ = socket.send(msg).await;

@@ -195,13 +195,19 @@ fn next_id(parent: u64, page: &[u32]) -> u64 {
 /// assert_ne!(block_ids(None, &[3, 4, 1, 2], 2)[1], a[0]); // chained, not per page
 /// ```
 pub fn block_ids(ns: Option<&str>, path: &[u32], page_size: usize) -> Vec<u64> {
+    let mut out = Vec::with_capacity(path.len() / page_size.max(1));
+    block_ids_into(ns, path, page_size, &mut out);
+    out
+}
+
+/// [`block_ids`] into `out` (cleared first), to reuse its allocation.
+pub fn block_ids_into(ns: Option<&str>, path: &[u32], page_size: usize, out: &mut Vec<u64>) {
+    out.clear();
     let mut id = namespace_seed(ns);
-    path.chunks_exact(page_size.max(1))
-        .map(|page| {
-            id = next_id(id, page);
-            id
-        })
-        .collect()
+    out.extend(path.chunks_exact(page_size.max(1)).map(|page| {
+        id = next_id(id, page);
+        id
+    }));
 }
 
 type Buf = Vec<u8>;
@@ -210,8 +216,26 @@ type Buf = Vec<u8>;
 fn w_str(b: &mut Buf, s: &str) {
     let _ = rmp::encode::write_str(b, s);
 }
+/// msgpack's shortest unsigned encoding (what `rmp::encode::write_uint`
+/// writes), written straight into the buffer: token lists are most of a
+/// payload, and going through `io::Write` a byte at a time was the
+/// publisher's largest cost.
+#[inline]
 fn w_uint(b: &mut Buf, v: u64) {
-    let _ = rmp::encode::write_uint(b, v);
+    if v < 0x80 {
+        b.push(v as u8);
+    } else if v <= u64::from(u8::MAX) {
+        b.extend_from_slice(&[0xcc, v as u8]);
+    } else if v <= u64::from(u16::MAX) {
+        b.push(0xcd);
+        b.extend_from_slice(&(v as u16).to_be_bytes());
+    } else if v <= u64::from(u32::MAX) {
+        b.push(0xce);
+        b.extend_from_slice(&(v as u32).to_be_bytes());
+    } else {
+        b.push(0xcf);
+        b.extend_from_slice(&v.to_be_bytes());
+    }
 }
 fn w_array(b: &mut Buf, n: usize) {
     let _ = rmp::encode::write_array_len(b, n as u32);
@@ -230,6 +254,7 @@ fn w_ids(b: &mut Buf, ids: &[u64]) {
 }
 fn w_tokens(b: &mut Buf, t: &[u32]) {
     w_array(b, t.len());
+    b.reserve(t.len() * 5);
     for &x in t {
         w_uint(b, u64::from(x));
     }
@@ -241,11 +266,76 @@ fn w_opt_str(b: &mut Buf, s: Option<&str>) {
     }
 }
 
+/// An event borrowing its data, for encoding without copies
+/// ([`BatchEncoder`]); [`KvEvent::as_ref`] makes one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventRef<'a> {
+    /// See [`KvEvent::BlockStored`].
+    BlockStored {
+        /// One id per block.
+        block_hashes: &'a [u64],
+        /// The id of the block before the first one.
+        parent_block_hash: Option<u64>,
+        /// The blocks' tokens.
+        token_ids: &'a [u32],
+        /// Tokens per block.
+        block_size: usize,
+        /// Where they live.
+        medium: Medium,
+        /// The LoRA adapter.
+        lora_name: Option<&'a str>,
+        /// The cache salt.
+        cache_salt: Option<&'a str>,
+    },
+    /// See [`KvEvent::BlockRemoved`].
+    BlockRemoved {
+        /// Their ids.
+        block_hashes: &'a [u64],
+        /// Where they were.
+        medium: Medium,
+    },
+    /// See [`KvEvent::AllBlocksCleared`].
+    AllBlocksCleared,
+}
+
 impl KvEvent {
+    /// The event, borrowed.
+    pub fn as_ref(&self) -> EventRef<'_> {
+        match self {
+            KvEvent::BlockStored {
+                block_hashes,
+                parent_block_hash,
+                token_ids,
+                block_size,
+                medium,
+                lora_name,
+                cache_salt,
+            } => EventRef::BlockStored {
+                block_hashes,
+                parent_block_hash: *parent_block_hash,
+                token_ids,
+                block_size: *block_size,
+                medium: *medium,
+                lora_name: lora_name.as_deref(),
+                cache_salt: cache_salt.as_deref(),
+            },
+            KvEvent::BlockRemoved {
+                block_hashes,
+                medium,
+            } => EventRef::BlockRemoved {
+                block_hashes,
+                medium: *medium,
+            },
+            KvEvent::AllBlocksCleared => EventRef::AllBlocksCleared,
+        }
+    }
+}
+
+impl EventRef<'_> {
     fn encode(&self, b: &mut Buf, enc: Encoding) {
-        match (self, enc) {
+        match (*self, enc) {
             (
-                KvEvent::BlockStored {
+                EventRef::BlockStored {
                     block_hashes,
                     parent_block_hash,
                     token_ids,
@@ -263,19 +353,19 @@ impl KvEvent {
                 w_ids(b, block_hashes);
                 w_str(b, "parent_block_hash");
                 match parent_block_hash {
-                    Some(p) => w_uint(b, *p),
+                    Some(p) => w_uint(b, p),
                     None => w_nil(b),
                 }
                 w_str(b, "token_ids");
                 w_tokens(b, token_ids);
                 w_str(b, "block_size");
-                w_uint(b, *block_size as u64);
+                w_uint(b, block_size as u64);
                 w_str(b, "lora_id");
                 w_nil(b);
                 w_str(b, "medium");
                 w_str(b, medium.as_str());
                 w_str(b, "lora_name");
-                w_opt_str(b, lora_name.as_deref());
+                w_opt_str(b, lora_name);
                 w_str(b, "extra_keys");
                 w_nil(b);
                 if let Some(s) = cache_salt {
@@ -284,7 +374,7 @@ impl KvEvent {
                 }
             }
             (
-                KvEvent::BlockStored {
+                EventRef::BlockStored {
                     block_hashes,
                     parent_block_hash,
                     token_ids,
@@ -299,14 +389,14 @@ impl KvEvent {
                 w_str(b, "BlockStored");
                 w_ids(b, block_hashes);
                 match parent_block_hash {
-                    Some(p) => w_uint(b, *p),
+                    Some(p) => w_uint(b, p),
                     None => w_nil(b),
                 }
                 w_tokens(b, token_ids);
-                w_uint(b, *block_size as u64);
+                w_uint(b, block_size as u64);
                 w_nil(b); // lora_id
                 w_str(b, medium.as_str());
-                w_opt_str(b, lora_name.as_deref());
+                w_opt_str(b, lora_name);
                 match cache_salt {
                     // extra_keys, one entry per block: the salt, tagged, in
                     // the first block's.
@@ -322,7 +412,7 @@ impl KvEvent {
                 }
             }
             (
-                KvEvent::BlockRemoved {
+                EventRef::BlockRemoved {
                     block_hashes,
                     medium,
                 },
@@ -337,7 +427,7 @@ impl KvEvent {
                 w_str(b, medium.as_str());
             }
             (
-                KvEvent::BlockRemoved {
+                EventRef::BlockRemoved {
                     block_hashes,
                     medium,
                 },
@@ -348,12 +438,12 @@ impl KvEvent {
                 w_ids(b, block_hashes);
                 w_str(b, medium.as_str());
             }
-            (KvEvent::AllBlocksCleared, Encoding::Map) => {
+            (EventRef::AllBlocksCleared, Encoding::Map) => {
                 w_map(b, 1);
                 w_str(b, "type");
                 w_str(b, "AllBlocksCleared");
             }
-            (KvEvent::AllBlocksCleared, Encoding::Array) => {
+            (EventRef::AllBlocksCleared, Encoding::Array) => {
                 w_array(b, 1);
                 w_str(b, "AllBlocksCleared");
             }
@@ -371,17 +461,84 @@ impl KvEvent {
 /// assert_eq!(b[1], 0xcb);
 /// assert_eq!(*b.last().unwrap(), 0x00);
 /// ```
+///
+/// Unsigned integers take msgpack's shortest form, as `rmp` writes them:
+///
+/// ```
+/// use radixkv_events::wire::{encode_batch, Encoding, KvEvent, Medium};
+/// for id in [0u64, 127, 128, 255, 256, 65_535, 65_536, u32::MAX as u64, 1 << 40] {
+///     let e = KvEvent::BlockRemoved { block_hashes: vec![id], medium: Medium::Gpu };
+///     let b = encode_batch(0.0, &[e], None, Encoding::Array);
+///     let v = rmpv::decode::read_value(&mut &b[..]).unwrap();
+///     assert_eq!(v[1][0][1][0].as_u64(), Some(id));
+///     let mut want = Vec::new();
+///     rmp::encode::write_uint(&mut want, id).unwrap();
+///     assert!(b.windows(want.len()).any(|w| w == want.as_slice()));
+/// }
+/// ```
 pub fn encode_batch(ts: f64, events: &[KvEvent], rank: Option<u32>, enc: Encoding) -> Vec<u8> {
-    let mut b = Vec::with_capacity(64 + events.len() * 64);
-    w_array(&mut b, 3);
-    let _ = rmp::encode::write_f64(&mut b, ts);
-    w_array(&mut b, events.len());
+    let mut b = BatchEncoder::new(ts, events.len(), enc);
     for e in events {
-        e.encode(&mut b, enc);
+        b.push(e.as_ref());
     }
-    match rank {
-        Some(r) => w_uint(&mut b, u64::from(r)),
-        None => w_nil(&mut b),
+    b.finish(rank)
+}
+
+/// Encodes a batch event by event, from borrowed data: `new` with the
+/// number of events, one [`push`](Self::push) each, then
+/// [`finish`](Self::finish).
+///
+/// ```
+/// use radixkv_events::wire::{encode_batch, BatchEncoder, Encoding, EventRef, KvEvent};
+/// let mut b = BatchEncoder::new(2.0, 1, Encoding::Array);
+/// b.push(EventRef::BlockRemoved { block_hashes: &[7], medium: radixkv_events::Medium::Gpu });
+/// let owned = KvEvent::BlockRemoved { block_hashes: vec![7], medium: radixkv_events::Medium::Gpu };
+/// assert_eq!(b.finish(None), encode_batch(2.0, &[owned], None, Encoding::Array));
+/// ```
+#[derive(Debug)]
+pub struct BatchEncoder {
+    buf: Buf,
+    enc: Encoding,
+    left: usize,
+}
+
+impl BatchEncoder {
+    /// A batch of `events` events stamped `ts`.
+    pub fn new(ts: f64, events: usize, enc: Encoding) -> Self {
+        Self::with_capacity(ts, events, enc, 64 + events * 64)
     }
-    b
+
+    /// As [`new`](Self::new), with room for `bytes` bytes of payload.
+    pub fn with_capacity(ts: f64, events: usize, enc: Encoding, bytes: usize) -> Self {
+        let mut buf = Vec::with_capacity(bytes);
+        w_array(&mut buf, 3);
+        let _ = rmp::encode::write_f64(&mut buf, ts);
+        w_array(&mut buf, events);
+        BatchEncoder {
+            buf,
+            enc,
+            left: events,
+        }
+    }
+
+    /// Appends one event (past the announced number, it is ignored).
+    pub fn push(&mut self, e: EventRef<'_>) {
+        if self.left == 0 {
+            debug_assert!(false, "more events than announced");
+            return;
+        }
+        self.left -= 1;
+        e.encode(&mut self.buf, self.enc);
+    }
+
+    /// The payload, with the rank. Every announced event must have been
+    /// pushed (checked in debug builds).
+    pub fn finish(mut self, rank: Option<u32>) -> Vec<u8> {
+        debug_assert_eq!(self.left, 0, "fewer events than announced");
+        match rank {
+            Some(r) => w_uint(&mut self.buf, u64::from(r)),
+            None => w_nil(&mut self.buf),
+        }
+        self.buf
+    }
 }
