@@ -41,14 +41,16 @@ impl KvEventArgs {
 
 /// Starts the publisher (inside a tokio runtime) for `cfg`'s devices and
 /// page size and installs it as the engine's cache listener; prints where
-/// it publishes.
+/// it publishes. `index`: keep the block index (`/query_by_hash`).
 pub async fn start(
     args: &KvEventArgs,
     cfg: &mut EngineConfig,
+    index: bool,
 ) -> Result<Option<Arc<KvEventPublisher>>, Box<dyn std::error::Error>> {
-    let Some(c) = args.config()? else {
+    let Some(mut c) = args.config()? else {
         return Ok(None);
     };
+    c.index_blocks = index;
     let p = Arc::new(KvEventPublisher::start(c, cfg.devices, cfg.page_size).await?);
     // The sinks, not the publisher: the caller keeps the only handle on it
     // (to shut it down).

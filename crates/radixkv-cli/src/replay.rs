@@ -197,7 +197,11 @@ pub fn run(a: ReplayArgs) -> CmdResult {
         None
     };
     let publisher = match &events_rt {
-        Some(rt) => rt.block_on(crate::kv_events::start(&a.kv_events, &mut cfg.engine))?,
+        Some(rt) => rt.block_on(crate::kv_events::start(
+            &a.kv_events,
+            &mut cfg.engine,
+            false,
+        ))?,
         None => None,
     };
     interrupt_on_signal();

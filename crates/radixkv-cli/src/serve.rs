@@ -36,6 +36,15 @@ pub struct ServeArgs {
     /// Seconds a shutdown waits for in-flight requests before stopping them.
     #[arg(long, default_value_t = 30.0)]
     drain_timeout_s: f64,
+    /// Require `Authorization: Bearer KEY` on /v1/*, /query* and /admin/*
+    /// (OpenAI's API-key header; 401 otherwise). Also read from
+    /// RADIXKV_API_KEY.
+    #[arg(long, env = "RADIXKV_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// The model name served (/v1/models; echoed in responses). Default:
+    /// radixkv-<model>.
+    #[arg(long)]
+    served_model_name: Option<String>,
     #[command(flatten)]
     kv_events: crate::kv_events::KvEventArgs,
 }
@@ -84,14 +93,19 @@ pub fn run(a: ServeArgs) -> CmdResult {
         max_tokens_limit: a.max_tokens_limit,
         max_body_bytes: a.max_body_bytes,
         drain_timeout: std::time::Duration::from_secs_f64(a.drain_timeout_s),
-        model_name: format!("radixkv-{}", a.model),
+        model_name: a
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| format!("radixkv-{}", a.model)),
+        api_key: a.api_key.clone().filter(|k| !k.is_empty()),
         ..ServerConfig::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("radixkv-http")
         .build()?;
-    let publisher = rt.block_on(crate::kv_events::start(&a.kv_events, &mut cfg))?;
+    // The server answers /query_by_hash from the publisher's block index.
+    let publisher = rt.block_on(crate::kv_events::start(&a.kv_events, &mut cfg, true))?;
     let engine = Engine::start(cfg, backend)?;
     let report = rt.block_on(async move {
         let mut server =

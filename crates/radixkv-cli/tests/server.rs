@@ -872,3 +872,442 @@ async fn serves_the_tiny_model() {
     assert_eq!(s.wait_idle().await["audit_ok"], true);
     assert!(terminate(child).await.success());
 }
+
+// ------------------------------------------------------------ the OpenAI surface
+
+impl Http {
+    async fn call_auth(&self, method: &str, path: &str, body: Vec<u8>, key: Option<&str>) -> Reply {
+        let mut b = Request::builder()
+            .method(method)
+            .uri(self.url(path))
+            .header("content-type", "application/json");
+        if let Some(k) = key {
+            b = b.header("authorization", format!("Bearer {k}"));
+        }
+        let r = self
+            .client
+            .request(b.body(Full::new(Bytes::from(body))).unwrap())
+            .await
+            .expect("request");
+        let status = r.status();
+        let headers = r.headers().clone();
+        let bytes = r.into_body().collect().await.expect("body").to_bytes();
+        Reply {
+            status,
+            headers,
+            body: String::from_utf8_lossy(&bytes).into_owned(),
+        }
+    }
+
+    async fn post_to(&self, path: &str, body: Value) -> Reply {
+        self.call("POST", path, body.to_string().into_bytes()).await
+    }
+}
+
+#[tokio::test]
+async fn models_list_the_served_model() {
+    let s = start_default().await;
+    let r = s.get("/v1/models").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], "radixkv-sim");
+    assert_eq!(v["data"][0]["object"], "model");
+    assert_eq!(v["data"][0]["owned_by"], "radixkv");
+    assert!(v["data"][0]["created"].as_u64().unwrap() > 1_600_000_000);
+    let one = s.get("/v1/models/radixkv-sim").await;
+    assert_eq!(one.json()["id"], "radixkv-sim");
+    let none = s.get("/v1/models/gpt-4").await;
+    assert_eq!(none.status, StatusCode::NOT_FOUND);
+    s.shutdown().await;
+}
+
+/// The chat template's prompt length of `messages`, by its documented rule.
+fn rendered_len(messages: &Value) -> usize {
+    radixkv_server::chat::render_messages(messages)
+        .unwrap()
+        .len()
+}
+
+#[tokio::test]
+async fn a_chat_reuses_earlier_turns_and_reports_cached_tokens() {
+    let s = start_default().await;
+    let mut messages = json!([
+        {"role": "system", "content": "You are a terse assistant. ".repeat(4)},
+        {"role": "user", "content": "Name three prime numbers, please."},
+    ]);
+    let mut cached = Vec::new();
+    for turn in 0..3 {
+        let r = s
+            .post_to(
+                "/v1/chat/completions",
+                json!({"model": "radixkv-sim", "messages": messages, "max_completion_tokens": 8,
+                       "temperature": 0.7, "top_p": 0.9, "seed": 1, "user": "u1"}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["object"], "chat.completion");
+        assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+        let m = &v["choices"][0]["message"];
+        assert_eq!(m["role"], "assistant");
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+        assert_eq!(v["usage"]["prompt_tokens"], rendered_len(&messages));
+        assert_eq!(v["usage"]["completion_tokens"], 8);
+        let c = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        cached.push(c);
+        // The next turn: this reply and a new question.
+        let reply = m["content"].as_str().unwrap().to_owned();
+        let list = messages.as_array_mut().unwrap();
+        list.push(json!({"role": "assistant", "content": reply}));
+        list.push(json!({"role": "user", "content": format!("And {turn} more?")}));
+        s.wait_idle().await;
+    }
+    assert_eq!(cached[0], 0, "{cached:?}");
+    assert!(
+        cached[1] > 0 && cached[2] > cached[1],
+        "cached tokens must grow: {cached:?}"
+    );
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_chat_streams_deltas_then_usage_then_done() {
+    let s = start_default().await;
+    let r = s
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+                   "stream": true, "stream_options": {"include_usage": true}})
+            .to_string()
+            .into_bytes(),
+        )
+        .await;
+    let events = Sse::new(r).rest().await;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"].as_array().unwrap().len(), 0);
+    assert_eq!(usage["usage"]["completion_tokens"], 5);
+    let text: Vec<&Value> = chunks[..chunks.len() - 1].iter().collect();
+    assert_eq!(
+        text.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+    let content: String = text
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content.chars().count(), 5, "{content:?}");
+    s.shutdown().await;
+}
+
+/// The first request of a fresh server, whole and streamed.
+async fn first_reply(body: Value, stream: bool) -> (String, String) {
+    let s = start_default().await;
+    let out = if stream {
+        let mut b = body.clone();
+        b["stream"] = json!(true);
+        let r = s
+            .send("POST", "/v1/completions", b.to_string().into_bytes())
+            .await;
+        let events = Sse::new(r).rest().await;
+        let chunks: Vec<Value> = events
+            .iter()
+            .filter(|e| *e != "[DONE]")
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        let text = chunks
+            .iter()
+            .map(|c| c["choices"][0]["text"].as_str().unwrap())
+            .collect();
+        let finish = chunks.last().unwrap()["choices"][0]["finish_reason"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        (text, finish)
+    } else {
+        let v = s.post(body).await.json();
+        (
+            v["choices"][0]["text"].as_str().unwrap().to_owned(),
+            v["choices"][0]["finish_reason"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        )
+    };
+    s.shutdown().await;
+    out
+}
+
+#[tokio::test]
+async fn stop_sequences_cut_the_text_whole_and_streamed() {
+    // A fresh server's first request generates the same text each time.
+    let body = json!({"prompt": "stop here", "max_tokens": 40});
+    let (full, finish) = first_reply(body.clone(), false).await;
+    assert_eq!((full.len(), finish.as_str()), (40, "length"));
+    let stop = full[12..14].to_owned();
+    let want = &full[..full.find(&stop).unwrap()];
+    let mut with_stop = body.clone();
+    with_stop["stop"] = json!(["never-in-the-output", stop]);
+    assert_eq!(
+        first_reply(with_stop.clone(), false).await,
+        (want.to_owned(), "stop".into())
+    );
+    assert_eq!(
+        first_reply(with_stop, true).await,
+        (want.to_owned(), "stop".into())
+    );
+}
+
+#[tokio::test]
+async fn an_api_key_guards_the_api_and_leaves_health_open() {
+    let cfg = ServerConfig {
+        api_key: Some("sk-test".into()),
+        ..ServerConfig::default()
+    };
+    let s = start(engine_cfg(1, 256), cfg, 50.0).await;
+    for (path, method, body) in [
+        ("/v1/models", "GET", ""),
+        (
+            "/v1/completions",
+            "POST",
+            r#"{"prompt": "a", "max_tokens": 1}"#,
+        ),
+        (
+            "/v1/chat/completions",
+            "POST",
+            r#"{"messages": [{"role": "user", "content": "a"}]}"#,
+        ),
+        ("/query", "POST", r#"{"token_ids": [1]}"#),
+    ] {
+        for key in [None, Some("sk-wrong")] {
+            let r = s.call_auth(method, path, body.into(), key).await;
+            assert_eq!(
+                r.status,
+                StatusCode::UNAUTHORIZED,
+                "{path} {key:?}: {}",
+                r.body
+            );
+            let v = r.json();
+            assert_eq!(v["error"]["code"], "invalid_api_key", "{v}");
+            assert_eq!(v["error"]["type"], "invalid_request_error");
+        }
+        let ok = s
+            .call_auth(method, path, body.into(), Some("sk-test"))
+            .await;
+        assert_eq!(ok.status, StatusCode::OK, "{path}: {}", ok.body);
+    }
+    assert_eq!(s.get("/health").await.status, StatusCode::OK);
+    assert_eq!(s.get("/metrics").await.status, StatusCode::OK);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn unsupported_fields_and_bad_chats_are_400s_that_name_the_field() {
+    let s = start_default().await;
+    let cases: Vec<(&str, &str, Value)> = vec![
+        ("/v1/completions", "`n`", json!({"prompt": "a", "n": 2})),
+        (
+            "/v1/completions",
+            "`logprobs`",
+            json!({"prompt": "a", "logprobs": 2}),
+        ),
+        (
+            "/v1/completions",
+            "`best_of`",
+            json!({"prompt": "a", "best_of": 3}),
+        ),
+        (
+            "/v1/completions",
+            "`echo`",
+            json!({"prompt": "a", "echo": true}),
+        ),
+        (
+            "/v1/completions",
+            "`temperature`",
+            json!({"prompt": "a", "temperature": 9}),
+        ),
+        (
+            "/v1/completions",
+            "`stop`",
+            json!({"prompt": "a", "stop": [1]}),
+        ),
+        (
+            "/v1/completions",
+            "`stop`",
+            json!({"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}),
+        ),
+        (
+            "/v1/chat/completions",
+            "`tools`",
+            json!({"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]}),
+        ),
+        (
+            "/v1/chat/completions",
+            "`logprobs`",
+            json!({"messages": [{"role": "user", "content": "a"}], "logprobs": true}),
+        ),
+        (
+            "/v1/chat/completions",
+            "`n`",
+            json!({"messages": [{"role": "user", "content": "a"}], "n": 3}),
+        ),
+        (
+            "/v1/chat/completions",
+            "`messages` is required",
+            json!({"model": "m"}),
+        ),
+        (
+            "/v1/chat/completions",
+            "must not be empty",
+            json!({"messages": []}),
+        ),
+        (
+            "/v1/chat/completions",
+            "`messages[0].role` \"wizard\"",
+            json!({"messages": [{"role": "wizard", "content": "a"}]}),
+        ),
+        (
+            "/v1/chat/completions",
+            "`messages[1].content`",
+            json!({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": 7}]}),
+        ),
+        (
+            "/v1/chat/completions",
+            "`messages[0].content[0]`",
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+        ),
+        (
+            "/v1/chat/completions",
+            "`max_completion_tokens`",
+            json!({"messages": [{"role": "user", "content": "a"}], "max_completion_tokens": 0}),
+        ),
+        ("/query", "`token_ids[1]`", json!({"token_ids": [1, 2.5]})),
+        ("/query", "`token_ids[0]`", json!({"token_ids": ["x"]})),
+        ("/query", "required", json!({"cache_salt": "t"})),
+        (
+            "/query_by_hash",
+            "--kv-events",
+            json!({"block_hashes": [1]}),
+        ),
+        (
+            "/query_by_hash",
+            "`block_hashes[0]`",
+            json!({"block_hashes": [-1]}),
+        ),
+    ];
+    for (path, want, body) in &cases {
+        let r = s.post_to(path, body.clone()).await;
+        assert_eq!(
+            r.status,
+            StatusCode::BAD_REQUEST,
+            "{path} {body}: {}",
+            r.body
+        );
+        let msg = r.error();
+        assert!(msg.contains(want), "{path} {body}: {msg:?} lacks {want:?}");
+    }
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn query_reports_the_cached_prefix_per_device() {
+    let s = start_default().await;
+    let prompt = "a prompt that the query endpoint will find, page by page".repeat(2);
+    let r = s
+        .post(json!({"prompt": prompt, "max_tokens": 4, "cache_salt": "t1"}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let device = r.json()["radixkv"]["device"].as_u64().unwrap();
+    s.wait_idle().await;
+    let whole = prompt.len() / 16 * 16;
+    for body in [
+        json!({"prompt": prompt, "cache_salt": "t1", "model": "radixkv-sim"}),
+        json!({"token_ids": prompt.bytes().collect::<Vec<u8>>(), "cache_salt": "t1"}),
+    ] {
+        let v = s.post_to("/query", body).await.json();
+        let d = &v["data"]["radixkv"];
+        assert_eq!(d["matched_tokens"], whole, "{v}");
+        assert_eq!(d["L1"][format!("dp{device}")], whole, "{v}");
+        assert_eq!(d["L1"][format!("dp{}", 1 - device)], 0, "{v}");
+        assert_eq!(d["L2"], 0, "{v}");
+    }
+    // Another namespace holds nothing.
+    let v = s.post_to("/query", json!({"prompt": prompt})).await.json();
+    assert_eq!(v["data"]["radixkv"]["matched_tokens"], 0, "{v}");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_by_hash_resolves_published_block_ids() {
+    use radixkv_events::{KvEventPublisher, KvEventsConfig};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut ecfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{}", port.min(65_000)));
+    ecfg.index_blocks = true;
+    let publisher = Arc::new(KvEventPublisher::start(ecfg, 1, 16).await.unwrap());
+    let sink = publisher.listener();
+    let mut cfg = engine_cfg(1, 256);
+    cfg.listeners = Some(radixkv_engine::CacheListeners::new(move |_| sink.clone()));
+    let engine = Engine::start(
+        cfg,
+        Arc::new(SimulatedBackend::new(CostModel::default(), 50.0)),
+    )
+    .unwrap();
+    let server = Server::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        engine,
+        ServerConfig::default(),
+    )
+    .await
+    .unwrap()
+    .with_kv_events(Arc::clone(&publisher));
+    let http = Http::new(server.local_addr().unwrap());
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(server.run(async move {
+        let _ = rx.await;
+    }));
+    let prompt: Vec<u32> = (0..100).collect();
+    let r = http.post(json!({"prompt": prompt, "max_tokens": 2})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    http.wait_idle().await;
+    publisher.flush().await;
+    let ids = radixkv_events::wire::block_ids(None, &prompt[..96], 16);
+    let by_hash = http
+        .post_to("/query_by_hash", json!({"block_hashes": ids}))
+        .await
+        .json();
+    let by_tokens = http
+        .post_to("/query", json!({"token_ids": prompt}))
+        .await
+        .json();
+    assert_eq!(
+        by_hash["data"]["radixkv"]["matched_tokens"], 96,
+        "{by_hash}"
+    );
+    assert_eq!(by_hash, by_tokens);
+    // A chain that leaves the cache after two blocks stops there.
+    let mut off = ids[..2].to_vec();
+    off.push(12345);
+    let v = http
+        .post_to("/query_by_hash", json!({"block_hashes": off}))
+        .await
+        .json();
+    assert_eq!(v["data"]["radixkv"]["matched_tokens"], 32, "{v}");
+    let _ = tx.send(());
+    handle.await.unwrap().unwrap();
+}

@@ -6,7 +6,7 @@ use crate::router::{PendingIndex, Router, RouterConfig};
 use crate::sched::batch::ModelBackend;
 use crate::sched::scheduler::{
     CacheOp, Completion, Inbox, Job, Scheduler, SchedulerConfig, SchedulerEvents, SchedulerStats,
-    StreamEvent,
+    StreamEvent, StreamSink,
 };
 use crate::tiers::TierConfig;
 use radixkv::cache::{CacheError, EvictionPolicy, RadixCache, TokenKey};
@@ -550,8 +550,30 @@ impl Engine {
         req: EngineRequest,
     ) -> Result<(u64, Receiver<StreamEvent>), EngineError> {
         let (tx, rx) = channel();
-        let id = self.submit_inner(req, Some(tx))?;
+        let id = self.submit_inner(req, Some(StreamSink::channel(tx)))?;
         Ok((id, rx))
+    }
+
+    /// Like [`submit_streaming`](Self::submit_streaming), with the events
+    /// delivered to `sink` on the scheduler's thread (no thread or blocking
+    /// receiver of the caller's: an async server hands them to a tokio
+    /// channel from the callback).
+    ///
+    /// ```
+    /// use radixkv_engine::{Engine, EngineConfig, EngineRequest};
+    /// use radixkv_engine::backend::{CostModel, SimulatedBackend};
+    /// use radixkv_engine::sched::scheduler::{StreamEvent, StreamSink};
+    /// use std::sync::Arc;
+    /// let backend = Arc::new(SimulatedBackend::new(CostModel::default(), 1000.0));
+    /// let cfg = EngineConfig { devices: 1, pages_per_device: 64, ..EngineConfig::default() };
+    /// let engine = Engine::start(cfg, backend)?;
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// engine.submit_to(EngineRequest::new(vec![1, 2, 3], 2), StreamSink::callback(move |e| tx.send(e).is_ok()))?;
+    /// assert_eq!(rx.iter().count(), 3); // two tokens, then Done
+    /// # Ok::<(), radixkv_engine::EngineError>(())
+    /// ```
+    pub fn submit_to(&self, req: EngineRequest, sink: StreamSink) -> Result<u64, EngineError> {
+        self.submit_inner(req, Some(sink))
     }
 
     /// Drops request `id` wherever it is: its pages and pins are released
@@ -693,7 +715,7 @@ impl Engine {
     fn submit_inner(
         &self,
         req: EngineRequest,
-        stream: Option<Sender<StreamEvent>>,
+        stream: Option<StreamSink>,
     ) -> Result<u64, EngineError> {
         if req.tokens.is_empty() {
             return Err(EngineError::Rejected("empty prompt".into()));

@@ -36,6 +36,11 @@ pub struct KvEventsConfig {
     /// How long a batch waits for more events after its first (default
     /// 1 ms): the bound on batching's share of an event's latency.
     pub max_delay: Duration,
+    /// Keep an index from every published block id to its page (parent id,
+    /// tokens, namespace) while some tier holds it, for
+    /// [`KvEventPublisher::resolve`] (`/query_by_hash`); about 60 bytes
+    /// plus 4 per token per block (default off).
+    pub index_blocks: bool,
 }
 
 impl KvEventsConfig {
@@ -50,6 +55,7 @@ impl KvEventsConfig {
             replay_buffer: 10_000,
             max_pending: 100_000,
             max_delay: Duration::from_millis(1),
+            index_blocks: false,
         }
     }
 }
@@ -217,9 +223,21 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A published block, while some socket's tier holds it.
+#[derive(Debug)]
+struct IndexedBlock {
+    parent: Option<u64>,
+    tokens: Box<[u32]>,
+    namespace: Option<Arc<str>>,
+    /// Stores minus removals, over every socket (a host-tier block counts
+    /// once per socket, as it is published).
+    refs: u32,
+}
+
 #[derive(Debug)]
 struct Shared {
     queues: Vec<DeviceQueue>,
+    index: Option<Mutex<std::collections::HashMap<u64, IndexedBlock>>>,
     page_size: usize,
     max_pending: usize,
     closing: AtomicBool,
@@ -257,6 +275,27 @@ impl Shared {
         wire::block_ids_into(h.namespace.as_deref(), path, ps, ids);
         let first = (h.start / ps).min(ids.len());
         let medium = if h.host { Medium::Cpu } else { Medium::Gpu };
+        if let Some(index) = &self.index {
+            let mut index = lock(index);
+            for (i, &id) in ids.iter().enumerate().skip(first) {
+                if h.stored {
+                    index
+                        .entry(id)
+                        .or_insert_with(|| IndexedBlock {
+                            parent: i.checked_sub(1).map(|p| ids[p]),
+                            tokens: path[i * ps..(i + 1) * ps].into(),
+                            namespace: h.namespace.clone(),
+                            refs: 0,
+                        })
+                        .refs += 1;
+                } else if let Some(b) = index.get_mut(&id) {
+                    b.refs -= 1;
+                    if b.refs == 0 {
+                        index.remove(&id);
+                    }
+                }
+            }
+        }
         if h.stored {
             let (lora_name, cache_salt) = h
                 .namespace
@@ -378,6 +417,7 @@ impl KvEventPublisher {
             page_size,
             max_pending: cfg.max_pending.max(1),
             closing: AtomicBool::new(false),
+            index: cfg.index_blocks.then(Default::default),
         });
         let first_seq = unix_now().as_micros() as u64;
         let mut tasks = Vec::new();
@@ -417,6 +457,26 @@ impl KvEventPublisher {
             shared: Arc::clone(&self.shared),
             device: Some(d),
         })
+    }
+
+    /// The namespace and tokens of the longest prefix of `ids` (block ids
+    /// as published, from the root) that some tier holds, as far as the
+    /// events sent so far tell; `None` without
+    /// [`KvEventsConfig::index_blocks`].
+    pub fn resolve(&self, ids: &[u64]) -> Option<(Option<Arc<str>>, Vec<u32>)> {
+        let index = lock(self.shared.index.as_ref()?);
+        let mut tokens = Vec::new();
+        let mut namespace = None;
+        for (i, id) in ids.iter().enumerate() {
+            let Some(b) = index.get(id) else { break };
+            let parent = i.checked_sub(1).map(|p| ids[p]);
+            if b.parent != parent || (i > 0 && b.namespace != namespace) {
+                break;
+            }
+            namespace = b.namespace.clone();
+            tokens.extend_from_slice(&b.tokens);
+        }
+        Some((namespace, tokens))
     }
 
     /// Each device's PUB endpoint.
@@ -521,6 +581,9 @@ async fn publish_loop(
         ])
     };
     let rank = Some(d as u32);
+    // The first event counts as queued, as every later one (flush compares).
+    // Relaxed: a statistic.
+    q.counters.queued.fetch_add(1, Ordering::Relaxed);
     let mut b = BatchEncoder::new(unix_now().as_secs_f64(), 1, cfg.encoding);
     b.push(EventRef::AllBlocksCleared);
     let first = send(b.finish(rank), 1, seq);

@@ -35,6 +35,8 @@ pub struct CompletionRequest {
     pub cache_salt: Option<String>,
     /// The `model` field as given (echoed back; not used for routing).
     pub model: Option<String>,
+    /// Stop sequences (`stop`): the text ends before the first one.
+    pub stop: Vec<String>,
 }
 
 /// Limits a request is validated against.
@@ -47,95 +49,222 @@ pub struct Limits {
 }
 
 impl CompletionRequest {
-    /// Parses and validates a request body: a JSON object with `prompt`
-    /// (a string or an array of token ids), optional `max_tokens`,
-    /// `stream`, `stream_options.include_usage`, `cache_salt`, `model` and
-    /// `n` (1 only); other fields are ignored. Every problem is an [`ApiError::BadRequest`]
-    /// naming the field.
+    /// Parses and validates a `/v1/completions` body: a JSON object with
+    /// `prompt` (a string or an array of token ids) and the fields of
+    /// [`parse_chat`](Self::parse_chat). Every problem is an
+    /// [`ApiError::BadRequest`] naming the field.
     pub fn parse(body: &[u8], limits: Limits) -> Result<CompletionRequest, ApiError> {
-        let v: Value = serde_json::from_slice(body)
-            .map_err(|e| ApiError::BadRequest(format!("malformed JSON body: {e}")))?;
-        let Value::Object(obj) = v else {
-            return Err(ApiError::BadRequest(
-                "the body must be a JSON object".into(),
-            ));
-        };
-        let tokens = match obj.get("prompt") {
-            None | Some(Value::Null) => {
-                return Err(ApiError::BadRequest("`prompt` is required".into()))
-            }
-            Some(Value::String(s)) => encode(s),
-            Some(Value::Array(items)) => items
-                .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    t.as_u64()
-                        .and_then(|x| u32::try_from(x).ok())
-                        .ok_or_else(|| {
-                            ApiError::BadRequest(format!(
-                                "`prompt[{i}]` must be a token id (an integer in 0..2^32); \
-                                 batched prompts are not supported"
-                            ))
-                        })
-                })
-                .collect::<Result<Vec<u32>, ApiError>>()?,
-            Some(_) => {
-                return Err(ApiError::BadRequest(
-                    "`prompt` must be a string or an array of token ids".into(),
-                ))
-            }
-        };
-        if tokens.is_empty() {
-            return Err(ApiError::BadRequest("`prompt` is empty".into()));
+        let obj = body_object(body)?;
+        let tokens = prompt_tokens(&obj)?;
+        from_fields(&obj, tokens, limits, false)
+    }
+
+    /// Parses and validates a `/v1/chat/completions` body: `messages`
+    /// rendered by the chat template ([`crate::chat`]), then the common
+    /// fields: `max_tokens` or `max_completion_tokens`, `stream`,
+    /// `stream_options.include_usage`, `cache_salt`, `model`, `stop` (a
+    /// string or up to 4, applied to the generated text), and the sampling
+    /// fields clients send by default, accepted and not applied (the
+    /// models here decode greedily): `temperature` (0..=2), `top_p`
+    /// (0..=1), `seed`, `user`, `presence_penalty`, `frequency_penalty`.
+    /// Fields radixkv cannot honour are refused with a 400 that names
+    /// them: `n` > 1, `logprobs`/`top_logprobs`, `tools`, `tool_choice`,
+    /// `functions`, `best_of` > 1, `echo`.
+    pub fn parse_chat(body: &[u8], limits: Limits) -> Result<CompletionRequest, ApiError> {
+        let obj = body_object(body)?;
+        let tokens = crate::chat::render(&obj)?;
+        from_fields(&obj, tokens, limits, true)
+    }
+}
+
+fn body_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::BadRequest(format!("malformed JSON body: {e}")))?;
+    match v {
+        Value::Object(obj) => Ok(obj),
+        _ => Err(ApiError::BadRequest(
+            "the body must be a JSON object".into(),
+        )),
+    }
+}
+
+fn prompt_tokens(obj: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
+    match obj.get("prompt") {
+        None | Some(Value::Null) => Err(ApiError::BadRequest("`prompt` is required".into())),
+        Some(Value::String(s)) => Ok(encode(s)),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                t.as_u64()
+                    .and_then(|x| u32::try_from(x).ok())
+                    .ok_or_else(|| {
+                        ApiError::BadRequest(format!(
+                            "`prompt[{i}]` must be a token id (an integer in 0..2^32); \
+                             batched prompts are not supported"
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<u32>, ApiError>>(),
+        Some(_) => Err(ApiError::BadRequest(
+            "`prompt` must be a string or an array of token ids".into(),
+        )),
+    }
+}
+
+/// A number field within `range`, if present.
+fn opt_number(
+    obj: &Map<String, Value>,
+    key: &str,
+    range: std::ops::RangeInclusive<f64>,
+) -> Result<Option<f64>, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_f64().filter(|x| range.contains(x)) {
+            Some(x) => Ok(Some(x)),
+            None => Err(ApiError::BadRequest(format!(
+                "`{key}` must be a number between {} and {}",
+                range.start(),
+                range.end()
+            ))),
+        },
+    }
+}
+
+/// `stop`: a string or an array of up to 4 non-empty strings.
+fn stop_sequences(obj: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
+    let bad =
+        || ApiError::BadRequest("`stop` must be a string or an array of up to 4 strings".into());
+    match obj.get("stop") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok([s.clone()].into_iter().filter(|s| !s.is_empty()).collect()),
+        Some(Value::Array(items)) if items.len() <= 4 => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned).ok_or_else(bad))
+            .filter(|r| r.as_ref().map_or(true, |s| !s.is_empty()))
+            .collect(),
+        Some(_) => Err(bad()),
+    }
+}
+
+fn from_fields(
+    obj: &Map<String, Value>,
+    tokens: Vec<u32>,
+    limits: Limits,
+    chat: bool,
+) -> Result<CompletionRequest, ApiError> {
+    if tokens.is_empty() {
+        return Err(ApiError::BadRequest("`prompt` is empty".into()));
+    }
+    // Refused: what radixkv cannot honour, each named.
+    let unsupported = |key: &str, why: &str| {
+        Err(ApiError::BadRequest(format!(
+            "`{key}` is not supported: {why}"
+        )))
+    };
+    let set = |key: &str| !matches!(obj.get(key), None | Some(Value::Null));
+    for key in ["tools", "tool_choice", "functions", "function_call"] {
+        if set(key) {
+            return unsupported(key, "radixkv generates text only (no tool calls)");
         }
-        let max_tokens = match obj.get("max_tokens") {
-            None | Some(Value::Null) => limits.default_max_tokens,
-            Some(v) => {
-                let n = v.as_u64().ok_or_else(|| {
-                    ApiError::BadRequest("`max_tokens` must be a positive integer".into())
-                })?;
-                usize::try_from(n).unwrap_or(usize::MAX)
-            }
-        };
-        if max_tokens == 0 || max_tokens > limits.max_tokens_limit {
-            return Err(ApiError::BadRequest(format!(
-                "`max_tokens` must be between 1 and {} (got {max_tokens})",
-                limits.max_tokens_limit
-            )));
+    }
+    match obj.get("logprobs") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+        Some(_) => return unsupported("logprobs", "no log probabilities are computed"),
+    }
+    if set("top_logprobs") {
+        return unsupported("top_logprobs", "no log probabilities are computed");
+    }
+    if !chat {
+        if matches!(obj.get("echo"), Some(Value::Bool(true))) {
+            return unsupported("echo", "the prompt is not echoed");
         }
-        match obj.get("n") {
+        match obj.get("best_of") {
             None | Some(Value::Null) => {}
             Some(v) if v.as_u64() == Some(1) => {}
-            Some(_) => {
-                return Err(ApiError::BadRequest(
-                    "`n` must be 1 (one choice per request)".into(),
-                ))
-            }
+            Some(_) => return unsupported("best_of", "one candidate per request"),
         }
-        let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
-        let include_usage = match obj.get("stream_options") {
-            None | Some(Value::Null) => false,
-            Some(Value::Object(o)) => opt_bool(o, "include_usage")
-                .map_err(|_| {
-                    ApiError::BadRequest("`stream_options.include_usage` must be a boolean".into())
-                })?
-                .unwrap_or(false),
-            Some(_) => {
-                return Err(ApiError::BadRequest(
-                    "`stream_options` must be an object".into(),
-                ))
-            }
-        };
-        let cache_salt = opt_str(&obj, "cache_salt")?.filter(|s| !s.is_empty());
-        let model = opt_str(&obj, "model")?;
-        Ok(CompletionRequest {
-            tokens,
-            max_tokens,
-            stream,
-            include_usage,
-            cache_salt,
-            model,
-        })
+    }
+    match obj.get("n") {
+        None | Some(Value::Null) => {}
+        Some(v) if v.as_u64() == Some(1) => {}
+        Some(_) => {
+            return Err(ApiError::BadRequest(
+                "`n` must be 1 (one choice per request)".into(),
+            ))
+        }
+    }
+    // Accepted, not applied (greedy decoding), but still validated.
+    opt_number(obj, "temperature", 0.0..=2.0)?;
+    opt_number(obj, "top_p", 0.0..=1.0)?;
+    opt_number(obj, "presence_penalty", -2.0..=2.0)?;
+    opt_number(obj, "frequency_penalty", -2.0..=2.0)?;
+    match obj.get("seed") {
+        None | Some(Value::Null) => {}
+        Some(v) if v.is_i64() || v.is_u64() => {}
+        Some(_) => return Err(ApiError::BadRequest("`seed` must be an integer".into())),
+    }
+    opt_str(obj, "user")?;
+    let stop = stop_sequences(obj)?;
+    let max_key = if chat && !set("max_tokens") {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    let max_tokens = match obj.get(max_key) {
+        None | Some(Value::Null) => limits.default_max_tokens,
+        Some(v) => {
+            let n = v.as_u64().ok_or_else(|| {
+                ApiError::BadRequest(format!("`{max_key}` must be a positive integer"))
+            })?;
+            usize::try_from(n).unwrap_or(usize::MAX)
+        }
+    };
+    if max_tokens == 0 || max_tokens > limits.max_tokens_limit {
+        return Err(ApiError::BadRequest(format!(
+            "`{max_key}` must be between 1 and {} (got {max_tokens})",
+            limits.max_tokens_limit
+        )));
+    }
+    let stream = opt_bool(obj, "stream")?.unwrap_or(false);
+    let include_usage = match obj.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => opt_bool(o, "include_usage")
+            .map_err(|_| {
+                ApiError::BadRequest("`stream_options.include_usage` must be a boolean".into())
+            })?
+            .unwrap_or(false),
+        Some(_) => {
+            return Err(ApiError::BadRequest(
+                "`stream_options` must be an object".into(),
+            ))
+        }
+    };
+    let cache_salt = opt_str(obj, "cache_salt")?.filter(|s| !s.is_empty());
+    let model = opt_str(obj, "model")?;
+    Ok(CompletionRequest {
+        tokens,
+        max_tokens,
+        stream,
+        include_usage,
+        cache_salt,
+        model,
+        stop,
+    })
+}
+
+/// `text` cut at the first of `stop` it contains: the kept text, and
+/// whether a stop sequence was found.
+///
+/// ```
+/// use radixkv_server::api::cut_at_stop;
+/// assert_eq!(cut_at_stop("ab\n\ncd", &["\n\n".into()]), ("ab", true));
+/// assert_eq!(cut_at_stop("abc", &["x".into()]), ("abc", false));
+/// ```
+pub fn cut_at_stop<'a>(text: &'a str, stop: &[String]) -> (&'a str, bool) {
+    match stop.iter().filter_map(|s| text.find(s.as_str())).min() {
+        Some(i) => (&text[..i], true),
+        None => (text, false),
     }
 }
 

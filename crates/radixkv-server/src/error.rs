@@ -13,6 +13,9 @@ pub enum ApiError {
     /// cannot fit a device's pool.
     #[error("{0}")]
     BadRequest(String),
+    /// 401: a missing or wrong API key (`--api-key`).
+    #[error("{0}")]
+    Unauthorized(String),
     /// 404: unknown path.
     #[error("no route for {0}")]
     NotFound(String),
@@ -48,6 +51,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -60,20 +64,28 @@ impl ApiError {
     /// OpenAI's `error.type`.
     pub fn kind(&self) -> &'static str {
         match self {
-            ApiError::BadRequest(_) | ApiError::PayloadTooLarge { .. } => "invalid_request_error",
+            ApiError::BadRequest(_)
+            | ApiError::PayloadTooLarge { .. }
+            | ApiError::Unauthorized(_) => "invalid_request_error",
             ApiError::NotFound(_) | ApiError::MethodNotAllowed => "not_found_error",
             ApiError::Busy { .. } => "rate_limit_error",
             ApiError::Unavailable(_) | ApiError::Internal(_) => "server_error",
         }
     }
 
-    /// The JSON body.
+    /// The JSON body (OpenAI's shape; a 401's `code` is
+    /// `invalid_api_key`, as OpenAI's).
     pub fn body(&self) -> serde_json::Value {
+        let code = match self {
+            ApiError::Unauthorized(_) => serde_json::json!("invalid_api_key"),
+            _ => serde_json::json!(self.status().as_u16()),
+        };
         serde_json::json!({
             "error": {
                 "message": self.to_string(),
                 "type": self.kind(),
-                "code": self.status().as_u16(),
+                "param": null,
+                "code": code,
             }
         })
     }

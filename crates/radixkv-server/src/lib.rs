@@ -27,8 +27,10 @@
 //! [`ServerConfig::drain_timeout`], then stops the engine.
 
 pub mod api;
+pub mod chat;
 pub mod error;
 pub mod metrics;
+pub mod query;
 mod stream;
 
 use api::{Choice, CompletionRequest, CompletionResponse, Limits, RunInfo, Usage};
@@ -71,8 +73,12 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// `Retry-After` of a 429, in seconds (default 1).
     pub retry_after_s: u64,
-    /// The model name in responses (default `radixkv-sim`).
+    /// The model name in responses and `/v1/models` (default `radixkv-sim`).
     pub model_name: String,
+    /// With a key, `/v1/*`, `/query*` and `/admin/*` need
+    /// `Authorization: Bearer <key>` (401 otherwise); `/health`, `/metrics`
+    /// and `/stats` stay open (default none).
+    pub api_key: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -85,6 +91,7 @@ impl Default for ServerConfig {
             drain_timeout: Duration::from_secs(30),
             retry_after_s: 1,
             model_name: "radixkv-sim".into(),
+            api_key: None,
         }
     }
 }
@@ -102,6 +109,8 @@ pub(crate) struct AppState {
     stats: ServerStats,
     draining: AtomicBool,
     started: Instant,
+    /// Unix seconds at start (`/v1/models`' `created`).
+    started_unix: u64,
     /// The KV-event publisher, if the cache publishes (its counters go to
     /// /metrics).
     kv_events: std::sync::OnceLock<Arc<radixkv_events::KvEventPublisher>>,
@@ -213,6 +222,7 @@ impl Server {
             stats: ServerStats::new(),
             draining: AtomicBool::new(false),
             started: Instant::now(),
+            started_unix: unix_now(),
             kv_events: std::sync::OnceLock::new(),
         });
         Ok(Server { listener, state })
@@ -337,12 +347,21 @@ fn app(state: Arc<AppState>) -> Router {
     let limit = state.cfg.max_body_bytes;
     Router::new()
         .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/query", post(query))
+        .route("/query_by_hash", post(query_by_hash))
         .route("/metrics", get(prometheus))
         .route("/stats", get(stats))
         .route("/health", get(health))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            authorize,
+        ))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             count_responses,
@@ -366,6 +385,43 @@ async fn count_responses(State(s): State<Arc<AppState>>, req: Request, next: Nex
     let r = next.run(req).await;
     s.stats.response(r.status().as_u16());
     r
+}
+
+/// With an API key: `/v1/*`, `/query*` and `/admin/*` need OpenAI's
+/// `Authorization: Bearer <key>`.
+async fn authorize(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let Some(key) = &s.cfg.api_key else {
+        return next.run(req).await;
+    };
+    let path = req.uri().path();
+    let guarded =
+        path.starts_with("/v1/") || path.starts_with("/query") || path.starts_with("/admin");
+    if !guarded {
+        return next.run(req).await;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Compared in constant time: the key must not leak through timing.
+    let ok = given.is_some_and(|g| {
+        g.len() == key.len()
+            && g.bytes()
+                .zip(key.bytes())
+                .fold(0u8, |a, (x, y)| a | (x ^ y))
+                == 0
+    });
+    if ok {
+        next.run(req).await
+    } else {
+        ApiError::Unauthorized(if given.is_some() {
+            "Incorrect API key provided.".into()
+        } else {
+            "Missing API key: send `Authorization: Bearer <key>`.".into()
+        })
+        .into_response()
+    }
 }
 
 async fn not_found(uri: Uri) -> ApiError {
@@ -425,11 +481,9 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-async fn completions(
-    State(s): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = body.map_err(|r| {
+/// The body of a request, or the API error for it.
+fn body_or_error(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|r| {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge {
                 limit: s.cfg.max_body_bytes,
@@ -437,14 +491,97 @@ async fn completions(
         } else {
             ApiError::BadRequest(r.body_text())
         }
+    })
+}
+
+fn limits(s: &AppState) -> Limits {
+    Limits {
+        max_tokens_limit: s.cfg.max_tokens_limit,
+        default_max_tokens: s.cfg.default_max_tokens,
+    }
+}
+
+async fn completions(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_or_error(&s, body)?;
+    let req = CompletionRequest::parse(&body, limits(&s))?;
+    run(s, req, stream::Kind::Text).await
+}
+
+async fn chat_completions(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_or_error(&s, body)?;
+    let req = CompletionRequest::parse_chat(&body, limits(&s))?;
+    run(s, req, stream::Kind::Chat).await
+}
+
+/// `/v1/models`: the one model served.
+async fn models(State(s): State<Arc<AppState>>) -> Response {
+    json_response(
+        StatusCode::OK,
+        &serde_json::json!({"object": "list", "data": [model_card(&s)]}),
+    )
+}
+
+/// `/v1/models/{id}`.
+async fn model(
+    State(s): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    if id != s.cfg.model_name {
+        return Err(ApiError::NotFound(format!("model {id}")));
+    }
+    Ok(json_response(StatusCode::OK, &model_card(&s)))
+}
+
+fn model_card(s: &AppState) -> serde_json::Value {
+    serde_json::json!({
+        "id": s.cfg.model_name,
+        "object": "model",
+        "created": s.started_unix,
+        "owned_by": "radixkv",
+    })
+}
+
+/// `/query` (see [`query`]).
+async fn query(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_or_error(&s, body)?;
+    let q = query::Query::parse(&body)?;
+    let v = query::answer(&s.caches, &q.tokens, q.namespace.as_deref());
+    Ok(json_response(StatusCode::OK, &v))
+}
+
+/// `/query_by_hash` (see [`query`]): block ids resolved through the KV-event
+/// publisher's index.
+async fn query_by_hash(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_or_error(&s, body)?;
+    let (ids, _namespace) = query::parse_by_hash(&body)?;
+    let resolved = s.kv_events.get().and_then(|p| p.resolve(&ids)).ok_or_else(|| {
+        ApiError::BadRequest(
+            "`/query_by_hash` needs the KV-event publisher's block index: start the server with --kv-events".into(),
+        )
     })?;
-    let req = CompletionRequest::parse(
-        &body,
-        Limits {
-            max_tokens_limit: s.cfg.max_tokens_limit,
-            default_max_tokens: s.cfg.default_max_tokens,
-        },
-    )?;
+    let (ns, tokens) = resolved;
+    let v = query::answer(&s.caches, &tokens, ns.as_deref());
+    Ok(json_response(StatusCode::OK, &v))
+}
+
+/// Runs a validated completion (text or chat): streamed, or answered whole.
+async fn run(
+    s: Arc<AppState>,
+    req: CompletionRequest,
+    kind: stream::Kind,
+) -> Result<Response, ApiError> {
     // Whole pages: the prompt, the output and one page of slack must fit
     // one device's pool (the engine's own rule).
     let (pool, page) = {
@@ -474,21 +611,24 @@ async fn completions(
     })?;
     let mut er = EngineRequest::new(req.tokens.clone(), req.max_tokens);
     er.namespace = req.cache_salt.as_deref().map(Arc::from);
-    let submitted = s.engine().submit_streaming(er);
-    let (id, rx) = submitted.map_err(|e| match e {
+    let (sink, mut events) = stream::sink();
+    let submitted = s.engine().submit_to(er, sink);
+    let id = submitted.map_err(|e| match e {
         EngineError::Rejected(m) => ApiError::BadRequest(m),
         EngineError::Stopped => ApiError::Unavailable("the engine is stopped".into()),
         other => ApiError::Internal(other.to_string()),
     })?;
     let mut guard = stream::CancelGuard::new(Arc::clone(&s), id);
-    let mut events = stream::forward(rx)
-        .map_err(|e| ApiError::Unavailable(format!("cannot start the request's stream: {e}")))?;
     let model = req
         .model
         .clone()
         .unwrap_or_else(|| s.cfg.model_name.clone());
     let meta = stream::ChunkMeta {
-        id: format!("cmpl-{id}"),
+        id: match kind {
+            stream::Kind::Text => format!("cmpl-{id}"),
+            stream::Kind::Chat => format!("chatcmpl-{id}"),
+        },
+        kind,
         created: unix_now(),
         model,
     };
@@ -500,6 +640,7 @@ async fn completions(
             meta,
             req.max_tokens,
             req.include_usage,
+            req.stop.clone(),
         );
         return Ok(Sse::new(st)
             .keep_alive(KeepAlive::new().interval(Duration::from_secs(5)))
@@ -521,27 +662,55 @@ async fn completions(
     if let Some(e) = completion_error(&c) {
         return Err(e);
     }
-    let body = CompletionResponse {
-        id: meta.id,
-        object: "text_completion",
-        created: meta.created,
-        model: meta.model,
-        choices: vec![Choice {
-            text: api::decode(&tokens),
-            index: 0,
-            logprobs: None,
-            finish_reason: Some("length"),
-        }],
-        usage: Some(Usage::of(&c)),
-        radixkv: Some(RunInfo {
-            device: c.device.0,
-            device_hit_tokens: c.cached_tokens,
-            host_loaded_tokens: c.host_loaded_tokens,
-            peer_copied_tokens: c.peer_copied_tokens,
-            ttft_ms: c.ttft.as_secs_f64() * 1e3,
-            e2e_ms: c.e2e.as_secs_f64() * 1e3,
-            retractions: c.retractions,
-        }),
+    let text = api::decode(&tokens);
+    let (text, stopped) = api::cut_at_stop(&text, &req.stop);
+    let finish = if stopped { "stop" } else { "length" };
+    let info = RunInfo {
+        device: c.device.0,
+        device_hit_tokens: c.cached_tokens,
+        host_loaded_tokens: c.host_loaded_tokens,
+        peer_copied_tokens: c.peer_copied_tokens,
+        ttft_ms: c.ttft.as_secs_f64() * 1e3,
+        e2e_ms: c.e2e.as_secs_f64() * 1e3,
+        retractions: c.retractions,
     };
-    Ok(json_response(StatusCode::OK, &body))
+    Ok(match kind {
+        stream::Kind::Text => json_response(
+            StatusCode::OK,
+            &CompletionResponse {
+                id: meta.id,
+                object: "text_completion",
+                created: meta.created,
+                model: meta.model,
+                choices: vec![Choice {
+                    text: text.to_owned(),
+                    index: 0,
+                    logprobs: None,
+                    finish_reason: Some(finish),
+                }],
+                usage: Some(Usage::of(&c)),
+                radixkv: Some(info),
+            },
+        ),
+        stream::Kind::Chat => json_response(
+            StatusCode::OK,
+            &chat::ChatResponse {
+                id: meta.id,
+                object: "chat.completion",
+                created: meta.created,
+                model: meta.model,
+                choices: vec![chat::ChatChoice {
+                    index: 0,
+                    message: chat::ChatMessage {
+                        role: "assistant",
+                        content: text.to_owned(),
+                    },
+                    logprobs: None,
+                    finish_reason: finish,
+                }],
+                usage: Usage::of(&c),
+                radixkv: info,
+            },
+        ),
+    })
 }

@@ -1,17 +1,18 @@
-//! The bridge from the engine's blocking per-request channel to async
-//! handlers, and the server-sent-event stream of a streamed completion.
+//! The bridge from the engine to async handlers, and the server-sent-event
+//! stream of a streamed completion (text or chat).
 //!
-//! Each admitted request gets a small forwarding thread that blocks on the
-//! engine's `std::sync::mpsc` receiver and passes events into a tokio
-//! channel; it ends after the request's `Done`, or as soon as the async
-//! side is gone. A [`CancelGuard`] lives as long as the handler or the
-//! event stream: dropped before `Done` (the client disconnected, the
-//! connection was aborted), it cancels the request in the engine, which
-//! releases its pages and pins.
+//! A request's events reach its handler through a tokio channel that the
+//! engine's scheduler feeds from its own thread ([`sink`]: a callback, no
+//! thread of the server's per request, nothing blocking). A
+//! [`CancelGuard`] lives as long as the handler or the event stream:
+//! dropped before `Done` (the client disconnected, the connection was
+//! aborted), it cancels the request in the engine, which releases its
+//! pages and pins.
 
 use super::api::{token_byte, Choice, CompletionResponse, Usage, Utf8Decoder};
 use super::AppState;
 use axum::response::sse::Event;
+use radixkv_engine::sched::scheduler::StreamSink;
 use radixkv_engine::StreamEvent;
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -56,29 +57,28 @@ impl Drop for CancelGuard {
     }
 }
 
-/// Forwards `rx`'s events into a tokio channel from a dedicated thread.
-pub fn forward(
-    rx: std::sync::mpsc::Receiver<StreamEvent>,
-) -> std::io::Result<UnboundedReceiver<StreamEvent>> {
-    let (tx, out) = unbounded_channel();
-    std::thread::Builder::new()
-        .name("radixkv-http-fwd".into())
-        .spawn(move || {
-            while let Ok(ev) = rx.recv() {
-                let done = matches!(ev, StreamEvent::Done(_));
-                if tx.send(ev).is_err() || done {
-                    break;
-                }
-            }
-        })?;
-    Ok(out)
+/// A sink for the engine and the async receiver it feeds.
+pub fn sink() -> (StreamSink, UnboundedReceiver<StreamEvent>) {
+    let (tx, rx) = unbounded_channel();
+    (StreamSink::callback(move |e| tx.send(e).is_ok()), rx)
+}
+
+/// Which API a stream answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `/v1/completions`: `text_completion` chunks.
+    Text,
+    /// `/v1/chat/completions`: `chat.completion.chunk` chunks with deltas.
+    Chat,
 }
 
 /// The identity shared by every chunk of one streamed completion.
 #[derive(Clone, Debug)]
 pub struct ChunkMeta {
-    /// `cmpl-<id>`.
+    /// `cmpl-<id>` or `chatcmpl-<id>`.
     pub id: String,
+    /// Text or chat.
+    pub kind: Kind,
     /// Unix seconds.
     pub created: u64,
     /// Model name.
@@ -86,15 +86,62 @@ pub struct ChunkMeta {
 }
 
 impl ChunkMeta {
-    fn chunk(&self, choices: Vec<Choice>, usage: Option<Usage>) -> CompletionResponse {
-        CompletionResponse {
-            id: self.id.clone(),
-            object: "text_completion",
-            created: self.created,
-            model: self.model.clone(),
-            choices,
-            usage,
-            radixkv: None,
+    /// A chunk carrying `text` (and `finish`, on the last one).
+    fn text(&self, text: String, finish: Option<&'static str>, first: bool) -> Event {
+        match self.kind {
+            Kind::Text => json_event(&CompletionResponse {
+                id: self.id.clone(),
+                object: "text_completion",
+                created: self.created,
+                model: self.model.clone(),
+                choices: vec![Choice {
+                    text,
+                    index: 0,
+                    logprobs: None,
+                    finish_reason: finish,
+                }],
+                usage: None,
+                radixkv: None,
+            }),
+            Kind::Chat => {
+                let mut delta = serde_json::Map::new();
+                if first {
+                    delta.insert("role".into(), "assistant".into());
+                }
+                if !text.is_empty() || finish.is_none() {
+                    delta.insert("content".into(), text.into());
+                }
+                json_event(&serde_json::json!({
+                    "id": self.id,
+                    "object": "chat.completion.chunk",
+                    "created": self.created,
+                    "model": self.model,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+                }))
+            }
+        }
+    }
+
+    /// The usage chunk (no choices).
+    fn usage(&self, usage: Usage) -> Event {
+        match self.kind {
+            Kind::Text => json_event(&CompletionResponse {
+                id: self.id.clone(),
+                object: "text_completion",
+                created: self.created,
+                model: self.model.clone(),
+                choices: Vec::new(),
+                usage: Some(usage),
+                radixkv: None,
+            }),
+            Kind::Chat => json_event(&serde_json::json!({
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": usage,
+            })),
         }
     }
 }
@@ -106,8 +153,12 @@ fn json_event<T: serde::Serialize>(v: &T) -> Event {
 }
 
 /// A streamed completion: one event per generated token (a
-/// `text_completion` chunk), an optional usage chunk, then `[DONE]`; on
-/// failure an `{"error": …}` event before `[DONE]`.
+/// `text_completion` or `chat.completion.chunk` chunk; a chat stream's
+/// first delta carries the role), an optional usage chunk, then `[DONE]`;
+/// on failure an `{"error": …}` event before `[DONE]`. With stop
+/// sequences, text that could begin one is held back until it cannot, and
+/// the stream's text ends before the first stop sequence (finish reason
+/// `stop`; later tokens are not sent).
 pub struct CompletionStream {
     rx: UnboundedReceiver<StreamEvent>,
     guard: CancelGuard,
@@ -119,6 +170,13 @@ pub struct CompletionStream {
     include_usage: bool,
     queued: VecDeque<Event>,
     ended: bool,
+    stop: Vec<String>,
+    /// Text decoded and not yet sent (a possible start of a stop sequence).
+    held: String,
+    /// A stop sequence was met: the text is complete.
+    stopped: bool,
+    /// Chunks sent so far (a chat stream's first carries the role).
+    chunks: usize,
 }
 
 impl std::fmt::Debug for CompletionStream {
@@ -140,6 +198,7 @@ impl CompletionStream {
         meta: ChunkMeta,
         max_tokens: usize,
         include_usage: bool,
+        stop: Vec<String>,
     ) -> Self {
         CompletionStream {
             rx,
@@ -152,6 +211,55 @@ impl CompletionStream {
             include_usage,
             queued: VecDeque::new(),
             ended: false,
+            stop,
+            held: String::new(),
+            stopped: false,
+            chunks: 0,
+        }
+    }
+
+    /// Queues a text chunk.
+    fn send_text(&mut self, text: String, finish: Option<&'static str>) {
+        let first = self.chunks == 0;
+        self.chunks += 1;
+        self.queued.push_back(self.meta.text(text, finish, first));
+    }
+
+    /// Takes `text` (newly decoded); queues what can be sent.
+    fn take_text(&mut self, text: &str, last: bool) {
+        if self.stopped {
+            return;
+        }
+        self.held.push_str(text);
+        let (kept, hit) = super::api::cut_at_stop(&self.held, &self.stop);
+        if hit {
+            let out = kept.to_owned();
+            self.held.clear();
+            self.stopped = true;
+            self.send_text(out, Some("stop"));
+            return;
+        }
+        if last {
+            let out = std::mem::take(&mut self.held);
+            self.send_text(out, Some("length"));
+            return;
+        }
+        // Hold back the longest tail that could begin a stop sequence.
+        let keep = self
+            .stop
+            .iter()
+            .flat_map(|s| {
+                let held = &self.held;
+                (1..s.len().min(held.len() + 1)).rev().find(|&n| {
+                    held.is_char_boundary(held.len() - n) && s.starts_with(&held[held.len() - n..])
+                })
+            })
+            .max()
+            .unwrap_or(0);
+        let cut = self.held.len() - keep;
+        if cut > 0 || self.stop.is_empty() {
+            let out: String = self.held.drain(..cut).collect();
+            self.send_text(out, None);
         }
     }
 
@@ -167,55 +275,51 @@ impl futures_core::Stream for CompletionStream {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        if let Some(e) = this.queued.pop_front() {
-            return Poll::Ready(Some(Ok(e)));
-        }
-        if this.ended {
-            return Poll::Ready(None);
-        }
-        match this.rx.poll_recv(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(StreamEvent::Token(t))) => {
-                this.sent += 1;
-                let last = this.sent >= this.max_tokens;
-                let mut text = this.decoder.push(token_byte(t));
-                if last {
-                    text.push_str(&this.decoder.finish());
-                }
-                let chunk = this.meta.chunk(
-                    vec![Choice {
-                        text,
-                        index: 0,
-                        logprobs: None,
-                        finish_reason: last.then_some("length"),
-                    }],
-                    None,
-                );
-                Poll::Ready(Some(Ok(json_event(&chunk))))
+        loop {
+            if let Some(e) = this.queued.pop_front() {
+                return Poll::Ready(Some(Ok(e)));
             }
-            Poll::Ready(Some(StreamEvent::Done(c))) => {
-                this.guard.disarm();
-                match super::completion_error(&c) {
-                    Some(e) => this.fail(e),
-                    None => {
-                        if this.include_usage {
-                            let usage = Usage::of(&c);
-                            let chunk = this.meta.chunk(Vec::new(), Some(usage));
-                            this.queued.push_back(json_event(&chunk));
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            match this.rx.poll_recv(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(StreamEvent::Token(t))) => {
+                    this.sent += 1;
+                    let last = this.sent >= this.max_tokens;
+                    let mut text = this.decoder.push(token_byte(t));
+                    if last {
+                        text.push_str(&this.decoder.finish());
+                    }
+                    // Queues a chunk, or holds the text back (a possible
+                    // stop sequence), or drops it (after a stop).
+                    this.take_text(&text, last);
+                }
+                Poll::Ready(Some(StreamEvent::Done(c))) => {
+                    this.guard.disarm();
+                    match super::completion_error(&c) {
+                        Some(e) => this.fail(e),
+                        None => {
+                            if !this.stopped && !this.held.is_empty() {
+                                let out = std::mem::take(&mut this.held);
+                                this.send_text(out, Some("length"));
+                            }
+                            if this.include_usage {
+                                let e = this.meta.usage(Usage::of(&c));
+                                this.queued.push_back(e);
+                            }
+                            this.queued.push_back(Event::default().data("[DONE]"));
+                            this.ended = true;
                         }
-                        this.queued.push_back(Event::default().data("[DONE]"));
-                        this.ended = true;
                     }
                 }
-                Poll::Ready(this.queued.pop_front().map(Ok))
-            }
-            Poll::Ready(None) => {
-                // The forwarder ended without `Done`: the engine is gone.
-                this.guard.disarm();
-                this.fail(super::error::ApiError::Unavailable(
-                    "the engine stopped".into(),
-                ));
-                Poll::Ready(this.queued.pop_front().map(Ok))
+                Poll::Ready(None) => {
+                    // The sink was dropped without `Done`: the engine is gone.
+                    this.guard.disarm();
+                    this.fail(super::error::ApiError::Unavailable(
+                        "the engine stopped".into(),
+                    ));
+                }
             }
         }
     }

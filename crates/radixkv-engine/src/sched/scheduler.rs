@@ -106,7 +106,47 @@ pub struct Job {
     /// Where to send each generated token and the completion (streaming
     /// clients); `None`: the completion goes to
     /// [`SchedulerEvents::completed`] only.
-    pub stream: Option<Sender<StreamEvent>>,
+    pub stream: Option<StreamSink>,
+}
+
+/// Where a streaming request's events go: a channel, or a callback that
+/// the scheduler calls on its own thread (it must not block: hand the
+/// event on, e.g. to an async channel, and return).
+///
+/// ```
+/// use radixkv_engine::sched::scheduler::{StreamEvent, StreamSink};
+/// let (tx, rx) = std::sync::mpsc::channel();
+/// let sink = StreamSink::callback(move |e| tx.send(e).is_ok());
+/// sink.send(StreamEvent::Token(7));
+/// assert_eq!(rx.recv().unwrap(), StreamEvent::Token(7));
+/// ```
+#[derive(Clone)]
+pub struct StreamSink(Arc<dyn Fn(StreamEvent) -> bool + Send + Sync>);
+
+impl StreamSink {
+    /// Events into a standard channel.
+    pub fn channel(tx: Sender<StreamEvent>) -> Self {
+        let tx = std::sync::Mutex::new(tx);
+        StreamSink(Arc::new(move |e| {
+            tx.lock().map(|t| t.send(e).is_ok()).unwrap_or(false)
+        }))
+    }
+
+    /// Events to `f`, which returns false once nobody listens.
+    pub fn callback(f: impl Fn(StreamEvent) -> bool + Send + Sync + 'static) -> Self {
+        StreamSink(Arc::new(f))
+    }
+
+    /// Delivers one event; false if nobody listens any more.
+    pub fn send(&self, e: StreamEvent) -> bool {
+        (self.0)(e)
+    }
+}
+
+impl std::fmt::Debug for StreamSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StreamSink")
+    }
 }
 
 /// What a streaming request receives.
