@@ -35,6 +35,9 @@ QUICK=1 THREADS=1,2 PROCESSES=1 bash scripts/scaling.sh "" target/peers/scaling-
 echo "== KV events read by Dynamo's own decoder and index (bench-peers/tests/dynamo_events.rs: a 4-device replay with evictions, every prompt's overlap per rank equal to radixkv's peek)"
 cargo test --release --manifest-path bench-peers/Cargo.toml --target-dir target/peers --test dynamo_events
 
+echo "== the server from Python: the official openai client, pyzmq on the KV events, 1,000 streaming clients (scripts/python-check.sh; its own venv)"
+bash scripts/python-check.sh
+
 echo "== docs build without warnings (every public item documented, links resolve)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 

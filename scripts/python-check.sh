@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# End-to-end checks of a running `radixkv serve` from Python, as a new user
+# would drive it: the official `openai` client (models, completions, chat,
+# streaming, a cached second turn, errors), pyzmq (libzmq) subscribing to
+# and replaying its KV events, /query, and 1,000 concurrent streaming
+# clients with a bounded number of server threads. The packages go into
+# their own virtual environment (target/py-venv), installed by this script.
+# Without python3 it prints SKIPPED (and exits 0): it never passes silently.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v python3 >/dev/null 2>&1; then
+  echo "SKIPPED: the Python client checks (no python3 on this machine)"
+  exit 0
+fi
+venv=target/py-venv
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+  "openai>=1.40" "httpx>=0.27" "pyzmq>=25" "msgpack>=1.0"
+
+cargo build --release --quiet -p radixkv-cli
+bin=target/release/radixkv
+
+# Four free ports: HTTP, KV events for two devices, the replay socket of
+# device 0 (device 1's replay takes the next one).
+read -r http events replay < <("$venv/bin/python" - <<'PY'
+import socket
+def block(n):
+    while True:
+        s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
+        if p + n > 65000: continue
+        ok = True
+        for i in range(n):
+            t = socket.socket()
+            try: t.bind(("127.0.0.1", p + i))
+            except OSError: ok = False
+            finally: t.close()
+        if ok: return p
+p = block(5)
+print(p, p + 1, p + 3)
+PY
+)
+
+# 1,000 clients and the server's side of their connections.
+ulimit -n 8192 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+log=$(mktemp)
+"$bin" serve --port "$http" --devices 2 --api-key sk-radixkv-test --max-queue 2000 \
+  --kv-events "tcp://127.0.0.1:$events" --kv-events-replay "tcp://127.0.0.1:$replay" \
+  >"$log" 2>&1 &
+pid=$!
+cleanup() { kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -f "$log"; }
+trap cleanup EXIT
+for _ in $(seq 1 200); do
+  if curl -sf "http://127.0.0.1:$http/health" >/dev/null 2>&1; then break; fi
+  if ! kill -0 "$pid" 2>/dev/null; then cat "$log"; echo "radixkv serve exited"; exit 1; fi
+  sleep 0.05
+done
+"$venv/bin/python" scripts/python_check.py "http://127.0.0.1:$http" sk-radixkv-test \
+  "tcp://127.0.0.1:$events" "tcp://127.0.0.1:$replay" "$pid"
