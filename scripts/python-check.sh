@@ -3,7 +3,9 @@
 # would drive it: the official `openai` client (models, completions, chat,
 # streaming, a cached second turn, errors), pyzmq (libzmq) subscribing to
 # and replaying its KV events, /query, and 1,000 concurrent streaming
-# clients with a bounded number of server threads. The packages go into
+# clients with a bounded number of server threads, and NVIDIA Dynamo's
+# standalone KV indexer (ai-dynamo-runtime's `python -m dynamo.indexer`)
+# subscribed to the server's events. The packages go into
 # their own virtual environment (target/py-venv), installed by this script.
 # Without python3 it prints SKIPPED (and exits 0): it never passes silently.
 set -euo pipefail
@@ -18,7 +20,7 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-  "openai>=1.40" "httpx>=0.27" "pyzmq>=25" "msgpack>=1.0"
+  "openai>=1.40" "httpx>=0.27" "pyzmq>=25" "msgpack>=1.0" "ai-dynamo-runtime==1.6.1"
 
 cargo build --release --quiet -p radixkv-cli
 bin=target/release/radixkv

@@ -9,6 +9,9 @@ Usage: python_check.py BASE_URL API_KEY EVENTS_ENDPOINT REPLAY_ENDPOINT SERVER_P
 
 import asyncio
 import json
+import os
+import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -196,6 +199,83 @@ def _():
     assert all(len(e["token_ids"]) == 16 * len(e["block_hashes"]) for e in stored)
     ctx.destroy(linger=0)
     return f"{len(batches)} batches replayed, {len(stored)} BlockStored"
+
+
+def post_json(url, body, key=None):
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    return json.load(urllib.request.urlopen(req, timeout=10))
+
+
+@check("NVIDIA Dynamo's standalone indexer (python -m dynamo.indexer) sees what /query sees")
+def _():
+    host, port = EVENTS.rsplit(":", 1)
+    workers = f"1={host}:{port},1:1={host}:{int(port) + 1}"
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    iport = s.getsockname()[1]
+    s.close()
+    log = open(os.devnull, "w")
+    ix = subprocess.Popen(
+        [sys.executable, "-m", "dynamo.indexer", "--block-size", "16", "--port", str(iport),
+         "--threads", "1", "--workers", workers],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        url = f"http://127.0.0.1:{iport}/query"
+
+        def scores(tokens):
+            v = post_json(url, {"token_ids": tokens, "model_name": "default"})
+            return {int(r): n for r, n in v.get("scores", {}).get("1", {}).items()}
+
+        # Live once a probe sent now shows up in the indexer (its SUB
+        # sockets connect in the background).
+        deadline = time.time() + 60
+        i = 0
+        while True:
+            assert ix.poll() is None, "the indexer exited"
+            assert time.time() < deadline, "the indexer never saw an event"
+            probe = list(f"dynamo probe {i} ".encode() * 4)
+            i += 1
+            try:
+                client.completions.create(model="radixkv-sim", prompt=probe, max_tokens=1)
+                wait_idle()
+                if sum(scores(probe).values()) > 0:
+                    break
+            except (OSError, ValueError):
+                pass  # not listening yet
+            time.sleep(0.2)
+        prompts = [list((f"shared system prompt {g} " * 6 + f"question {q}").encode())
+                   for g in range(3) for q in range(4)]
+        for p in prompts:
+            client.completions.create(model="radixkv-sim", prompt=p, max_tokens=2)
+        wait_idle()
+
+        def compare():
+            out = []
+            for p in prompts:
+                ours = post_json(BASE + "/query", {"token_ids": p}, KEY)["data"]["radixkv"]["L1"]
+                want = {int(k[2:]): v for k, v in ours.items() if v}
+                got = {r: n for r, n in scores(p).items() if n}
+                out.append((got, want))
+            return out
+
+        # The indexer applies events on its own threads: poll until it has
+        # caught up (radixkv is idle, so its answer no longer moves).
+        deadline = time.time() + 20
+        pairs = compare()
+        while any(g != w for g, w in pairs) and time.time() < deadline:
+            time.sleep(0.1)
+            pairs = compare()
+        bad = [(g, w) for g, w in pairs if g != w]
+        assert not bad, f"Dynamo vs radixkv: {bad}"
+        assert all(w for _, w in pairs), "every prompt is cached somewhere"
+        return f"{len(pairs)} prompts: per-rank overlap equal to radixkv's"
+    finally:
+        ix.terminate()
+        ix.wait(10)
 
 
 def threads_of(pid):
