@@ -76,7 +76,7 @@ pub struct PageAllocator {
     cursor: AtomicUsize,
     in_spans: AtomicUsize,
     double_frees: AtomicU64,
-    low_watermark: usize,
+    low_watermark: AtomicUsize,
     below: AtomicBool,
     listener: Option<WatermarkListener>,
 }
@@ -151,7 +151,7 @@ impl PageAllocator {
             cursor: AtomicUsize::new(0),
             in_spans: AtomicUsize::new(0),
             double_frees: AtomicU64::new(0),
-            low_watermark,
+            low_watermark: AtomicUsize::new(low_watermark),
             below: AtomicBool::new(false),
             listener,
         }))
@@ -170,6 +170,14 @@ impl PageAllocator {
     /// Token slots per page.
     pub fn page_size(&self) -> usize {
         self.page_size
+    }
+
+    /// Moves the low watermark (the background evictor's wake-up level) to
+    /// `pages` free pages; a crossing from now on signals at the new level.
+    pub fn set_low_watermark(&self, pages: usize) {
+        self.low_watermark.store(pages, Ordering::SeqCst);
+        // Re-armed: the next allocation below the new level signals.
+        self.below.store(false, Ordering::SeqCst);
     }
 
     /// Free pages now.
@@ -311,13 +319,15 @@ impl PageAllocator {
             self.double_frees.fetch_add(bad, Ordering::SeqCst);
         }
         let now = self.free.fetch_add(freed, Ordering::SeqCst) + freed;
-        if now >= self.low_watermark {
+        if now >= self.low_watermark.load(Ordering::SeqCst) {
             self.below.store(false, Ordering::SeqCst);
         }
     }
 
     fn watch(&self, free_now: usize) {
-        if free_now < self.low_watermark && !self.below.swap(true, Ordering::SeqCst) {
+        if free_now < self.low_watermark.load(Ordering::SeqCst)
+            && !self.below.swap(true, Ordering::SeqCst)
+        {
             if let Some(l) = &self.listener {
                 l(self.device, free_now);
             }

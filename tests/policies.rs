@@ -270,3 +270,32 @@ fn eviction_metrics_count_calls_leaves_tokens_and_latency() {
         assert!(c.eviction_metrics(DeviceId(2)).is_err());
     }
 }
+
+#[test]
+fn a_policy_switch_at_run_time_re_ranks_the_candidates() {
+    // a is created first, b second; then a is used again: LRU evicts b
+    // first, FIFO evicts a first.
+    let c = radixkv::RadixCache::builder().build().unwrap();
+    let d = radixkv::DeviceId(0);
+    let key = radixkv::TokenKey::new;
+    c.insert(key(&[1, 1]), d, &[1, 1], 0).unwrap();
+    c.insert(key(&[2, 2]), d, &[2, 2], 0).unwrap();
+    c.match_prefix(key(&[1, 1]), d).unwrap();
+    // The heap holds both under LRU keys (an eviction of nothing files them).
+    c.evict(d, 0).unwrap();
+    c.set_eviction_policy(radixkv::EvictionPolicy::Fifo)
+        .unwrap();
+    assert_eq!(c.eviction_policy(), radixkv::EvictionPolicy::Fifo);
+    let ev = c.evict(d, 1).unwrap();
+    assert_eq!(ev.values, vec![1, 1], "FIFO evicts the oldest leaf");
+    c.set_eviction_policy(radixkv::EvictionPolicy::Lru).unwrap();
+    c.insert(key(&[3, 3]), d, &[3, 3], 0).unwrap();
+    c.match_prefix(key(&[2, 2]), d).unwrap();
+    assert_eq!(c.evict(d, 1).unwrap().values, vec![3, 3], "LRU again");
+    // The kind is fixed at build time.
+    let e = c
+        .set_eviction_policy(radixkv::EvictionPolicy::Mru)
+        .unwrap_err();
+    assert!(e.to_string().contains("switches among"), "{e}");
+    c.audit();
+}

@@ -317,11 +317,12 @@ impl RadixCache {
         // A note is filed under a lower bound of its key, from what it
         // carries: taking thousands in visits none of the nodes (popping
         // validates each). Sieve ranks by the hand and visits the node.
-        self.tree
-            .drain_leaves(d, |note| match self.policy.lower_bound(note.last_access) {
+        self.tree.drain_leaves(d, |note| {
+            match self.eviction_policy().lower_bound(note.last_access) {
                 Some(k) => fresh.push(Reverse((k, ByAddr(note.node)))),
                 None => visited(note.node, &mut fresh),
-            });
+            }
+        });
         for n in std::mem::take(&mut c.aside) {
             visited(n, &mut fresh);
         }
@@ -369,7 +370,7 @@ impl RadixCache {
                 c.aside.push(n); // lost a race with a pin or a new child
                 continue;
             };
-            if self.policy == EvictionPolicy::Sieve {
+            if self.eviction_policy() == EvictionPolicy::Sieve {
                 let (round, order, _) = stored.sieve_parts();
                 c.hand = (round, order);
             }
@@ -383,7 +384,7 @@ impl RadixCache {
                 let hits = p.dev(d).hits.load(Ordering::Relaxed);
                 p.dev(d).hits_base.store(hits, Ordering::Relaxed);
                 let mut k = self.entry_key(c.hand, &p, d);
-                if self.policy == EvictionPolicy::Sieve {
+                if self.eviction_policy() == EvictionPolicy::Sieve {
                     // Its hits so far were passes through to the children
                     // just evicted: it joins right at the hand (the next
                     // candidate, like its coldest descendants) with its
@@ -425,7 +426,7 @@ impl RadixCache {
                 c.aside.push(n); // a candidate again once unpinned
                 continue;
             }
-            if self.policy == EvictionPolicy::Sieve {
+            if self.eviction_policy() == EvictionPolicy::Sieve {
                 // An entry of a node evicted and cached again meanwhile is
                 // older than its new one: harmless, it only offers the node
                 // to the hand once more.
@@ -456,6 +457,21 @@ impl RadixCache {
         }
     }
 
+    /// Re-ranks device `d`'s candidates under the policy now (after a
+    /// switch): every leaf on `d`, keyed afresh; the sieve hand restarts.
+    /// The caller holds `c`'s lock.
+    pub(super) fn rerank(&self, c: &mut Candidates, d: usize, guard: &Guard) {
+        c.heap.clear();
+        c.aside.clear();
+        c.hand = (0, 0);
+        for n in self.tree.leaves(d, guard) {
+            // SAFETY: `n` is a tree node reached under `guard`, alive here.
+            let n = unsafe { arc_of(n) };
+            let k = self.entry_key(c.hand, &n, d);
+            c.heap.push(Reverse((k, ByAddr(n))));
+        }
+    }
+
     /// Whether `n`'s tokens are also resident on a device other than `d`.
     fn replicated(&self, n: &Node, d: usize) -> bool {
         (0..self.devices()).any(|e| e != d && n.dev(e).residency.load().resident())
@@ -471,7 +487,7 @@ impl RadixCache {
     /// A heap entry's key from a leaf's policy key (Sieve places it
     /// relative to the hand).
     fn ranked(&self, hand: (u64, u64), k: policy::EvictionKey) -> policy::EvictionKey {
-        if self.policy != EvictionPolicy::Sieve {
+        if self.eviction_policy() != EvictionPolicy::Sieve {
             return k;
         }
         let (_, created, seen) = k.sieve_parts();
@@ -481,7 +497,7 @@ impl RadixCache {
 
     fn key_of(&self, n: &Node, d: usize) -> policy::EvictionKey {
         let s = &n.dev(d);
-        self.policy.key(&LeafStats {
+        self.eviction_policy().key(&LeafStats {
             last_access: s.last_access.load(Ordering::Relaxed),
             created: s.created.load(Ordering::Relaxed),
             hits: s.hits.load(Ordering::Relaxed),

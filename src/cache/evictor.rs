@@ -87,7 +87,7 @@ impl RadixCache {
     /// per cache). The thread holds only a weak reference: dropping the
     /// cache ends it too.
     pub fn start_evictor(self: &Arc<Self>) -> Result<Evictor, CacheError> {
-        let (low, high) = self.watermarks.ok_or_else(|| {
+        self.watermarks.ok_or_else(|| {
             CacheError::InvalidConfig(
                 "no watermarks: build the cache with .watermarks(low, high)".into(),
             )
@@ -105,7 +105,7 @@ impl RadixCache {
             let (stop, stats) = (Arc::clone(&stop), Arc::clone(&stats));
             std::thread::Builder::new()
                 .name("radixkv-evictor".into())
-                .spawn(move || run(weak, rx, (low, high), &stop, &stats))
+                .spawn(move || run(weak, rx, &stop, &stats))
                 .map_err(|e| {
                     CacheError::InvalidConfig(format!("cannot start the evictor thread: {e}"))
                 })?
@@ -135,13 +135,7 @@ impl BelowLow {
     }
 }
 
-fn run(
-    cache: Weak<RadixCache>,
-    signal: Receiver<usize>,
-    (low, high): (usize, usize),
-    stop: &AtomicBool,
-    stats: &EvictorStats,
-) {
+fn run(cache: Weak<RadixCache>, signal: Receiver<usize>, stop: &AtomicBool, stats: &EvictorStats) {
     let mut below = BelowLow(Vec::new());
     loop {
         let woken = match signal.recv_timeout(POLL) {
@@ -156,6 +150,10 @@ fn run(
             return;
         }
         let Some(cache) = cache.upgrade() else {
+            return;
+        };
+        // The levels now (RadixCache::set_watermarks moves them).
+        let Some((low, high)) = cache.watermarks() else {
             return;
         };
         // Every tier with an allocator: the devices and the host tier.

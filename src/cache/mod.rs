@@ -40,6 +40,14 @@ use crate::tree::{clock::Clock, End, Tree};
 use crossbeam_utils::CachePadded;
 use eviction::Candidates;
 
+/// The index of `p` in [`EvictionPolicy::ALL`].
+fn policy_index(p: EvictionPolicy) -> u64 {
+    EvictionPolicy::ALL
+        .iter()
+        .position(|&q| q == p)
+        .unwrap_or(0) as u64
+}
+
 /// Builds a [`RadixCache`]; every option has a default.
 ///
 /// ```
@@ -290,7 +298,11 @@ impl RadixCacheBuilder {
             candidates: (0..tiers)
                 .map(|_| crate::sync::Mutex::new(Candidates::default()))
                 .collect(),
-            policy: self.policy,
+            policy: AtomicU64::new(policy_index(self.policy)),
+            levels: (
+                AtomicU64::new(self.watermarks.map_or(0, |w| w.0 as u64)),
+                AtomicU64::new(self.watermarks.map_or(0, |w| w.1 as u64)),
+            ),
             replica_aware: self.replica_aware,
             leases: (0..tiers)
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
@@ -346,7 +358,13 @@ pub struct RadixCache {
     candidates: Box<[crate::sync::Mutex<Candidates>]>,
     id: u64,
     tree: Tree,
-    policy: EvictionPolicy,
+    /// The eviction policy, as its index in [`EvictionPolicy::ALL`]
+    /// (changed at run time by [`set_eviction_policy`](Self::set_eviction_policy)).
+    policy: AtomicU64,
+    /// The watermarks now (low, high), when built with watermarks (changed
+    /// by [`set_watermarks`](Self::set_watermarks)); the evictor reads them
+    /// on every pass.
+    levels: (AtomicU64, AtomicU64),
     replica_aware: bool,
     leases: Arc<[CachePadded<AtomicU64>]>,
 }
@@ -380,7 +398,111 @@ impl RadixCache {
 
     /// The eviction policy.
     pub fn eviction_policy(&self) -> EvictionPolicy {
-        self.policy
+        // SeqCst: read once per eviction call; changes are rare.
+        EvictionPolicy::ALL[self.policy.load(Ordering::SeqCst) as usize % EvictionPolicy::ALL.len()]
+    }
+
+    /// Switches the eviction policy at run time. The policies that rank
+    /// leaves in a heap (lru, lfu, fifo, priority, slru, sieve) switch among
+    /// themselves, and mru and filo (ranked by a scan) between themselves:
+    /// which kind a cache is, is fixed when it is built (the heap's inbox of
+    /// new leaves exists or not). Every device's candidates are re-ranked
+    /// under the new policy, with all their eviction locks held, so no
+    /// eviction runs half under one order and half under the other.
+    ///
+    /// ```
+    /// use radixkv::{EvictionPolicy, RadixCache};
+    /// let c = RadixCache::builder().build().unwrap();
+    /// c.set_eviction_policy(EvictionPolicy::Lfu).unwrap();
+    /// assert_eq!(c.eviction_policy(), EvictionPolicy::Lfu);
+    /// assert!(c.set_eviction_policy(EvictionPolicy::Mru).is_err());
+    /// ```
+    pub fn set_eviction_policy(&self, p: EvictionPolicy) -> Result<(), CacheError> {
+        let now = self.eviction_policy();
+        if p.keys_only_grow() != now.keys_only_grow() {
+            let kind = |p: EvictionPolicy| {
+                if p.keys_only_grow() {
+                    "lru, lfu, fifo, priority, slru, sieve"
+                } else {
+                    "mru, filo"
+                }
+            };
+            return Err(CacheError::InvalidConfig(format!(
+                "this cache was built with {} and switches among {} only (asked for {})",
+                now.name(),
+                kind(now),
+                p.name()
+            )));
+        }
+        // Every device's lock, in index order (evictions take one at a time).
+        let mut held: Vec<_> = self
+            .candidates
+            .iter()
+            .map(|c| crate::sync::lock(c))
+            .collect();
+        self.policy.store(policy_index(p), Ordering::SeqCst);
+        if self.tree.tracks_leaves() {
+            let guard = crossbeam_epoch::pin();
+            for (d, c) in held.iter_mut().enumerate() {
+                self.rerank(c, d, &guard);
+            }
+        }
+        Ok(())
+    }
+
+    /// The watermarks now, in free pages per device (none without).
+    pub fn watermarks(&self) -> Option<(usize, usize)> {
+        self.watermarks.map(|_| {
+            // SeqCst: read once per evictor pass.
+            (
+                self.levels.0.load(Ordering::SeqCst) as usize,
+                self.levels.1.load(Ordering::SeqCst) as usize,
+            )
+        })
+    }
+
+    /// Moves the watermarks at run time (the cache must have been built
+    /// with watermarks: its background evictor follows them from its next
+    /// pass; the allocators signal at the new low level).
+    ///
+    /// ```
+    /// use radixkv::RadixCache;
+    /// let c = RadixCache::builder().pages_per_device(64).watermarks(4, 8).build().unwrap();
+    /// c.set_watermarks(8, 16).unwrap();
+    /// assert_eq!(c.watermarks(), Some((8, 16)));
+    /// assert!(c.set_watermarks(16, 8).is_err());
+    /// assert!(RadixCache::builder().build().unwrap().set_watermarks(1, 2).is_err());
+    /// ```
+    pub fn set_watermarks(&self, low: usize, high: usize) -> Result<(), CacheError> {
+        if self.watermarks.is_none() {
+            return Err(CacheError::InvalidConfig(
+                "this cache was built without watermarks (no background evictor)".into(),
+            ));
+        }
+        let smallest = self
+            .allocators
+            .iter()
+            .map(|a| a.num_pages())
+            .min()
+            .unwrap_or(0);
+        if low >= high || high >= smallest {
+            return Err(CacheError::InvalidConfig(format!(
+                "watermarks need low < high < pages ({low}, {high}, {smallest})"
+            )));
+        }
+        // High first when rising, low first when falling: never low >= high
+        // for a reader between the two stores.
+        if low as u64 >= self.levels.1.load(Ordering::SeqCst) {
+            self.levels.1.store(high as u64, Ordering::SeqCst);
+            self.levels.0.store(low as u64, Ordering::SeqCst);
+        } else {
+            self.levels.0.store(low as u64, Ordering::SeqCst);
+            self.levels.1.store(high as u64, Ordering::SeqCst);
+        }
+        for a in &self.allocators {
+            a.set_low_watermark(low);
+        }
+        Ok(())
     }
 
     fn device(&self, d: DeviceId) -> Result<usize, CacheError> {

@@ -45,6 +45,14 @@ pub struct ServeArgs {
     /// radixkv-<model>.
     #[arg(long)]
     served_model_name: Option<String>,
+    /// Background eviction: keep HIGH pages free per device, starting when
+    /// fewer than LOW are (`LOW,HIGH`; changeable at run time through
+    /// POST /admin/config). Default: evict only when an allocation needs it.
+    #[arg(long, value_name = "LOW,HIGH", value_delimiter = ',', num_args = 2)]
+    watermarks: Option<Vec<usize>>,
+    /// Accept /admin/* from any address (default: loopback clients only).
+    #[arg(long)]
+    admin_from_anywhere: bool,
     #[command(flatten)]
     kv_events: crate::kv_events::KvEventArgs,
 }
@@ -74,6 +82,9 @@ pub fn run(a: ServeArgs) -> CmdResult {
     };
     e.apply(&mut cfg)?;
     e.apply_tiers(&mut cfg)?;
+    if let Some(w) = &a.watermarks {
+        cfg.watermarks = Some((w[0], w[1]));
+    }
     let backend: std::sync::Arc<dyn ModelBackend> = match a.model.as_str() {
         "sim" | "simulated" => std::sync::Arc::new(
             SimulatedBackend::new(CostModel::default(), a.speedup)
@@ -98,6 +109,7 @@ pub fn run(a: ServeArgs) -> CmdResult {
             .clone()
             .unwrap_or_else(|| format!("radixkv-{}", a.model)),
         api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+        admin_from_anywhere: a.admin_from_anywhere,
         ..ServerConfig::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -1311,3 +1311,48 @@ async fn query_by_hash_resolves_published_block_ids() {
     let _ = tx.send(());
     handle.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn admin_config_changes_settings_at_run_time() {
+    let mut ecfg = engine_cfg(2, 256);
+    ecfg.watermarks = Some((8, 32));
+    let s = start(ecfg, ServerConfig::default(), 50.0).await;
+    let now = s.get("/admin/config").await;
+    assert_eq!(now.status, StatusCode::OK, "{}", now.body);
+    let v = now.json();
+    assert_eq!(v["eviction_policy"], "lru");
+    assert_eq!(v["watermarks"], json!([8, 32]));
+    assert_eq!(v["router"]["kind"], "cache-aware");
+    let r = s
+        .post_to(
+            "/admin/config",
+            json!({"eviction_policy": "lfu", "watermarks": [16, 64], "router": {"balance_abs": 4, "balance_rel": 2.0}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["eviction_policy"], "lfu");
+    assert_eq!(v["watermarks"], json!([16, 64]));
+    assert_eq!(v["router"]["balance_abs"], 4);
+    assert_eq!(v["router"]["balance_rel"], 2.0);
+    // Requests keep working under the new settings.
+    let c = s
+        .post(json!({"prompt": "after the change", "max_tokens": 4}))
+        .await;
+    assert_eq!(c.status, StatusCode::OK, "{}", c.body);
+    for (want, body) in [
+        ("mru", json!({"eviction_policy": "mru"})),
+        ("unknown", json!({"eviction_policy": "random-ish"})),
+        ("low < high", json!({"watermarks": [64, 16]})),
+        ("[low, high]", json!({"watermarks": [1]})),
+        ("kind", json!({"router": {"kind": "round-robin"}})),
+        ("balance_rel", json!({"router": {"balance_rel": 0.5}})),
+        ("unknown setting `colour`", json!({"colour": "blue"})),
+    ] {
+        let r = s.post_to("/admin/config", body.clone()).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{body}: {}", r.body);
+        assert!(r.error().contains(want), "{body}: {} lacks {want}", r.body);
+    }
+    s.wait_idle().await;
+    s.shutdown().await;
+}

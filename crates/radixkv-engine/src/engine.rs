@@ -285,27 +285,23 @@ pub struct DeviceLatencies {
 
 /// Router state and live figures shared with the schedulers' callbacks.
 struct Shared {
-    router: Mutex<Router>,
+    router: Router,
     done: Sender<Completion>,
     live: Vec<Mutex<DeviceLive>>,
     /// Prompts being computed per device (admitted, not yet in the tree),
     /// for schedulers that would rather copy them than compute them too.
     /// Only with one shared tree (peer copies need it).
-    computing: Option<Mutex<PendingIndex>>,
+    computing: Option<PendingIndex>,
 }
 
 impl SchedulerEvents for Shared {
     fn prompt_settled(&self, job: &Job, device: DeviceId) {
-        if let Ok(mut r) = self.router.lock() {
-            let key = TokenKey::new(&job.tokens).in_namespace(job.namespace.as_deref());
-            r.settled(key, device.index());
-        }
+        let key = TokenKey::new(&job.tokens).in_namespace(job.namespace.as_deref());
+        self.router.settled(key, device.index());
     }
 
     fn completed(&self, job: &Job, c: Completion) {
-        if let Ok(mut r) = self.router.lock() {
-            r.finished(c.device.index());
-        }
+        self.router.finished(c.device.index());
         if let Some(Ok(mut l)) = self.live.get(c.device.index()).map(|m| m.lock()) {
             if c.error.is_none() {
                 l.finished += 1;
@@ -329,13 +325,13 @@ impl SchedulerEvents for Shared {
     }
 
     fn computing(&self, key: TokenKey<'_>, device: DeviceId) {
-        if let Some(Ok(mut c)) = self.computing.as_ref().map(|m| m.lock()) {
+        if let Some(c) = &self.computing {
             c.add(key.tokens(), key.namespace(), device.index());
         }
     }
 
     fn computed(&self, key: TokenKey<'_>, device: DeviceId) {
-        if let Some(Ok(mut c)) = self.computing.as_ref().map(|m| m.lock()) {
+        if let Some(c) = &self.computing {
             c.remove(key.tokens(), key.namespace(), device.index());
         }
     }
@@ -345,7 +341,7 @@ impl SchedulerEvents for Shared {
         key: TokenKey<'_>,
         device: DeviceId,
     ) -> Option<(DeviceId, usize)> {
-        let c = self.computing.as_ref()?.lock().ok()?;
+        let c = self.computing.as_ref()?;
         let lens = c.longest(key.tokens(), key.namespace());
         lens.iter()
             .enumerate()
@@ -447,11 +443,11 @@ impl Engine {
         router_cfg.long_prefix_tokens = cfg.pages_per_device.saturating_mul(cfg.page_size) / 32;
         let (done_tx, done_rx) = channel();
         let shared = Arc::new(Shared {
-            router: Mutex::new(Router::new(router_cfg, cfg.devices, cfg.page_size)),
+            router: Router::new(router_cfg, cfg.devices, cfg.page_size),
             done: done_tx,
             live: (0..cfg.devices).map(|_| Mutex::default()).collect(),
             computing: (!private && cfg.tiers.copy.peer())
-                .then(|| Mutex::new(PendingIndex::new(cfg.devices, cfg.page_size))),
+                .then(|| PendingIndex::new(cfg.devices, cfg.page_size)),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let mut inboxes = Vec::new();
@@ -752,14 +748,9 @@ impl Engine {
             stream,
         };
         let device = {
-            let mut r = self
-                .shared
-                .router
-                .lock()
-                .map_err(|_| EngineError::Stopped)?;
             let key = TokenKey::new(&job.tokens).in_namespace(job.namespace.as_deref());
             let shared = (self.caches.len() == 1).then(|| &*self.caches[0]);
-            r.route(key, shared).device
+            self.shared.router.route(key, shared).device
         };
         self.inboxes[device]
             .send(Inbox::Job(job))
@@ -779,11 +770,50 @@ impl Engine {
 
     /// Outstanding requests per device, as the router counts them.
     pub fn load(&self) -> Vec<usize> {
+        self.shared.router.load()
+    }
+
+    /// Switches every cache's eviction policy at run time (see
+    /// [`RadixCache::set_eviction_policy`]: within the kind the caches were
+    /// built with).
+    pub fn set_eviction_policy(&self, p: EvictionPolicy) -> Result<(), EngineError> {
+        for c in &self.caches {
+            c.set_eviction_policy(p)?;
+        }
+        Ok(())
+    }
+
+    /// The eviction policy now.
+    pub fn eviction_policy(&self) -> EvictionPolicy {
+        self.caches[0].eviction_policy()
+    }
+
+    /// Moves every cache's watermarks at run time (the engine must have
+    /// been started with watermarks: see [`RadixCache::set_watermarks`]).
+    pub fn set_watermarks(&self, low: usize, high: usize) -> Result<(), EngineError> {
+        for c in &self.caches {
+            c.set_watermarks(low, high)?;
+        }
+        Ok(())
+    }
+
+    /// The watermarks now (none without a background evictor).
+    pub fn watermarks(&self) -> Option<(usize, usize)> {
+        self.caches[0].watermarks()
+    }
+
+    /// The router's configuration now.
+    pub fn router_config(&self) -> Arc<RouterConfig> {
+        self.shared.router.config()
+    }
+
+    /// Replaces the router's configuration at run time (balance
+    /// thresholds, copy slack; not its kind): see [`Router::set_config`].
+    pub fn set_router_config(&self, cfg: RouterConfig) -> Result<(), EngineError> {
         self.shared
             .router
-            .lock()
-            .map(|r| r.load().to_vec())
-            .unwrap_or_default()
+            .set_config(cfg)
+            .map_err(EngineError::InvalidConfig)
     }
 
     /// Asks the schedulers to stop now: requests still queued or running

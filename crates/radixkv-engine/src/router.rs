@@ -13,11 +13,14 @@
 //! defaults: 32 requests, 1.5×); ties between devices with equally long
 //! prefixes go to the less loaded.
 
+use arc_swap::ArcSwap;
 use radixkv::cache::{RadixCache, TokenKey};
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Which router the engine uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -134,9 +137,13 @@ impl Default for RouterConfig {
 /// device. A hash collision (probability about n²/2⁶⁴ for n distinct
 /// pages) can only mislead routing, never the cache.
 ///
+/// Shared without a global lock: the pages are spread over 16 shards, each
+/// behind its own mutex, held for one page's count at a time (a submit and
+/// a completion on different prompts rarely meet).
+///
 /// ```
 /// use radixkv_engine::router::PendingIndex;
-/// let mut p = PendingIndex::new(2, 2);
+/// let p = PendingIndex::new(2, 2);
 /// p.add(&[1, 2, 3, 4, 5], None, 1);
 /// assert_eq!(p.longest(&[1, 2, 3, 9], None), vec![0, 2]);
 /// p.remove(&[1, 2, 3, 4, 5], None, 1);
@@ -146,9 +153,14 @@ impl Default for RouterConfig {
 pub struct PendingIndex {
     page_size: usize,
     devices: usize,
-    counts: HashMap<u64, Box<[u32]>>,
+    shards: Box<[Mutex<Counts>]>,
     hasher: std::collections::hash_map::RandomState,
 }
+
+const SHARDS: usize = 16;
+
+/// One shard: per page hash, the count per device.
+type Counts = HashMap<u64, Box<[u32]>>;
 
 impl PendingIndex {
     /// An empty index for `devices` devices and pages of `page_size` tokens.
@@ -156,9 +168,17 @@ impl PendingIndex {
         PendingIndex {
             page_size: page_size.max(1),
             devices,
-            counts: HashMap::new(),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: std::collections::hash_map::RandomState::new(),
         }
+    }
+
+    fn shard(&self, h: u64) -> std::sync::MutexGuard<'_, Counts> {
+        // A panic under a shard's lock leaves a valid map (counts may be
+        // off by one, which only affects routing).
+        self.shards[(h >> 60) as usize % SHARDS]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn page_hashes<'a>(
@@ -184,42 +204,43 @@ impl PendingIndex {
     }
 
     /// Records `tokens` (whole pages) as dispatched to `device`.
-    pub fn add(&mut self, tokens: &[u32], namespace: Option<&str>, device: usize) {
+    pub fn add(&self, tokens: &[u32], namespace: Option<&str>, device: usize) {
         if device >= self.devices {
             return;
         }
-        let hashes: Vec<u64> = self.page_hashes(tokens, namespace).collect();
         let n = self.devices;
-        for h in hashes {
-            self.counts
+        for h in self.page_hashes(tokens, namespace) {
+            self.shard(h)
                 .entry(h)
                 .or_insert_with(|| vec![0; n].into_boxed_slice())[device] += 1;
         }
     }
 
     /// Forgets one earlier [`add`](Self::add) of the same tokens.
-    pub fn remove(&mut self, tokens: &[u32], namespace: Option<&str>, device: usize) {
+    pub fn remove(&self, tokens: &[u32], namespace: Option<&str>, device: usize) {
         if device >= self.devices {
             return;
         }
-        let hashes: Vec<u64> = self.page_hashes(tokens, namespace).collect();
-        for h in hashes {
-            if let Some(c) = self.counts.get_mut(&h) {
+        for h in self.page_hashes(tokens, namespace) {
+            let mut shard = self.shard(h);
+            if let Some(c) = shard.get_mut(&h) {
                 c[device] = c[device].saturating_sub(1);
                 if c.iter().all(|&x| x == 0) {
-                    self.counts.remove(&h);
+                    shard.remove(&h);
                 }
             }
         }
     }
 
     /// Per device, the longest prefix of `tokens` (whole pages) dispatched
-    /// there and not yet removed.
+    /// there and not yet removed (each page read under its shard's lock: a
+    /// snapshot per page, which is all routing needs).
     pub fn longest(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<usize> {
         let mut out = vec![0; self.devices];
         let mut alive: Vec<bool> = vec![true; self.devices];
         for (i, h) in self.page_hashes(tokens, namespace).enumerate() {
-            let Some(c) = self.counts.get(&h) else {
+            let shard = self.shard(h);
+            let Some(c) = shard.get(&h) else {
                 break;
             };
             let mut any = false;
@@ -240,16 +261,24 @@ impl PendingIndex {
 
     /// Whether nothing is pending.
     pub fn is_empty(&self) -> bool {
-        self.counts.is_empty()
+        (0..SHARDS).all(|i| self.shards[i].lock().map_or(true, |s| s.is_empty()))
     }
 }
 
 /// Chooses a device for each request and tracks outstanding requests.
+///
+/// Shared by every submitting thread and every scheduler's completion
+/// callback without a global lock: the outstanding counts are atomics, the
+/// pending prefixes a sharded [`PendingIndex`], the configuration an
+/// [`ArcSwap`] that [`set_config`](Self::set_config) replaces at run time.
+/// Two requests routed at the same instant may see the same loads (and
+/// both pick the same device): routing is a heuristic, and the counts
+/// themselves are exact.
 #[derive(Debug)]
 pub struct Router {
-    cfg: RouterConfig,
-    load: Vec<usize>,
-    next: usize,
+    cfg: ArcSwap<RouterConfig>,
+    load: Box<[AtomicUsize]>,
+    next: AtomicUsize,
     pending: PendingIndex,
 }
 
@@ -269,68 +298,103 @@ impl Router {
     /// A router over `devices` devices with pages of `page_size` tokens.
     pub fn new(cfg: RouterConfig, devices: usize, page_size: usize) -> Self {
         Router {
-            cfg,
-            load: vec![0; devices.max(1)],
-            next: 0,
+            cfg: ArcSwap::from_pointee(cfg),
+            load: (0..devices.max(1)).map(|_| AtomicUsize::new(0)).collect(),
+            next: AtomicUsize::new(0),
             pending: PendingIndex::new(devices.max(1), page_size),
         }
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &RouterConfig {
-        &self.cfg
+    /// The configuration now.
+    pub fn config(&self) -> Arc<RouterConfig> {
+        self.cfg.load_full()
     }
 
-    /// Outstanding requests per device.
-    pub fn load(&self) -> &[usize] {
-        &self.load
+    /// Replaces the configuration; requests routed from now on follow it.
+    /// The kind cannot change (a cache-aware router's pending prefixes, a
+    /// private router's trees are built for it).
+    ///
+    /// ```
+    /// use radixkv_engine::router::{Router, RouterConfig, RouterKind};
+    /// let r = Router::new(RouterConfig::default(), 2, 16);
+    /// r.set_config(RouterConfig { balance_abs: 4, ..RouterConfig::default() }).unwrap();
+    /// assert_eq!(r.config().balance_abs, 4);
+    /// let e = r.set_config(RouterConfig { kind: RouterKind::RoundRobin, ..RouterConfig::default() });
+    /// assert!(e.unwrap_err().contains("kind"));
+    /// ```
+    pub fn set_config(&self, cfg: RouterConfig) -> Result<(), String> {
+        let now = self.cfg.load();
+        if cfg.kind != now.kind {
+            return Err(format!(
+                "the router's kind is fixed at start ({}; asked for {})",
+                now.kind.name(),
+                cfg.kind.name()
+            ));
+        }
+        if !(cfg.balance_rel.is_finite() && cfg.balance_rel >= 1.0) {
+            return Err(format!(
+                "balance_rel must be a number of at least 1, not {}",
+                cfg.balance_rel
+            ));
+        }
+        self.cfg.store(Arc::new(cfg));
+        Ok(())
     }
 
-    fn least_loaded(&self) -> usize {
-        (0..self.load.len())
-            .min_by_key(|&d| (self.load[d], d))
-            .unwrap_or(0)
+    /// Outstanding requests per device (each count read once: a snapshot
+    /// per device).
+    pub fn load(&self) -> Vec<usize> {
+        // SeqCst: plain reads of the counts; nothing else is ordered by them.
+        self.load.iter().map(|l| l.load(Ordering::SeqCst)).collect()
+    }
+
+    fn least_loaded(load: &[usize]) -> usize {
+        (0..load.len()).min_by_key(|&d| (load[d], d)).unwrap_or(0)
     }
 
     /// Picks a device for `key` and counts the request as outstanding
     /// there; the cache-aware router also records its prefix as pending.
     /// `cache` is the shared tree (ignored by the other routers).
-    pub fn route(&mut self, key: TokenKey<'_>, cache: Option<&RadixCache>) -> Route {
+    pub fn route(&self, key: TokenKey<'_>, cache: Option<&RadixCache>) -> Route {
+        let cfg = self.cfg.load();
         let n = self.load.len();
-        let route = match self.cfg.kind {
-            RouterKind::RoundRobin | RouterKind::Private => {
-                let d = self.next % n;
-                self.next = self.next.wrapping_add(1);
-                Route {
-                    device: d,
-                    expected_prefix: 0,
-                    balanced: false,
-                }
-            }
-            RouterKind::LeastLoaded => Route {
-                device: self.least_loaded(),
+        let load = self.load();
+        let route = match cfg.kind {
+            RouterKind::RoundRobin | RouterKind::Private => Route {
+                device: self.next.fetch_add(1, Ordering::SeqCst) % n,
                 expected_prefix: 0,
                 balanced: false,
             },
-            RouterKind::CacheAware => self.cache_aware(key, cache),
+            RouterKind::LeastLoaded => Route {
+                device: Self::least_loaded(&load),
+                expected_prefix: 0,
+                balanced: false,
+            },
+            RouterKind::CacheAware => self.cache_aware(&cfg, &load, key, cache),
         };
-        self.load[route.device] += 1;
-        if self.cfg.kind == RouterKind::CacheAware {
+        self.load[route.device].fetch_add(1, Ordering::SeqCst);
+        if cfg.kind == RouterKind::CacheAware {
             self.pending
                 .add(key.tokens(), key.namespace(), route.device);
         }
         route
     }
 
-    fn cache_aware(&self, key: TokenKey<'_>, cache: Option<&RadixCache>) -> Route {
-        let n = self.load.len();
+    fn cache_aware(
+        &self,
+        cfg: &RouterConfig,
+        load: &[usize],
+        key: TokenKey<'_>,
+        cache: Option<&RadixCache>,
+    ) -> Route {
+        let n = load.len();
         let (max, min) = (
-            self.load.iter().copied().max().unwrap_or(0),
-            self.load.iter().copied().min().unwrap_or(0),
+            load.iter().copied().max().unwrap_or(0),
+            load.iter().copied().min().unwrap_or(0),
         );
-        if max > self.cfg.balance_abs && max as f64 > min as f64 * self.cfg.balance_rel {
+        if max > cfg.balance_abs && max as f64 > min as f64 * cfg.balance_rel {
             return Route {
-                device: self.least_loaded(),
+                device: Self::least_loaded(load),
                 expected_prefix: 0,
                 balanced: true,
             };
@@ -341,25 +405,19 @@ impl Router {
                 best[d] = best[d].max(l);
             }
         }
-        let slack = if self.cfg.copies {
+        let slack = if cfg.copies {
             let longest = best.iter().copied().max().unwrap_or(0);
-            min + if longest >= self.cfg.long_prefix_tokens {
-                self.cfg.copy_slack_long
+            min + if longest >= cfg.long_prefix_tokens {
+                cfg.copy_slack_long
             } else {
-                self.cfg.copy_slack
+                cfg.copy_slack
             }
         } else {
             usize::MAX
         };
         let device = (0..n)
-            .filter(|&d| self.load[d] <= slack)
-            .max_by_key(|&d| {
-                (
-                    best[d],
-                    std::cmp::Reverse(self.load[d]),
-                    std::cmp::Reverse(d),
-                )
-            })
+            .filter(|&d| load[d] <= slack)
+            .max_by_key(|&d| (best[d], std::cmp::Reverse(load[d]), std::cmp::Reverse(d)))
             .unwrap_or(0);
         Route {
             device,
@@ -370,16 +428,17 @@ impl Router {
 
     /// The request's prompt is now in the tree on `device` (or it was
     /// aborted): forget its pending prefix.
-    pub fn settled(&mut self, key: TokenKey<'_>, device: usize) {
-        if self.cfg.kind == RouterKind::CacheAware {
+    pub fn settled(&self, key: TokenKey<'_>, device: usize) {
+        if self.cfg.load().kind == RouterKind::CacheAware {
             self.pending.remove(key.tokens(), key.namespace(), device);
         }
     }
 
     /// The request finished (or failed) on `device`.
-    pub fn finished(&mut self, device: usize) {
-        if let Some(l) = self.load.get_mut(device) {
-            *l = l.saturating_sub(1);
+    pub fn finished(&self, device: usize) {
+        if let Some(l) = self.load.get(device) {
+            // SeqCst: a count; saturating, so a stray call cannot wrap it.
+            let _ = l.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |x| x.checked_sub(1));
         }
     }
 
@@ -399,7 +458,7 @@ mod tests {
             balance_abs: 4,
             ..RouterConfig::default()
         };
-        let mut r = Router::new(cfg, 2, 1);
+        let r = Router::new(cfg, 2, 1);
         let a: Vec<u32> = (0..10).collect();
         let b: Vec<u32> = (100..110).collect();
         // First request of a: no prefix anywhere: least loaded (device 0).
@@ -426,7 +485,7 @@ mod tests {
     #[test]
     fn round_robin_private_and_least_loaded() {
         for kind in [RouterKind::RoundRobin, RouterKind::Private] {
-            let mut r = Router::new(
+            let r = Router::new(
                 RouterConfig {
                     kind,
                     ..Default::default()
@@ -439,7 +498,7 @@ mod tests {
                 .collect();
             assert_eq!(got, vec![0, 1, 2, 0, 1, 2]);
         }
-        let mut r = Router::new(
+        let r = Router::new(
             RouterConfig {
                 kind: RouterKind::LeastLoaded,
                 ..Default::default()
@@ -457,7 +516,7 @@ mod tests {
 
     #[test]
     fn pending_index_respects_namespaces_and_counts() {
-        let mut p = PendingIndex::new(1, 2);
+        let p = PendingIndex::new(1, 2);
         p.add(&[1, 2, 3, 4], Some("a"), 0);
         assert_eq!(p.longest(&[1, 2, 3, 4], None), vec![0]);
         assert_eq!(p.longest(&[1, 2, 3, 4], Some("a")), vec![4]);

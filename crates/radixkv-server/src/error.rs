@@ -16,6 +16,10 @@ pub enum ApiError {
     /// 401: a missing or wrong API key (`--api-key`).
     #[error("{0}")]
     Unauthorized(String),
+    /// 403: an address that may not use this route (`/admin` from a
+    /// remote client).
+    #[error("{0}")]
+    Forbidden(String),
     /// 404: unknown path.
     #[error("no route for {0}")]
     NotFound(String),
@@ -52,6 +56,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -68,6 +73,7 @@ impl ApiError {
             | ApiError::PayloadTooLarge { .. }
             | ApiError::Unauthorized(_) => "invalid_request_error",
             ApiError::NotFound(_) | ApiError::MethodNotAllowed => "not_found_error",
+            ApiError::Forbidden(_) => "permission_error",
             ApiError::Busy { .. } => "rate_limit_error",
             ApiError::Unavailable(_) | ApiError::Internal(_) => "server_error",
         }

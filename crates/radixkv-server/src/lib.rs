@@ -26,6 +26,7 @@
 //! accepting, lets in-flight requests finish for up to
 //! [`ServerConfig::drain_timeout`], then stops the engine.
 
+mod admin;
 pub mod api;
 pub mod chat;
 pub mod error;
@@ -79,6 +80,9 @@ pub struct ServerConfig {
     /// `Authorization: Bearer <key>` (401 otherwise); `/health`, `/metrics`
     /// and `/stats` stay open (default none).
     pub api_key: Option<String>,
+    /// Accept `/admin/*` from any address, not only loopback (default
+    /// false).
+    pub admin_from_anywhere: bool,
 }
 
 impl Default for ServerConfig {
@@ -92,6 +96,7 @@ impl Default for ServerConfig {
             retry_after_s: 1,
             model_name: "radixkv-sim".into(),
             api_key: None,
+            admin_from_anywhere: false,
         }
     }
 }
@@ -263,9 +268,12 @@ impl Server {
             let _ = signalled_tx.send(());
         };
         let mut serve = tokio::spawn(
-            axum::serve(self.listener, app)
-                .with_graceful_shutdown(signal)
-                .into_future(),
+            axum::serve(
+                self.listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(signal)
+            .into_future(),
         );
         let io_err = |source| ServerError::Io {
             context: "the server failed".into(),
@@ -352,6 +360,7 @@ fn app(state: Arc<AppState>) -> Router {
         .route("/v1/models/{id}", get(model))
         .route("/query", post(query))
         .route("/query_by_hash", post(query_by_hash))
+        .route("/admin/config", get(admin_config).post(admin_set_config))
         .route("/metrics", get(prometheus))
         .route("/stats", get(stats))
         .route("/health", get(health))
@@ -573,6 +582,40 @@ async fn query_by_hash(
     })?;
     let (ns, tokens) = resolved;
     let v = query::answer(&s.caches, &tokens, ns.as_deref());
+    Ok(json_response(StatusCode::OK, &v))
+}
+
+/// `/admin/*` from loopback only, unless configured otherwise.
+fn admin_allowed(s: &AppState, peer: SocketAddr) -> Result<(), ApiError> {
+    if s.cfg.admin_from_anywhere || peer.ip().is_loopback() {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden(format!(
+            "/admin is for loopback clients only (this one is {}); start the server with --admin-from-anywhere to allow it",
+            peer.ip()
+        )))
+    }
+}
+
+/// `GET /admin/config`: the run-time settings now.
+async fn admin_config(
+    State(s): State<Arc<AppState>>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>,
+) -> Result<Response, ApiError> {
+    admin_allowed(&s, peer)?;
+    let v = admin::current(&s.engine());
+    Ok(json_response(StatusCode::OK, &v))
+}
+
+/// `POST /admin/config`: changes run-time settings (see [`admin`]).
+async fn admin_set_config(
+    State(s): State<Arc<AppState>>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    admin_allowed(&s, peer)?;
+    let body = body_or_error(&s, body)?;
+    let v = admin::apply(&s.engine(), &body)?;
     Ok(json_response(StatusCode::OK, &v))
 }
 
