@@ -16,8 +16,10 @@
 //! * [`CacheListener::removed`]: an eviction took a leaf's pages off a tier.
 //!
 //! A split changes no page and reports nothing. Events name whole pages
-//! (every key in the tree is page-aligned), with the full token path from
-//! the namespace's root, so a consumer can compute chained block ids.
+//! (every key in the tree is page-aligned) and the ids of their node and
+//! its parent; the full token path from the namespace's root is there on
+//! request ([`PageEvent::location`]), so a consumer can compute chained
+//! block ids.
 //!
 //! # Order
 //!
@@ -40,11 +42,11 @@
 //!
 //! # Cost
 //!
-//! Without a listener nothing is computed. With one, a removal climbs the
-//! evicted node's parent links to build its path (one allocation), and
-//! every call runs inside a locked section of the tree: a listener must be
-//! quick (queue the event and return), must not block for long, and must
-//! not call back into the cache.
+//! Without a listener nothing is computed. With one, each change costs a
+//! call inside a locked section of the tree (a removal's path is built
+//! only if the listener asks for it): a listener must be quick (queue the
+//! event and return), must not block for long, and must not call back into
+//! the cache.
 //!
 //! ```
 //! use radixkv::events::{CacheListener, PageEvent};
@@ -71,32 +73,118 @@
 //! ```
 
 use crate::device::DeviceId;
+use std::borrow::Cow;
 
-/// Pages that became resident on a tier, or left it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where the changed pages sit: the namespace and every token from the
+/// namespace's root through the last changed page.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Location<'a> {
+    /// The namespace ([`TokenKey::in_namespace`](crate::TokenKey::in_namespace)), if any.
+    pub namespace: Option<Cow<'a, str>>,
+    /// Root → the last changed page.
+    pub path: Cow<'a, [u32]>,
+}
+
+impl Location<'_> {
+    /// The tokens before the changed pages (`pages` long at the end): the
+    /// parent page's path, empty at the root.
+    pub fn prefix(&self, pages: usize) -> &[u32] {
+        &self.path[..self.path.len().saturating_sub(pages)]
+    }
+}
+
+/// How an event gets its location: at hand (a store: the insert's own key),
+/// or by climbing the tree (a removal: only if asked).
+#[derive(Clone, Copy)]
+pub(crate) enum Locate<'a> {
+    Known {
+        namespace: Option<&'a str>,
+        path: &'a [u32],
+    },
+    Climb(&'a dyn Fn() -> Option<(Option<String>, Vec<u32>)>),
+}
+
+/// Pages that became resident on a tier, or left it: always the pages of
+/// one node (whole pages), that node's id and its parent's. The location
+/// (namespace and path from the root) is computed only when asked
+/// ([`location`](Self::location)): for a store it is the insert's own
+/// key, for a removal a climb of the tree's parent links.
+///
+/// Node ids are unique for the cache's life, and a node's last page never
+/// changes (a split moves a node's first pages to a new node with a new
+/// id): a listener may remember something per node id, such as the block
+/// id of its last page, and find it again for the node's children and for
+/// its removal without the path.
+#[derive(Clone, Copy)]
 pub struct PageEvent<'a> {
     /// The tier: a device, or the host tier ([`RadixCache::host`](crate::RadixCache::host)).
     pub device: DeviceId,
     /// Whether `device` is the host tier.
     pub host: bool,
-    /// The namespace ([`TokenKey::in_namespace`](crate::TokenKey::in_namespace)), if any.
-    pub namespace: Option<&'a str>,
-    /// Every token from the namespace's root through the last changed page.
-    pub path: &'a [u32],
-    /// Where the changed pages start in `path` (a multiple of the page size).
-    pub start: usize,
+    /// The id of the node whose pages these are.
+    pub node: u64,
+    /// The id of its parent node.
+    pub parent: u64,
+    /// Whether the parent is a namespace root (the pages start the path).
+    pub at_root: bool,
+    pages: &'a [u32],
+    locate: Locate<'a>,
+}
+
+impl std::fmt::Debug for PageEvent<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PageEvent")
+            .field("device", &self.device)
+            .field("host", &self.host)
+            .field("node", &self.node)
+            .field("parent", &self.parent)
+            .field("at_root", &self.at_root)
+            .field("pages", &self.pages)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<'a> PageEvent<'a> {
-    /// The tokens of the changed pages (`path[start..]`).
-    pub fn pages(&self) -> &'a [u32] {
-        &self.path[self.start..]
+    /// An event of `pages` of node `ids.0` (parent `ids.1`, a root if
+    /// `ids.2`) on `device` (the host tier if `host`).
+    pub(crate) fn new(
+        (device, host): (DeviceId, bool),
+        (node, parent, at_root): (u64, u64, bool),
+        pages: &'a [u32],
+        locate: Locate<'a>,
+    ) -> Self {
+        PageEvent {
+            device,
+            host,
+            node,
+            parent,
+            at_root,
+            pages,
+            locate,
+        }
     }
 
-    /// The tokens before the changed pages (`path[..start]`): the path of
-    /// their parent page, empty at the root.
-    pub fn prefix(&self) -> &'a [u32] {
-        &self.path[..self.start]
+    /// The tokens of the changed pages.
+    pub fn pages(&self) -> &'a [u32] {
+        self.pages
+    }
+
+    /// The namespace and the path from the root through the changed pages
+    /// (for a removal, read by climbing the evicted node's parent links
+    /// under the cache's locks: about one cache miss per ancestor and a
+    /// copy of the path). `None` only if the chain was cut, which the locks
+    /// held during the call rule out.
+    pub fn location(&self) -> Option<Location<'a>> {
+        match self.locate {
+            Locate::Known { namespace, path } => Some(Location {
+                namespace: namespace.map(Cow::Borrowed),
+                path: Cow::Borrowed(path),
+            }),
+            Locate::Climb(f) => f().map(|(ns, path)| Location {
+                namespace: ns.map(Cow::Owned),
+                path: Cow::Owned(path),
+            }),
+        }
     }
 }
 

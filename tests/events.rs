@@ -26,10 +26,25 @@ struct Mirror {
 }
 
 impl Mirror {
-    fn pages<'a>(e: &'a PageEvent<'a>, ps: usize) -> impl Iterator<Item = PageId> + 'a {
-        let ns = e.namespace.map(str::to_owned);
-        (e.start / ps..e.path.len() / ps)
-            .map(move |p| (e.device.0, ns.clone(), e.path[..(p + 1) * ps].to_vec()))
+    /// The event's pages as router page ids, with their parent's path.
+    fn pages(e: &PageEvent<'_>, ps: usize) -> (Vec<PageId>, Vec<u32>) {
+        let loc = e.location().expect("a location under the cache's locks");
+        let path = loc.path.to_vec();
+        let start = path.len() - e.pages().len();
+        assert_eq!(
+            &path[start..],
+            e.pages(),
+            "the location ends with the pages"
+        );
+        assert_eq!(e.at_root, start == 0, "at_root is a path from the root");
+        assert_eq!(start % ps, 0, "pages start on a page boundary");
+        assert_eq!(path.len() % ps, 0, "pages end on a page boundary");
+        assert!(!e.pages().is_empty(), "an event of no page");
+        let ns = loc.namespace.map(|n| n.into_owned());
+        let ids = (start / ps..path.len() / ps)
+            .map(|p| (e.device.0, ns.clone(), path[..(p + 1) * ps].to_vec()))
+            .collect();
+        (ids, path[..start].to_vec())
     }
 }
 
@@ -37,36 +52,36 @@ const PS: usize = 2;
 
 impl CacheListener for Mirror {
     fn stored(&self, e: &PageEvent<'_>) {
-        assert_eq!(e.start % PS, 0, "a store must start on a page boundary");
-        assert_eq!(e.path.len() % PS, 0, "a store must end on a page boundary");
-        assert!(e.start < e.path.len(), "a store of no page");
+        let (pages, prefix) = Self::pages(e, PS);
         let mut held = self.held.lock().unwrap();
-        let ns = e.namespace.map(str::to_owned);
-        if e.start > 0 {
+        if !prefix.is_empty() {
+            let parent = (pages[0].0, pages[0].1.clone(), prefix);
             assert!(
-                held.contains(&(e.device.0, ns, e.prefix().to_vec())),
+                held.contains(&parent),
                 "tier {}: a child's store came before its parent's ({:?})",
                 e.device.0,
-                e.path
+                pages[0].2
             );
         }
-        for p in Self::pages(e, PS) {
+        for p in pages {
             assert!(held.insert(p), "a page was stored twice without a removal");
         }
         *self.events.lock().unwrap() += 1;
     }
 
     fn removed(&self, e: &PageEvent<'_>) {
+        let (pages, _) = Self::pages(e, PS);
         let mut held = self.held.lock().unwrap();
-        for p in Self::pages(e, PS) {
+        let last = pages.last().cloned().expect("pages");
+        for p in pages {
             assert!(held.remove(&p), "a removal came before its store: {p:?}");
         }
         // Only leaves are evicted: nothing below the removed pages is held.
-        let (dev, ns) = (e.device.0, e.namespace.map(str::to_owned));
+        let (dev, ns, path) = last;
         assert!(
             !held
                 .iter()
-                .any(|(d, n, path)| *d == dev && *n == ns && path.starts_with(e.path)),
+                .any(|(d, n, q)| *d == dev && *n == ns && q.starts_with(&path)),
             "a parent's removal came before its child's"
         );
         *self.events.lock().unwrap() += 1;

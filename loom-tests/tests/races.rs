@@ -639,19 +639,22 @@ struct EventOrder(std::sync::Mutex<std::collections::HashSet<Vec<u32>>>);
 
 impl radixkv::events::CacheListener for EventOrder {
     fn stored(&self, e: &radixkv::events::PageEvent<'_>) {
+        let path = e.location().expect("a location").path.to_vec();
+        let prefix = &path[..path.len() - e.pages().len()];
         let mut held = self.0.lock().unwrap();
         assert!(
-            e.start == 0 || held.contains(e.prefix()),
+            prefix.is_empty() || held.contains(prefix),
             "a child's store came before its parent's"
         );
         assert!(
-            held.insert(e.path.to_vec()),
+            held.insert(path.clone()),
             "a page was stored twice without a removal between"
         );
     }
     fn removed(&self, e: &radixkv::events::PageEvent<'_>) {
+        let path = e.location().expect("a location").path.to_vec();
         assert!(
-            self.0.lock().unwrap().remove(e.path),
+            self.0.lock().unwrap().remove(&path),
             "a removal came before its store"
         );
     }

@@ -382,84 +382,41 @@ impl Tree {
         }
     }
 
-    /// The event of a change on `d` at `at`.
-    fn page_event<'a>(&self, d: usize, at: StoreAt<'a>) -> crate::events::PageEvent<'a> {
-        crate::events::PageEvent {
-            device: crate::DeviceId(d as u32),
-            host: self.host() == Some(d),
-            namespace: at.ns,
-            path: at.path,
-            start: at.start,
-        }
-    }
-
-    /// Tells `l` that `node`'s `key_len` tokens left `d`, with the path of
-    /// root → `node` built in a per-thread buffer (an eviction reports
-    /// many leaves: no allocation each).
+    /// Tells `l` that `node`'s pages left `d` (`parent` is its parent,
+    /// locked with it). The path is built only if the listener asks.
     fn report_removed(
         &self,
         l: &crate::events::Listener,
         node: &Node,
+        parent: &Node,
         d: usize,
-        key_len: usize,
         guard: &Guard,
     ) {
-        let mut segs: smallvec::SmallVec<[&[u32]; 16]> = smallvec::SmallVec::new();
-        let Some(root) = climb_to_root(node, guard, |img| {
-            segs.push(&img.key);
-            Some(())
-        }) else {
-            return;
-        };
-        let ns = namespaces::name_of(&root.image_ref(guard).key);
-        let fill = |path: &mut Vec<u32>| {
-            path.clear();
-            for s in segs.iter().rev() {
-                path.extend_from_slice(s);
-            }
-        };
-        let report = |path: &[u32]| {
-            let at = StoreAt {
-                ns: ns.as_deref(),
-                path,
-                start: path.len() - key_len,
-            };
-            l.0.removed(&self.page_event(d, at));
-        };
-        #[cfg(not(loom))]
-        {
-            thread_local! {
-                static PATH: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
-            }
-            PATH.with(|p| match p.try_borrow_mut() {
-                Ok(mut p) => {
-                    fill(&mut p);
-                    report(&p);
-                }
-                // Only if a listener evicted from inside its call (which
-                // it must not): a buffer of its own then.
-                Err(_) => {
-                    let mut p = Vec::new();
-                    fill(&mut p);
-                    report(&p);
-                }
-            });
-        }
-        #[cfg(loom)]
-        {
-            let mut p = Vec::new();
-            fill(&mut p);
-            report(&p);
-        }
+        let climb = || self.path_of(node, guard);
+        let e = crate::events::PageEvent::new(
+            (crate::DeviceId(d as u32), self.host() == Some(d)),
+            (node.id, parent.id, parent.is_root),
+            &node.image_ref(guard).key,
+            crate::events::Locate::Climb(&climb),
+        );
+        l.0.removed(&e);
     }
 
     /// Tells the listener that `at`'s pages became resident on `d`. Called
     /// inside the locked section of the change, before the node is
     /// published (or while it is locked): see crate::events for the order
     /// this gives.
-    fn report_stored(&self, d: usize, at: StoreAt<'_>) {
+    fn report_stored(&self, d: usize, at: StoreAt<'_>, node: u64, parent: u64) {
         if let Some(l) = &self.listener {
-            l.0.stored(&self.page_event(d, at));
+            l.0.stored(&crate::events::PageEvent::new(
+                (crate::DeviceId(d as u32), self.host() == Some(d)),
+                (node, parent, at.start == 0),
+                &at.path[at.start..],
+                crate::events::Locate::Known {
+                    namespace: at.ns,
+                    path: at.path,
+                },
+            ));
         }
     }
 
@@ -1179,7 +1136,7 @@ impl Tree {
         // (or extend) it before. The control reports it once the attach is
         // done, after the lock.
         #[cfg(not(radixkv_negative = "event_in_lock"))]
-        self.report_stored(d, at);
+        self.report_stored(d, at, leaf.id, parent.id);
         let leaf = NodePtr::link(leaf);
         let mut retired = Retired::default();
         locked.publish_parent_children(children.with_added(hash, leaf), guard, &mut retired);
@@ -1196,7 +1153,7 @@ impl Tree {
         let leaf = unsafe { leaf.node_in(guard) };
         self.note_leaf(leaf, d);
         #[cfg(radixkv_negative = "event_in_lock")]
-        self.report_stored(d, at);
+        self.report_stored(d, at, leaf.id, parent.id);
         Ok(leaf)
     }
 
@@ -1244,7 +1201,7 @@ impl Tree {
         );
         self.reclaimer.retire(retired, guard);
         // Under both locks, before the node is resident (see crate::events).
-        self.report_stored(d, at);
+        self.report_stored(d, at, node.id, parent.id);
         // Values are published before RESIDENT is set, so a pinned reader
         // always finds them.
         node.dev(d).residency.make_resident();
@@ -1301,7 +1258,7 @@ impl Tree {
         // Under the node's and its parent's locks (see crate::events): the
         // path is read before anything changes.
         if let Some(l) = &self.listener {
-            self.report_removed(l, node, d, img.key.len(), guard);
+            self.report_removed(l, node, parent, d, guard);
         }
         let vals = img.values.without(d);
         // Under the node's lock, the image's values and the devices' RESIDENT

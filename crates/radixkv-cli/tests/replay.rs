@@ -368,3 +368,65 @@ fn the_command_line_runs_the_tiny_model() {
         );
     }
 }
+
+#[test]
+fn kv_event_endpoints_that_cannot_work_are_clear_errors_at_start() {
+    let bin = env!("CARGO_BIN_EXE_radixkv");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let in_use = format!("tcp://127.0.0.1:{port}");
+    for (args, want) in [
+        (vec!["--kv-events", "tcp://127.0.0.1"], "no :PORT"),
+        (
+            vec!["--kv-events", "localhost:5557"],
+            "only tcp://HOST:PORT",
+        ),
+        (
+            vec!["--kv-events", in_use.as_str()],
+            "cannot bind the KV-events socket",
+        ),
+        (
+            vec!["--kv-events", "tcp://127.0.0.1:65535", "--devices", "2"],
+            "device 1 would need port 65536",
+        ),
+        (
+            vec![
+                "--kv-events",
+                "tcp://127.0.0.1:5999",
+                "--kv-events-encoding",
+                "yaml",
+            ],
+            "unknown KV-event encoding",
+        ),
+        (
+            vec!["--kv-events", "tcp://127.0.0.1:5999", "--compare"],
+            "one run",
+        ),
+    ] {
+        for cmd in ["replay", "serve"] {
+            if cmd == "serve" && args.contains(&"--compare") {
+                continue;
+            }
+            let mut full = match cmd {
+                "replay" => vec![
+                    "replay",
+                    "--quiet",
+                    "--gsp-groups",
+                    "1",
+                    "--gsp-prompts",
+                    "1",
+                ],
+                _ => vec!["serve", "--port", "0"],
+            };
+            full.extend(args.iter().copied());
+            let out = std::process::Command::new(bin)
+                .args(&full)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{full:?}: {err}");
+            assert!(err.contains(want), "{full:?}: {err:?} lacks {want:?}");
+            assert!(!err.contains("panicked"), "{full:?}: {err}");
+        }
+    }
+}

@@ -153,39 +153,43 @@ struct Counters {
     queued: AtomicU64,
 }
 
-/// One queued residency change; its path is `Changes::tokens[at..at + len]`.
+/// One queued change: its block ids are `Changes::ids[ids..ids + n]`, a
+/// store's tokens `Changes::tokens[tokens..tokens + n * page size]`.
 #[derive(Clone, Debug)]
 struct Head {
     stored: bool,
     host: bool,
     namespace: Option<Arc<str>>,
-    at: usize,
-    len: usize,
-    start: usize,
+    parent: Option<u64>,
+    ids: usize,
+    n: usize,
+    tokens: usize,
 }
 
-/// A device's queued changes, as the listener leaves them: each path copied
-/// into one flat buffer, nothing computed (block ids are hashed by the
-/// socket's task, off the cache's locked section). The task swaps the whole
-/// queue for an empty one of the same capacity and hands that back after
-/// sending, so in a steady state queueing allocates and frees nothing (a
-/// free on another thread than the allocation's, per event, cost more than
-/// the insert it reported).
+/// A device's queued changes, with their block ids already computed (a
+/// node's pages only, chained from its parent's last id, which the sink
+/// remembers per node). The task swaps the whole queue for an empty one of
+/// the same capacity and hands that back after sending, so in a steady
+/// state queueing allocates and frees nothing (a free on another thread
+/// than the allocation's, per event, cost more than the insert it
+/// reported).
 #[derive(Debug, Default)]
 struct Changes {
     heads: Vec<Head>,
+    ids: Vec<u64>,
     tokens: Vec<u32>,
 }
 
 impl Changes {
     fn clear(&mut self) {
         self.heads.clear();
+        self.ids.clear();
         self.tokens.clear();
     }
 
-    fn push(&mut self, e: &PageEvent<'_>, stored: bool) {
+    fn push(&mut self, c: &Change<'_>) {
         // The namespace of the previous change, shared if it is the same.
-        let namespace = match (e.namespace, self.heads.last()) {
+        let namespace = match (c.namespace, self.heads.last()) {
             (None, _) => None,
             (
                 Some(n),
@@ -197,14 +201,69 @@ impl Changes {
             (Some(n), _) => Some(Arc::from(n)),
         };
         self.heads.push(Head {
-            stored,
-            host: e.host,
+            stored: c.stored,
+            host: c.host,
             namespace,
-            at: self.tokens.len(),
-            len: e.path.len(),
-            start: e.start,
+            parent: c.parent,
+            ids: self.ids.len(),
+            n: c.ids.len(),
+            tokens: self.tokens.len(),
         });
-        self.tokens.extend_from_slice(e.path);
+        self.ids.extend_from_slice(c.ids);
+        if c.stored {
+            self.tokens.extend_from_slice(c.tokens);
+        }
+    }
+}
+
+/// A change as the sink hands it to a queue.
+struct Change<'a> {
+    stored: bool,
+    host: bool,
+    namespace: Option<&'a str>,
+    parent: Option<u64>,
+    ids: &'a [u64],
+    tokens: &'a [u32],
+}
+
+/// Per node, the chain value its children start from: the block id of its
+/// last page (for a namespace root, the namespace's seed). A node's last
+/// page never changes, so an entry is never wrong, only possibly stale;
+/// the cache is bounded (a full shard is cleared), and a miss costs one
+/// climb of the tree. Keyed by (sink, node id): private trees' ids may
+/// coincide.
+#[derive(Debug)]
+struct Chains {
+    shards: Box<[Mutex<std::collections::HashMap<(u16, u64), u64>>]>,
+}
+
+const CHAIN_SHARDS: usize = 16;
+/// Entries per shard before it is cleared (16 × 65,536 nodes, ~3 MB).
+const CHAIN_SHARD_CAP: usize = 1 << 16;
+
+impl Chains {
+    fn new() -> Self {
+        Chains {
+            shards: (0..CHAIN_SHARDS)
+                .map(|_| Mutex::new(Default::default()))
+                .collect(),
+        }
+    }
+
+    fn shard(&self, node: u64) -> MutexGuard<'_, std::collections::HashMap<(u16, u64), u64>> {
+        lock(&self.shards[(node as usize) % CHAIN_SHARDS])
+    }
+
+    fn get(&self, sink: u16, node: u64) -> Option<u64> {
+        self.shard(node).get(&(sink, node)).copied()
+    }
+
+    fn put(&self, sink: u16, node: u64, chain: u64) {
+        let mut s = self.shard(node);
+        if s.len() >= CHAIN_SHARD_CAP {
+            s.clear();
+        }
+        s.insert((sink, node), chain);
     }
 }
 
@@ -237,6 +296,7 @@ struct IndexedBlock {
 #[derive(Debug)]
 struct Shared {
     queues: Vec<DeviceQueue>,
+    chains: Chains,
     index: Option<Mutex<std::collections::HashMap<u64, IndexedBlock>>>,
     page_size: usize,
     max_pending: usize,
@@ -244,7 +304,7 @@ struct Shared {
 }
 
 impl Shared {
-    fn push(&self, device: usize, e: &PageEvent<'_>, stored: bool) {
+    fn push(&self, device: usize, c: &Change<'_>) {
         let Some(q) = self.queues.get(device) else {
             return;
         };
@@ -257,7 +317,7 @@ impl Shared {
             return;
         }
         let first = p.heads.is_empty();
-        p.push(e, stored);
+        p.push(c);
         drop(p);
         // One wake-up per batch: the task, once woken, waits max_delay and
         // then takes everything queued by then; a push onto a non-empty
@@ -268,22 +328,20 @@ impl Shared {
         }
     }
 
-    /// Appends `h`'s event to `b` (`ids`: a reused buffer).
-    fn encode(&self, b: &mut BatchEncoder, h: &Head, tokens: &[u32], ids: &mut Vec<u64>) {
+    /// Appends `h`'s event to `b`, and keeps the block index.
+    fn encode(&self, b: &mut BatchEncoder, h: &Head, q: &Changes) {
         let ps = self.page_size;
-        let path = &tokens[h.at..h.at + h.len];
-        wire::block_ids_into(h.namespace.as_deref(), path, ps, ids);
-        let first = (h.start / ps).min(ids.len());
+        let ids = &q.ids[h.ids..h.ids + h.n];
         let medium = if h.host { Medium::Cpu } else { Medium::Gpu };
         if let Some(index) = &self.index {
             let mut index = lock(index);
-            for (i, &id) in ids.iter().enumerate().skip(first) {
+            for (i, &id) in ids.iter().enumerate() {
                 if h.stored {
                     index
                         .entry(id)
                         .or_insert_with(|| IndexedBlock {
-                            parent: i.checked_sub(1).map(|p| ids[p]),
-                            tokens: path[i * ps..(i + 1) * ps].into(),
+                            parent: if i == 0 { h.parent } else { Some(ids[i - 1]) },
+                            tokens: q.tokens[h.tokens + i * ps..h.tokens + (i + 1) * ps].into(),
                             namespace: h.namespace.clone(),
                             refs: 0,
                         })
@@ -302,9 +360,9 @@ impl Shared {
                 .as_deref()
                 .map_or((None, None), wire::namespace_parts);
             b.push(EventRef::BlockStored {
-                parent_block_hash: first.checked_sub(1).map(|p| ids[p]),
-                block_hashes: &ids[first..],
-                token_ids: &path[h.start.min(path.len())..],
+                parent_block_hash: h.parent,
+                block_hashes: ids,
+                token_ids: &q.tokens[h.tokens..h.tokens + h.n * ps],
                 block_size: ps,
                 medium,
                 lora_name,
@@ -312,21 +370,62 @@ impl Shared {
             });
         } else {
             b.push(EventRef::BlockRemoved {
-                block_hashes: &ids[first..],
+                block_hashes: ids,
                 medium,
             });
         }
     }
 
-    fn report(&self, e: &PageEvent<'_>, stored: bool, device: Option<usize>) {
+    /// The chain value before `e`'s pages (the parent's last block id, or
+    /// the namespace seed at a root), remembered per node; the namespace,
+    /// when the event's location had to be read.
+    fn chain_before(&self, sink: u16, e: &PageEvent<'_>) -> Option<u64> {
+        if let Some(c) = self.chains.get(sink, e.parent) {
+            return Some(c);
+        }
+        // A parent not seen yet (made by a split, or forgotten): its
+        // location gives the chain, which the parent keeps from now on.
+        let loc = e.location()?;
+        let prefix = loc.prefix(e.pages().len());
+        let c = wire::chain_after(loc.namespace.as_deref(), prefix, self.page_size);
+        self.chains.put(sink, e.parent, c);
+        Some(c)
+    }
+
+    fn report(&self, e: &PageEvent<'_>, stored: bool, sink: Option<usize>) {
+        let tag = sink.map_or(0, |d| d as u16 + 1);
+        let Some(before) = self.chain_before(tag, e) else {
+            return; // a chain cut under the cache's locks: cannot happen
+        };
+        // Stores carry their namespace (cache_salt, lora_name); it is at
+        // hand for them (the insert's own key).
+        let loc = if stored { e.location() } else { None };
+        let namespace = loc.as_ref().and_then(|l| l.namespace.as_deref());
+        let mut ids = smallvec::SmallVec::<[u64; 32]>::new();
+        let mut id = before;
+        for page in e.pages().chunks_exact(self.page_size) {
+            id = wire::next_block_id(id, page);
+            ids.push(id);
+        }
+        if let Some(&last) = ids.last() {
+            self.chains.put(tag, e.node, last);
+        }
+        let c = Change {
+            stored,
+            host: e.host,
+            namespace,
+            parent: (!e.at_root).then_some(before),
+            ids: &ids,
+            tokens: e.pages(),
+        };
         if e.host {
             // The host tier is shared: every device can load its pages, so
             // every device's socket reports them (medium CPU).
             for d in 0..self.queues.len() {
-                self.push(d, e, stored);
+                self.push(d, &c);
             }
         } else {
-            self.push(device.unwrap_or(e.device.index()), e, stored);
+            self.push(sink.unwrap_or(e.device.index()), &c);
         }
     }
 }
@@ -418,6 +517,7 @@ impl KvEventPublisher {
             max_pending: cfg.max_pending.max(1),
             closing: AtomicBool::new(false),
             index: cfg.index_blocks.then(Default::default),
+            chains: Chains::new(),
         });
         let first_seq = unix_now().as_micros() as u64;
         let mut tasks = Vec::new();
@@ -589,7 +689,6 @@ async fn publish_loop(
     let first = send(b.finish(rank), 1, seq);
     let _ = socket.send(first).await;
     let mut spare = Changes::default();
-    let mut ids = Vec::new();
     loop {
         q.notify.notified().await;
         if !shared.closing.load(Ordering::SeqCst) {
@@ -600,14 +699,11 @@ async fn publish_loop(
         let n = spare.heads.len();
         if n > 0 {
             // Room for the tokens (at most 5 bytes each) and ids (9).
-            let bytes = 64 + n * 96 + spare.tokens.len() / 4 + {
-                let new: usize = spare.heads.iter().map(|h| h.len - h.start).sum();
-                new * 5
-            };
+            let bytes = 64 + n * 96 + spare.tokens.len() * 5 + spare.ids.len() * 9;
             let mut b =
                 BatchEncoder::with_capacity(unix_now().as_secs_f64(), n, cfg.encoding, bytes);
             for h in &spare.heads {
-                shared.encode(&mut b, h, &spare.tokens, &mut ids);
+                shared.encode(&mut b, h, &spare);
             }
             spare.clear();
             seq += 1;

@@ -167,6 +167,31 @@ fn namespace_seed(ns: Option<&str>) -> u64 {
 
 const ID_MASK: u64 = (1 << 63) - 1;
 
+/// The chain value after every full page of `path` in namespace `ns`:
+/// the last page's id, or the namespace's seed for an empty path (what a
+/// first page is chained from).
+///
+/// ```
+/// use radixkv_events::wire::{block_ids, chain_after, next_block_id};
+/// let ids = block_ids(Some("t"), &[1, 2, 3, 4], 2);
+/// assert_eq!(chain_after(Some("t"), &[1, 2, 3, 4], 2), ids[1]);
+/// assert_eq!(next_block_id(chain_after(Some("t"), &[1, 2], 2), &[3, 4]), ids[1]);
+/// assert_eq!(next_block_id(chain_after(Some("t"), &[], 2), &[1, 2]), ids[0]);
+/// ```
+pub fn chain_after(ns: Option<&str>, path: &[u32], page_size: usize) -> u64 {
+    let mut id = namespace_seed(ns);
+    for page in path.chunks_exact(page_size.max(1)) {
+        id = next_id(id, page);
+    }
+    id
+}
+
+/// The id of the page `page` after the chain value `before` (the previous
+/// page's id, or a namespace seed from [`chain_after`]).
+pub fn next_block_id(before: u64, page: &[u32]) -> u64 {
+    next_id(before, page)
+}
+
 /// The id of one page after a parent id (or a namespace seed).
 fn next_id(parent: u64, page: &[u32]) -> u64 {
     let mut bytes = [0u8; 256];
