@@ -234,8 +234,11 @@ struct Change<'a> {
 /// coincide.
 #[derive(Debug)]
 struct Chains {
-    shards: Box<[Mutex<std::collections::HashMap<(u16, u64), u64>>]>,
+    shards: Box<[Mutex<ChainMap>]>,
 }
+
+/// (sink, node id) → the chain value after the node's last page.
+type ChainMap = std::collections::HashMap<(u16, u64), u64>;
 
 const CHAIN_SHARDS: usize = 16;
 /// Entries per shard before it is cleared (16 × 65,536 nodes, ~3 MB).
@@ -250,7 +253,7 @@ impl Chains {
         }
     }
 
-    fn shard(&self, node: u64) -> MutexGuard<'_, std::collections::HashMap<(u16, u64), u64>> {
+    fn shard(&self, node: u64) -> MutexGuard<'_, ChainMap> {
         lock(&self.shards[(node as usize) % CHAIN_SHARDS])
     }
 
