@@ -22,8 +22,13 @@ fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
   "openai>=1.40" "httpx>=0.27" "pyzmq>=25" "msgpack>=1.0" "ai-dynamo-runtime==1.6.1"
 
-cargo build --release --quiet -p radixkv-cli
-bin=target/release/radixkv
+# RADIXKV_BIN: a radixkv binary already built (test.sh passes the one its
+# release test run built); otherwise build it.
+bin="${RADIXKV_BIN:-}"
+if [ -z "$bin" ]; then
+  cargo build --release --quiet -p radixkv-cli
+  bin=target/release/radixkv
+fi
 
 # Four free ports: HTTP, KV events for two devices, the replay socket of
 # device 0 (device 1's replay takes the next one).

@@ -36,7 +36,8 @@ echo "== KV events read by Dynamo's own decoder and index (bench-peers/tests/dyn
 cargo test --release --manifest-path bench-peers/Cargo.toml --target-dir target/peers --test dynamo_events
 
 echo "== the server from Python: the official openai client, pyzmq on the KV events, 1,000 streaming clients (scripts/python-check.sh; its own venv)"
-bash scripts/python-check.sh
+# The binary the release test run above built (its integration tests run it).
+RADIXKV_BIN=target/release/radixkv bash scripts/python-check.sh
 
 echo "== docs build without warnings (every public item documented, links resolve)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
