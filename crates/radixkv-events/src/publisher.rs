@@ -153,43 +153,61 @@ struct Counters {
     queued: AtomicU64,
 }
 
-/// One queued change: its block ids are `Changes::ids[ids..ids + n]`, a
-/// store's tokens `Changes::tokens[tokens..tokens + n * page size]`.
+/// One queued change. A store (and a removal whose ids were not known)
+/// carries its node's path, `Changes::tokens[at..at + len]`, its pages
+/// from `start`; a removal whose node's ids were known carries them,
+/// `Changes::ids[at..at + len]`.
 #[derive(Clone, Debug)]
 struct Head {
     stored: bool,
     host: bool,
     namespace: Option<Arc<str>>,
-    parent: Option<u64>,
-    ids: usize,
-    n: usize,
-    tokens: usize,
+    /// The sink-tagged node id (stores: its ids are remembered).
+    node: (u32, u64),
+    with_ids: bool,
+    at: usize,
+    len: usize,
+    start: usize,
 }
 
-/// A device's queued changes, with their block ids already computed (a
-/// node's pages only, chained from its parent's last id, which the sink
-/// remembers per node). The task swaps the whole queue for an empty one of
-/// the same capacity and hands that back after sending, so in a steady
-/// state queueing allocates and frees nothing (a free on another thread
-/// than the allocation's, per event, cost more than the insert it
-/// reported).
+/// A device's queued changes, as the listener leaves them: paths copied
+/// into one flat buffer (hashed into block ids by the socket's task, off
+/// the cache's locked section), or a removal's ids. The task swaps the
+/// whole queue for an empty one of the same capacity and hands that back
+/// after sending, so in a steady state queueing allocates and frees
+/// nothing (a free on another thread than the allocation's, per event,
+/// cost more than the insert it reported).
 #[derive(Debug, Default)]
 struct Changes {
     heads: Vec<Head>,
-    ids: Vec<u64>,
     tokens: Vec<u32>,
+    ids: Vec<u64>,
+}
+
+/// What a change carries into the queue.
+enum Carry<'a> {
+    /// The path from the root, the node's pages from `start`.
+    Path(&'a [u32], usize),
+    /// The block ids of the node's pages.
+    Ids(&'a [u64]),
 }
 
 impl Changes {
     fn clear(&mut self) {
         self.heads.clear();
-        self.ids.clear();
         self.tokens.clear();
+        self.ids.clear();
     }
 
-    fn push(&mut self, c: &Change<'_>) {
+    fn push(
+        &mut self,
+        (stored, host): (bool, bool),
+        namespace: Option<&str>,
+        node: (u32, u64),
+        carry: &Carry<'_>,
+    ) {
         // The namespace of the previous change, shared if it is the same.
-        let namespace = match (c.namespace, self.heads.last()) {
+        let namespace = match (namespace, self.heads.last()) {
             (None, _) => None,
             (
                 Some(n),
@@ -200,73 +218,95 @@ impl Changes {
             ) if **last == *n => Some(Arc::clone(last)),
             (Some(n), _) => Some(Arc::from(n)),
         };
+        let (with_ids, at, len, start) = match *carry {
+            Carry::Path(path, start) => {
+                let at = self.tokens.len();
+                self.tokens.extend_from_slice(path);
+                (false, at, path.len(), start)
+            }
+            Carry::Ids(ids) => {
+                let at = self.ids.len();
+                self.ids.extend_from_slice(ids);
+                (true, at, ids.len(), 0)
+            }
+        };
         self.heads.push(Head {
-            stored: c.stored,
-            host: c.host,
+            stored,
+            host,
             namespace,
-            parent: c.parent,
-            ids: self.ids.len(),
-            n: c.ids.len(),
-            tokens: self.tokens.len(),
+            node,
+            with_ids,
+            at,
+            len,
+            start,
         });
-        self.ids.extend_from_slice(c.ids);
-        if c.stored {
-            self.tokens.extend_from_slice(c.tokens);
-        }
     }
 }
 
-/// A change as the sink hands it to a queue.
-struct Change<'a> {
-    stored: bool,
-    host: bool,
-    namespace: Option<&'a str>,
-    parent: Option<u64>,
-    ids: &'a [u64],
-    tokens: &'a [u32],
-}
-
-/// Per node, the chain value its children start from: the block id of its
-/// last page (for a namespace root, the namespace's seed). A node's last
-/// page never changes, so an entry is never wrong, only possibly stale;
-/// the cache is bounded (a full shard is cleared), and a miss costs one
-/// climb of the tree. Keyed by (sink, node id): private trees' ids may
-/// coincide.
+/// Per node, the block ids of its pages, remembered when its store is
+/// sent, so that its removal needs neither its path nor its tokens (an
+/// evicted leaf's key is cold: reading and hashing it cost more than the
+/// eviction). A node's pages only ever lose their first part (a split moves
+/// it to a new node, the parent): a removal takes the last ids, and hands
+/// the rest to the parent's entry. The map is bounded (a full shard is
+/// cleared); a miss reads the path once. Keyed by (sink, node id): node ids
+/// are unique within one cache only.
 #[derive(Debug)]
-struct Chains {
-    shards: Box<[Mutex<ChainMap>]>,
+struct NodeIds {
+    shards: Box<[Mutex<NodeIdMap>]>,
 }
 
-/// (sink, node id) → the chain value after the node's last page.
-type ChainMap = std::collections::HashMap<(u16, u64), u64>;
+/// (sink, node id) → the block ids of the node's pages.
+type NodeIdMap = std::collections::HashMap<(u32, u64), Box<[u64]>>;
 
-const CHAIN_SHARDS: usize = 16;
-/// Entries per shard before it is cleared (16 × 65,536 nodes, ~3 MB).
-const CHAIN_SHARD_CAP: usize = 1 << 16;
+const ID_SHARDS: usize = 16;
+/// Nodes per shard before it is cleared (16 × 16,384 nodes).
+const ID_SHARD_CAP: usize = 1 << 14;
 
-impl Chains {
+impl NodeIds {
     fn new() -> Self {
-        Chains {
-            shards: (0..CHAIN_SHARDS)
+        NodeIds {
+            shards: (0..ID_SHARDS)
                 .map(|_| Mutex::new(Default::default()))
                 .collect(),
         }
     }
 
-    fn shard(&self, node: u64) -> MutexGuard<'_, ChainMap> {
-        lock(&self.shards[(node as usize) % CHAIN_SHARDS])
+    fn shard(&self, node: (u32, u64)) -> MutexGuard<'_, NodeIdMap> {
+        lock(&self.shards[(node.1 as usize) % ID_SHARDS])
     }
 
-    fn get(&self, sink: u16, node: u64) -> Option<u64> {
-        self.shard(node).get(&(sink, node)).copied()
-    }
-
-    fn put(&self, sink: u16, node: u64, chain: u64) {
+    fn put(&self, node: (u32, u64), ids: &[u64]) {
         let mut s = self.shard(node);
-        if s.len() >= CHAIN_SHARD_CAP {
+        if s.len() >= ID_SHARD_CAP {
             s.clear();
         }
-        s.insert((sink, node), chain);
+        s.insert(node, ids.into());
+    }
+
+    /// The ids of `node`'s last `pages` pages, into `out`; what precedes
+    /// them goes to `parent` (split off from the node). False if unknown.
+    fn take(&self, node: (u32, u64), parent: (u32, u64), pages: usize, out: &mut Vec<u64>) -> bool {
+        let rest = {
+            let s = self.shard(node);
+            let Some(ids) = s.get(&node) else {
+                return false;
+            };
+            if ids.len() < pages {
+                return false;
+            }
+            let cut = ids.len() - pages;
+            out.clear();
+            out.extend_from_slice(&ids[cut..]);
+            (cut > 0).then(|| ids[..cut].to_vec())
+        };
+        if let Some(rest) = rest {
+            let mut p = self.shard(parent);
+            if !p.contains_key(&parent) && p.len() < ID_SHARD_CAP {
+                p.insert(parent, rest.into());
+            }
+        }
+        true
     }
 }
 
@@ -299,7 +339,9 @@ struct IndexedBlock {
 #[derive(Debug)]
 struct Shared {
     queues: Vec<DeviceQueue>,
-    chains: Chains,
+    node_ids: NodeIds,
+    /// The next sink's tag.
+    next_tag: std::sync::atomic::AtomicU32,
     index: Option<Mutex<std::collections::HashMap<u64, IndexedBlock>>>,
     page_size: usize,
     max_pending: usize,
@@ -307,7 +349,14 @@ struct Shared {
 }
 
 impl Shared {
-    fn push(&self, device: usize, c: &Change<'_>) {
+    fn push(
+        &self,
+        device: usize,
+        kind: (bool, bool),
+        namespace: Option<&str>,
+        node: (u32, u64),
+        carry: &Carry<'_>,
+    ) {
         let Some(q) = self.queues.get(device) else {
             return;
         };
@@ -320,7 +369,7 @@ impl Shared {
             return;
         }
         let first = p.heads.is_empty();
-        p.push(c);
+        p.push(kind, namespace, node, carry);
         drop(p);
         // One wake-up per batch: the task, once woken, waits max_delay and
         // then takes everything queued by then; a push onto a non-empty
@@ -331,10 +380,23 @@ impl Shared {
         }
     }
 
-    /// Appends `h`'s event to `b`, and keeps the block index.
-    fn encode(&self, b: &mut BatchEncoder, h: &Head, q: &Changes) {
+    /// Appends `h`'s event to `b`, and keeps the block index and the
+    /// node's ids (`ids`: a reused buffer).
+    fn encode(&self, b: &mut BatchEncoder, h: &Head, q: &Changes, ids: &mut Vec<u64>) {
         let ps = self.page_size;
-        let ids = &q.ids[h.ids..h.ids + h.n];
+        let (ids, first, pages): (&[u64], usize, &[u32]) = if h.with_ids {
+            (&q.ids[h.at..h.at + h.len], 0, &[])
+        } else {
+            let path = &q.tokens[h.at..h.at + h.len];
+            wire::block_ids_into(h.namespace.as_deref(), path, ps, ids);
+            let first = (h.start / ps).min(ids.len());
+            if h.stored {
+                self.node_ids.put(h.node, &ids[first..]);
+            }
+            (&ids[..], first, &path[h.start.min(path.len())..])
+        };
+        let parent = first.checked_sub(1).map(|p| ids[p]);
+        let ids = &ids[first..];
         let medium = if h.host { Medium::Cpu } else { Medium::Gpu };
         if let Some(index) = &self.index {
             let mut index = lock(index);
@@ -343,8 +405,8 @@ impl Shared {
                     index
                         .entry(id)
                         .or_insert_with(|| IndexedBlock {
-                            parent: if i == 0 { h.parent } else { Some(ids[i - 1]) },
-                            tokens: q.tokens[h.tokens + i * ps..h.tokens + (i + 1) * ps].into(),
+                            parent: if i == 0 { parent } else { Some(ids[i - 1]) },
+                            tokens: pages[i * ps..(i + 1) * ps].into(),
                             namespace: h.namespace.clone(),
                             refs: 0,
                         })
@@ -363,9 +425,9 @@ impl Shared {
                 .as_deref()
                 .map_or((None, None), wire::namespace_parts);
             b.push(EventRef::BlockStored {
-                parent_block_hash: h.parent,
+                parent_block_hash: parent,
                 block_hashes: ids,
-                token_ids: &q.tokens[h.tokens..h.tokens + h.n * ps],
+                token_ids: pages,
                 block_size: ps,
                 medium,
                 lora_name,
@@ -379,56 +441,62 @@ impl Shared {
         }
     }
 
-    /// The chain value before `e`'s pages (the parent's last block id, or
-    /// the namespace seed at a root), remembered per node; the namespace,
-    /// when the event's location had to be read.
-    fn chain_before(&self, sink: u16, e: &PageEvent<'_>) -> Option<u64> {
-        if let Some(c) = self.chains.get(sink, e.parent) {
-            return Some(c);
+    fn report(&self, e: &PageEvent<'_>, stored: bool, sink: Option<usize>, tag: u32) {
+        let node = (tag, e.node);
+        let kind = (stored, e.host);
+        // A removal of a node whose ids were sent with its store: the ids.
+        thread_local! {
+            static IDS: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
         }
-        // A parent not seen yet (made by a split, or forgotten): its
-        // location gives the chain, which the parent keeps from now on.
-        let loc = e.location()?;
-        let prefix = loc.prefix(e.pages().len());
-        let c = wire::chain_after(loc.namespace.as_deref(), prefix, self.page_size);
-        self.chains.put(sink, e.parent, c);
-        Some(c)
-    }
-
-    fn report(&self, e: &PageEvent<'_>, stored: bool, sink: Option<usize>) {
-        let tag = sink.map_or(0, |d| d as u16 + 1);
-        let Some(before) = self.chain_before(tag, e) else {
+        if !stored {
+            let pages = e.pages().len() / self.page_size.max(1);
+            let done = IDS.with(|b| {
+                let Ok(mut b) = b.try_borrow_mut() else {
+                    return false;
+                };
+                if !self.node_ids.take(node, (tag, e.parent), pages, &mut b) {
+                    return false;
+                }
+                self.fan_out(e, sink, kind, None, node, &Carry::Ids(&b));
+                true
+            });
+            if done {
+                return;
+            }
+        }
+        // A store (its path is the insert's own key, at hand), or a removal
+        // not seen stored: the path, hashed by the task.
+        let Some(loc) = e.location() else {
             return; // a chain cut under the cache's locks: cannot happen
         };
-        // Stores carry their namespace (cache_salt, lora_name); it is at
-        // hand for them (the insert's own key).
-        let loc = if stored { e.location() } else { None };
-        let namespace = loc.as_ref().and_then(|l| l.namespace.as_deref());
-        let mut ids = smallvec::SmallVec::<[u64; 32]>::new();
-        let mut id = before;
-        for page in e.pages().chunks_exact(self.page_size) {
-            id = wire::next_block_id(id, page);
-            ids.push(id);
-        }
-        if let Some(&last) = ids.last() {
-            self.chains.put(tag, e.node, last);
-        }
-        let c = Change {
-            stored,
-            host: e.host,
-            namespace,
-            parent: (!e.at_root).then_some(before),
-            ids: &ids,
-            tokens: e.pages(),
-        };
+        let start = loc.path.len() - e.pages().len();
+        let carry = Carry::Path(&loc.path, start);
+        self.fan_out(e, sink, kind, loc.namespace.as_deref(), node, &carry);
+    }
+
+    fn fan_out(
+        &self,
+        e: &PageEvent<'_>,
+        sink: Option<usize>,
+        kind: (bool, bool),
+        namespace: Option<&str>,
+        node: (u32, u64),
+        carry: &Carry<'_>,
+    ) {
         if e.host {
             // The host tier is shared: every device can load its pages, so
             // every device's socket reports them (medium CPU).
             for d in 0..self.queues.len() {
-                self.push(d, &c);
+                self.push(d, kind, namespace, node, carry);
             }
         } else {
-            self.push(sink.unwrap_or(e.device.index()), &c);
+            self.push(
+                sink.unwrap_or(e.device.index()),
+                kind,
+                namespace,
+                node,
+                carry,
+            );
         }
     }
 }
@@ -441,14 +509,18 @@ pub struct EventSink {
     /// For a cache with one device that stands for engine device `d`
     /// (private trees): every device event goes to `d`'s socket.
     device: Option<usize>,
+    /// This sink's own tag: node ids are unique within one cache only, so
+    /// what the publisher remembers per node is keyed by sink too (one
+    /// sink per cache).
+    tag: u32,
 }
 
 impl CacheListener for EventSink {
     fn stored(&self, e: &PageEvent<'_>) {
-        self.shared.report(e, true, self.device);
+        self.shared.report(e, true, self.device, self.tag);
     }
     fn removed(&self, e: &PageEvent<'_>) {
-        self.shared.report(e, false, self.device);
+        self.shared.report(e, false, self.device, self.tag);
     }
 }
 
@@ -520,7 +592,8 @@ impl KvEventPublisher {
             max_pending: cfg.max_pending.max(1),
             closing: AtomicBool::new(false),
             index: cfg.index_blocks.then(Default::default),
-            chains: Chains::new(),
+            node_ids: NodeIds::new(),
+            next_tag: std::sync::atomic::AtomicU32::new(0),
         });
         let first_seq = unix_now().as_micros() as u64;
         let mut tasks = Vec::new();
@@ -546,10 +619,15 @@ impl KvEventPublisher {
 
     /// The listener to install on a cache whose devices are this
     /// publisher's devices (a shared tree).
+    ///
+    /// One sink per cache: what the publisher remembers per node is keyed
+    /// by sink (node ids are unique within a cache only).
     pub fn listener(&self) -> Arc<EventSink> {
         Arc::new(EventSink {
             shared: Arc::clone(&self.shared),
             device: None,
+            // Relaxed: tags only need to be distinct.
+            tag: self.shared.next_tag.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -559,6 +637,8 @@ impl KvEventPublisher {
         Arc::new(EventSink {
             shared: Arc::clone(&self.shared),
             device: Some(d),
+            // Relaxed: tags only need to be distinct.
+            tag: self.shared.next_tag.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -692,6 +772,7 @@ async fn publish_loop(
     let first = send(b.finish(rank), 1, seq);
     let _ = socket.send(first).await;
     let mut spare = Changes::default();
+    let mut ids = Vec::new();
     loop {
         q.notify.notified().await;
         if !shared.closing.load(Ordering::SeqCst) {
@@ -701,12 +782,20 @@ async fn publish_loop(
         std::mem::swap(&mut *lock(&q.pending), &mut spare);
         let n = spare.heads.len();
         if n > 0 {
-            // Room for the tokens (at most 5 bytes each) and ids (9).
-            let bytes = 64 + n * 96 + spare.tokens.len() * 5 + spare.ids.len() * 9;
+            // Room for the new tokens (at most 5 bytes each) and ids (9).
+            let bytes = 64 + n * 96 + spare.ids.len() * 9 + {
+                let new: usize = spare
+                    .heads
+                    .iter()
+                    .filter(|h| !h.with_ids)
+                    .map(|h| h.len - h.start)
+                    .sum();
+                new * 6
+            };
             let mut b =
                 BatchEncoder::with_capacity(unix_now().as_secs_f64(), n, cfg.encoding, bytes);
             for h in &spare.heads {
-                shared.encode(&mut b, h, &spare);
+                shared.encode(&mut b, h, &spare, &mut ids);
             }
             spare.clear();
             seq += 1;
