@@ -309,3 +309,64 @@ async fn bad_endpoints_and_ports_in_use_are_clear_errors() {
     assert!(matches!(e, EventsError::Bind { .. }), "{e}");
     assert!(e.to_string().contains(&port.to_string()), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removals_after_splits_name_the_blocks_that_left() {
+    let port = free_ports(2);
+    let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
+    cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + 1));
+    let p = KvEventPublisher::start(cfg, 1, 2).await.unwrap();
+    let cache = RadixCache::builder()
+        .page_size(2)
+        .eviction_policy(radixkv::EvictionPolicy::Lru)
+        .listener(p.listener())
+        .build()
+        .unwrap();
+    let d = DeviceId(0);
+    let long: Vec<u32> = (1..=12).collect();
+    cache.insert(TokenKey::new(&long), d, &long, 0).unwrap();
+    p.flush().await; // its ids are remembered once sent
+                     // Two splits of the first leaf: at 4 tokens, then at 8.
+    let a: Vec<u32> = [1, 2, 3, 4, 50, 51].to_vec();
+    let b: Vec<u32> = [1, 2, 3, 4, 5, 6, 7, 8, 60, 61].to_vec();
+    cache.insert(TokenKey::new(&a), d, &a, 0).unwrap();
+    cache.insert(TokenKey::new(&b), d, &b, 0).unwrap();
+    // Touch the new leaves, so that LRU takes the old suffix first, then
+    // everything.
+    cache.match_prefix(TokenKey::new(&a), d).unwrap();
+    cache.match_prefix(TokenKey::new(&b), d).unwrap();
+    cache.evict(d, 4).unwrap();
+    cache.evict(d, 100).unwrap();
+    p.flush().await;
+    let batches = replay(&p.replay_endpoints()[0], 0).await.unwrap();
+    let evs: Vec<Value> = batches.iter().flat_map(|b| decode(&b.payload).1).collect();
+    let mut removed: Vec<u64> = Vec::new();
+    let mut stored: Vec<u64> = Vec::new();
+    for e in &evs {
+        match field(e, "type").as_str().unwrap() {
+            "BlockStored" => stored.extend(ids(field(e, "block_hashes"))),
+            "BlockRemoved" => removed.extend(ids(field(e, "block_hashes"))),
+            _ => {}
+        }
+    }
+    // The first removal is the 12-token leaf's last 4 tokens (the suffix
+    // left on the node after both splits).
+    let first_removal = evs
+        .iter()
+        .find(|e| field(e, "type").as_str() == Some("BlockRemoved"))
+        .unwrap();
+    assert_eq!(
+        ids(field(first_removal, "block_hashes")),
+        &block_ids(None, &long, 2)[4..]
+    );
+    // In the end every stored block was removed exactly once.
+    stored.sort_unstable();
+    removed.sort_unstable();
+    assert_eq!(stored, removed);
+    let mut want: Vec<u64> = block_ids(None, &long, 2);
+    want.extend(&block_ids(None, &a, 2)[2..]);
+    want.extend(&block_ids(None, &b, 2)[4..]);
+    want.sort_unstable();
+    assert_eq!(removed, want);
+    p.shutdown().await;
+}
