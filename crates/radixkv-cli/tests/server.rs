@@ -1356,3 +1356,33 @@ async fn admin_config_changes_settings_at_run_time() {
     s.wait_idle().await;
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_lora_name_keeps_a_prompt_apart_and_query_finds_it_under_it() {
+    let s = start_default().await;
+    let prompt = "an adapter's prompt, long enough for two pages".to_string();
+    let r = s
+        .post(json!({"prompt": prompt, "max_tokens": 2, "lora_name": "math", "cache_salt": "t"}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    s.wait_idle().await;
+    let whole = prompt.len() / 16 * 16;
+    let q = |body: Value| async {
+        s.post_to("/query", body).await.json()["data"]["radixkv"]["matched_tokens"].clone()
+    };
+    assert_eq!(
+        q(json!({"prompt": prompt, "lora_name": "math", "cache_salt": "t"})).await,
+        whole
+    );
+    assert_eq!(q(json!({"prompt": prompt, "cache_salt": "t"})).await, 0);
+    assert_eq!(q(json!({"prompt": prompt, "lora_name": "math"})).await, 0);
+    // The same LoRA and salt reuse it.
+    let r = s
+        .post(json!({"prompt": prompt, "max_tokens": 2, "lora_name": "math", "cache_salt": "t"}))
+        .await;
+    assert_eq!(
+        r.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
+        whole
+    );
+    s.shutdown().await;
+}

@@ -33,6 +33,11 @@ pub struct CompletionRequest {
     /// Cache namespace (`cache_salt`): prompts under different salts never
     /// share cached prefixes.
     pub cache_salt: Option<String>,
+    /// A LoRA adapter's name (`lora_name`): with the salt, the cache
+    /// namespace (`radixkv_events::wire::namespace`), published in KV
+    /// events as `lora_name`. No adapter is applied (the models here have
+    /// none); the prompt's KV is kept apart as an adapter's would be.
+    pub lora_name: Option<String>,
     /// The `model` field as given (echoed back; not used for routing).
     pub model: Option<String>,
     /// Stop sequences (`stop`): the text ends before the first one.
@@ -62,7 +67,7 @@ impl CompletionRequest {
     /// Parses and validates a `/v1/chat/completions` body: `messages`
     /// rendered by the chat template ([`crate::chat`]), then the common
     /// fields: `max_tokens` or `max_completion_tokens`, `stream`,
-    /// `stream_options.include_usage`, `cache_salt`, `model`, `stop` (a
+    /// `stream_options.include_usage`, `cache_salt`, `lora_name`, `model`, `stop` (a
     /// string or up to 4, applied to the generated text), and the sampling
     /// fields clients send by default, accepted and not applied (the
     /// models here decode greedily): `temperature` (0..=2), `top_p`
@@ -241,6 +246,7 @@ fn from_fields(
         }
     };
     let cache_salt = opt_str(obj, "cache_salt")?.filter(|s| !s.is_empty());
+    let lora_name = opt_str(obj, "lora_name")?.filter(|s| !s.is_empty());
     let model = opt_str(obj, "model")?;
     Ok(CompletionRequest {
         tokens,
@@ -248,6 +254,7 @@ fn from_fields(
         stream,
         include_usage,
         cache_salt,
+        lora_name,
         model,
         stop,
     })

@@ -653,7 +653,10 @@ async fn run(
         }
     })?;
     let mut er = EngineRequest::new(req.tokens.clone(), req.max_tokens);
-    er.namespace = req.cache_salt.as_deref().map(Arc::from);
+    // The namespace the KV events and /query name: salt and LoRA together.
+    er.namespace =
+        radixkv_events::wire::namespace(req.lora_name.as_deref(), req.cache_salt.as_deref())
+            .map(Arc::from);
     let (sink, mut events) = stream::sink();
     let submitted = s.engine().submit_to(er, sink);
     let id = submitted.map_err(|e| match e {
