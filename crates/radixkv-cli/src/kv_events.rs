@@ -14,7 +14,7 @@ pub struct KvEventArgs {
     #[arg(long, value_name = "ENDPOINT")]
     pub kv_events: Option<String>,
     /// Answer replay requests (ROUTER) here, device d on PORT + d, from a
-    /// buffer of the last 10,000 batches per device.
+    /// buffer of the last 10,000 batches (at most 64 MiB) per device.
     #[arg(long, value_name = "ENDPOINT", requires = "kv_events")]
     pub kv_events_replay: Option<String>,
     /// The topic frame of every message (default empty).

@@ -27,8 +27,13 @@ pub struct KvEventsConfig {
     pub topic: String,
     /// How events are encoded (default [`Encoding::Map`]).
     pub encoding: Encoding,
-    /// Batches kept per device for replays (default 10,000, as vLLM).
+    /// Batches kept per device for replays (default 10,000, as vLLM); kept
+    /// only with a replay endpoint.
     pub replay_buffer: usize,
+    /// Bytes of payload kept per device for replays, at most (default
+    /// 64 MiB): the oldest batches go first when either bound is reached,
+    /// so a burst of large batches cannot hold gigabytes.
+    pub replay_bytes: usize,
     /// Events queued per device before new ones are dropped and counted
     /// (default 100,000; the PUB socket's own high-water mark is 100,000
     /// messages per subscriber, beyond which it drops as libzmq does).
@@ -53,6 +58,7 @@ impl KvEventsConfig {
             topic: String::new(),
             encoding: Encoding::Map,
             replay_buffer: 10_000,
+            replay_bytes: 64 << 20,
             max_pending: 100_000,
             max_delay: Duration::from_millis(1),
             index_blocks: false,
@@ -315,7 +321,8 @@ impl NodeIds {
 struct DeviceQueue {
     pending: Mutex<Changes>,
     notify: Notify,
-    replay: Mutex<VecDeque<(u64, Bytes)>>,
+    /// The batches kept for replays, and their payloads' bytes.
+    replay: Mutex<(VecDeque<(u64, Bytes)>, usize)>,
     counters: Counters,
 }
 
@@ -740,17 +747,23 @@ async fn publish_loop(
     let q = &shared.queues[d];
     let topic = Bytes::from(cfg.topic.clone().into_bytes());
     let mut seq = first_seq;
+    let keep_replays = cfg.replay_endpoint.is_some() && cfg.replay_buffer > 0;
     // Counts `events` sent as `seq` and returns its three frames.
     let send = |payload: Vec<u8>, events: usize, seq: u64| {
         let payload = Bytes::from(payload);
-        let mut replay = lock(&q.replay);
-        if cfg.replay_buffer > 0 {
-            if replay.len() >= cfg.replay_buffer {
-                replay.pop_front();
+        if keep_replays {
+            let mut replay = lock(&q.replay);
+            let (buf, bytes) = &mut *replay;
+            *bytes += payload.len();
+            buf.push_back((seq, payload.clone()));
+            while buf.len() > cfg.replay_buffer.max(1)
+                || (*bytes > cfg.replay_bytes && buf.len() > 1)
+            {
+                if let Some((_, old)) = buf.pop_front() {
+                    *bytes -= old.len();
+                }
             }
-            replay.push_back((seq, payload.clone()));
         }
-        drop(replay);
         // Relaxed: statistics.
         q.counters.batches.fetch_add(1, Ordering::Relaxed);
         q.counters
@@ -828,6 +841,7 @@ async fn replay_loop(shared: Arc<Shared>, d: usize, mut socket: zeromq::RouterSo
         };
         let start = u64::from_be_bytes(start);
         let batches: Vec<(u64, Bytes)> = lock(&q.replay)
+            .0
             .iter()
             .filter(|(s, _)| *s >= start)
             .cloned()

@@ -370,3 +370,34 @@ async fn removals_after_splits_name_the_blocks_that_left() {
     assert_eq!(removed, want);
     p.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replay_buffer_is_bounded_in_batches_and_in_bytes() {
+    for (batches, bytes, kept) in [(2, usize::MAX, 2), (10_000, 1, 1)] {
+        let port = free_ports(2);
+        let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
+        cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + 1));
+        cfg.replay_buffer = batches;
+        cfg.replay_bytes = bytes;
+        let p = KvEventPublisher::start(cfg, 1, 2).await.unwrap();
+        let cache = RadixCache::builder()
+            .page_size(2)
+            .listener(p.listener())
+            .build()
+            .unwrap();
+        for i in 0..5u32 {
+            cache
+                .insert(TokenKey::new(&[i, i]), DeviceId(0), &[1, 2], 0)
+                .unwrap();
+            p.flush().await; // one batch each
+        }
+        let got = replay(&p.replay_endpoints()[0], 0).await.unwrap();
+        assert_eq!(got.len(), kept, "bounds {batches} batches, {bytes} bytes");
+        assert_eq!(
+            got.last().unwrap().seq,
+            p.stats()[0].last_seq,
+            "the newest are kept"
+        );
+        p.shutdown().await;
+    }
+}
