@@ -159,10 +159,8 @@ struct Counters {
     queued: AtomicU64,
 }
 
-/// One queued change. A store (and a removal whose ids were not known)
-/// carries its node's path, `Changes::tokens[at..at + len]`, its pages
-/// from `start`; a removal whose node's ids were known carries them,
-/// `Changes::ids[at..at + len]`.
+/// One queued change: its tokens or ids at `Changes::tokens[at..at + len]`
+/// or `Changes::ids[at..at + len]`, as `kind` says.
 #[derive(Clone, Debug)]
 struct Head {
     stored: bool,
@@ -170,10 +168,20 @@ struct Head {
     namespace: Option<Arc<str>>,
     /// The sink-tagged node id (stores: its ids are remembered).
     node: (u32, u64),
-    with_ids: bool,
+    kind: HeadKind,
     at: usize,
     len: usize,
-    start: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HeadKind {
+    /// The path from the root (tokens), the node's pages from `start`.
+    Path { start: usize },
+    /// The node's own pages (tokens), chained from `before` (its parent's
+    /// last block id; `None`: the parent is a namespace root).
+    Own { before: Option<u64> },
+    /// The block ids of the node's pages.
+    Ids,
 }
 
 /// A device's queued changes, as the listener leaves them: paths copied
@@ -194,6 +202,9 @@ struct Changes {
 enum Carry<'a> {
     /// The path from the root, the node's pages from `start`.
     Path(&'a [u32], usize),
+    /// The node's own pages, chained from its parent's last id (`None`: at
+    /// a namespace root).
+    Own(&'a [u32], Option<u64>),
     /// The block ids of the node's pages.
     Ids(&'a [u64]),
 }
@@ -224,16 +235,21 @@ impl Changes {
             ) if **last == *n => Some(Arc::clone(last)),
             (Some(n), _) => Some(Arc::from(n)),
         };
-        let (with_ids, at, len, start) = match *carry {
-            Carry::Path(path, start) => {
+        let (kind, at, len) = match *carry {
+            Carry::Path(tokens, start) => {
                 let at = self.tokens.len();
-                self.tokens.extend_from_slice(path);
-                (false, at, path.len(), start)
+                self.tokens.extend_from_slice(tokens);
+                (HeadKind::Path { start }, at, tokens.len())
+            }
+            Carry::Own(tokens, before) => {
+                let at = self.tokens.len();
+                self.tokens.extend_from_slice(tokens);
+                (HeadKind::Own { before }, at, tokens.len())
             }
             Carry::Ids(ids) => {
                 let at = self.ids.len();
                 self.ids.extend_from_slice(ids);
-                (true, at, ids.len(), 0)
+                (HeadKind::Ids, at, ids.len())
             }
         };
         self.heads.push(Head {
@@ -241,10 +257,9 @@ impl Changes {
             host,
             namespace,
             node,
-            with_ids,
+            kind,
             at,
             len,
-            start,
         });
     }
 }
@@ -280,6 +295,13 @@ impl NodeIds {
 
     fn shard(&self, node: (u32, u64)) -> MutexGuard<'_, NodeIdMap> {
         lock(&self.shards[(node.1 as usize) % ID_SHARDS])
+    }
+
+    /// The last block id of `node`, if known.
+    fn last_of(&self, node: (u32, u64)) -> Option<u64> {
+        self.shard(node)
+            .get(&node)
+            .and_then(|ids| ids.last().copied())
     }
 
     fn put(&self, node: (u32, u64), ids: &[u64]) {
@@ -391,19 +413,30 @@ impl Shared {
     /// node's ids (`ids`: a reused buffer).
     fn encode(&self, b: &mut BatchEncoder, h: &Head, q: &Changes, ids: &mut Vec<u64>) {
         let ps = self.page_size;
-        let (ids, first, pages): (&[u64], usize, &[u32]) = if h.with_ids {
-            (&q.ids[h.at..h.at + h.len], 0, &[])
-        } else {
-            let path = &q.tokens[h.at..h.at + h.len];
-            wire::block_ids_into(h.namespace.as_deref(), path, ps, ids);
-            let first = (h.start / ps).min(ids.len());
-            if h.stored {
-                self.node_ids.put(h.node, &ids[first..]);
+        let (ids, parent, pages): (&[u64], Option<u64>, &[u32]) = match h.kind {
+            HeadKind::Ids => (&q.ids[h.at..h.at + h.len], None, &[]),
+            HeadKind::Path { start } => {
+                let path = &q.tokens[h.at..h.at + h.len];
+                wire::block_ids_into(h.namespace.as_deref(), path, ps, ids);
+                let first = (start / ps).min(ids.len());
+                let parent = first.checked_sub(1).map(|p| ids[p]);
+                (&ids[first..], parent, &path[start.min(path.len())..])
             }
-            (&ids[..], first, &path[h.start.min(path.len())..])
+            HeadKind::Own { before } => {
+                let pages = &q.tokens[h.at..h.at + h.len];
+                let mut id =
+                    before.unwrap_or_else(|| wire::chain_after(h.namespace.as_deref(), &[], ps));
+                ids.clear();
+                for page in pages.chunks_exact(ps.max(1)) {
+                    id = wire::next_block_id(id, page);
+                    ids.push(id);
+                }
+                (&ids[..], before, pages)
+            }
         };
-        let parent = first.checked_sub(1).map(|p| ids[p]);
-        let ids = &ids[first..];
+        if h.stored {
+            self.node_ids.put(h.node, ids);
+        }
         let medium = if h.host { Medium::Cpu } else { Medium::Gpu };
         if let Some(index) = &self.index {
             let mut index = lock(index);
@@ -472,12 +505,22 @@ impl Shared {
             }
         }
         // A store (its path is the insert's own key, at hand), or a removal
-        // not seen stored: the path, hashed by the task.
+        // not seen stored: the path, hashed by the task; a store whose
+        // parent's ids are known (or at a root): its own pages only.
         let Some(loc) = e.location() else {
             return; // a chain cut under the cache's locks: cannot happen
         };
-        let start = loc.path.len() - e.pages().len();
-        let carry = Carry::Path(&loc.path, start);
+        let before = if !stored {
+            None
+        } else if e.at_root {
+            Some(None)
+        } else {
+            self.node_ids.last_of((tag, e.parent)).map(Some)
+        };
+        let carry = match before {
+            Some(b) => Carry::Own(e.pages(), b),
+            None => Carry::Path(&loc.path, loc.path.len() - e.pages().len()),
+        };
         self.fan_out(e, sink, kind, loc.namespace.as_deref(), node, &carry);
     }
 
@@ -800,8 +843,11 @@ async fn publish_loop(
                 let new: usize = spare
                     .heads
                     .iter()
-                    .filter(|h| !h.with_ids)
-                    .map(|h| h.len - h.start)
+                    .map(|h| match h.kind {
+                        HeadKind::Path { start } => h.len - start,
+                        HeadKind::Own { .. } => h.len,
+                        HeadKind::Ids => 0,
+                    })
                     .sum();
                 new * 6
             };
