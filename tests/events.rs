@@ -29,8 +29,9 @@ impl Mirror {
     /// The event's pages as router page ids, with their parent's path.
     fn pages(e: &PageEvent<'_>, ps: usize) -> (Vec<PageId>, Vec<u32>) {
         let loc = e.location().expect("a location under the cache's locks");
+        let prefix = loc.prefix(e.pages().len()).to_vec();
         let path = loc.path.to_vec();
-        let start = path.len() - e.pages().len();
+        let start = prefix.len();
         assert_eq!(
             &path[start..],
             e.pages(),
@@ -44,7 +45,7 @@ impl Mirror {
         let ids = (start / ps..path.len() / ps)
             .map(|p| (e.device.0, ns.clone(), path[..(p + 1) * ps].to_vec()))
             .collect();
-        (ids, path[..start].to_vec())
+        (ids, prefix)
     }
 }
 

@@ -639,8 +639,8 @@ struct EventOrder(std::sync::Mutex<std::collections::HashSet<Vec<u32>>>);
 
 impl radixkv::events::CacheListener for EventOrder {
     fn stored(&self, e: &radixkv::events::PageEvent<'_>) {
-        let path = e.location().expect("a location").path.to_vec();
-        let prefix = &path[..path.len() - e.pages().len()];
+        let loc = e.location().expect("a location");
+        let (path, prefix) = (loc.path.to_vec(), loc.prefix(e.pages().len()));
         let mut held = self.0.lock().unwrap();
         assert!(
             prefix.is_empty() || held.contains(prefix),

@@ -108,17 +108,35 @@ impl Http {
     }
 
     async fn send(&self, method: &str, path: &str, body: Vec<u8>) -> Response<Incoming> {
-        let req = Request::builder()
+        self.send_auth(method, path, body, None).await
+    }
+
+    /// `send`, with `Authorization: Bearer <key>` when given.
+    async fn send_auth(
+        &self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        key: Option<&str>,
+    ) -> Response<Incoming> {
+        let mut b = Request::builder()
             .method(method)
             .uri(self.url(path))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .unwrap();
+            .header("content-type", "application/json");
+        if let Some(k) = key {
+            b = b.header("authorization", format!("Bearer {k}"));
+        }
+        let req = b.body(Full::new(Bytes::from(body))).unwrap();
         self.client.request(req).await.expect("request")
     }
 
     async fn call(&self, method: &str, path: &str, body: Vec<u8>) -> Reply {
-        let r = self.send(method, path, body).await;
+        self.call_auth(method, path, body, None).await
+    }
+
+    /// `call`, with `Authorization: Bearer <key>` when given.
+    async fn call_auth(&self, method: &str, path: &str, body: Vec<u8>, key: Option<&str>) -> Reply {
+        let r = self.send_auth(method, path, body, key).await;
         let status = r.status();
         let headers = r.headers().clone();
         let bytes = r.into_body().collect().await.expect("body").to_bytes();
@@ -876,29 +894,6 @@ async fn serves_the_tiny_model() {
 // ------------------------------------------------------------ the OpenAI surface
 
 impl Http {
-    async fn call_auth(&self, method: &str, path: &str, body: Vec<u8>, key: Option<&str>) -> Reply {
-        let mut b = Request::builder()
-            .method(method)
-            .uri(self.url(path))
-            .header("content-type", "application/json");
-        if let Some(k) = key {
-            b = b.header("authorization", format!("Bearer {k}"));
-        }
-        let r = self
-            .client
-            .request(b.body(Full::new(Bytes::from(body))).unwrap())
-            .await
-            .expect("request");
-        let status = r.status();
-        let headers = r.headers().clone();
-        let bytes = r.into_body().collect().await.expect("body").to_bytes();
-        Reply {
-            status,
-            headers,
-            body: String::from_utf8_lossy(&bytes).into_owned(),
-        }
-    }
-
     async fn post_to(&self, path: &str, body: Value) -> Reply {
         self.call("POST", path, body.to_string().into_bytes()).await
     }

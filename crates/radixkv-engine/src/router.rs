@@ -358,7 +358,7 @@ impl Router {
     pub fn route(&self, key: TokenKey<'_>, cache: Option<&RadixCache>) -> Route {
         let cfg = self.cfg.load();
         let n = self.load.len();
-        let load = self.load();
+        // The loads are read only by the routers that look at them.
         let route = match cfg.kind {
             RouterKind::RoundRobin | RouterKind::Private => Route {
                 device: self.next.fetch_add(1, Ordering::SeqCst) % n,
@@ -366,11 +366,11 @@ impl Router {
                 balanced: false,
             },
             RouterKind::LeastLoaded => Route {
-                device: Self::least_loaded(&load),
+                device: Self::least_loaded(&self.load()),
                 expected_prefix: 0,
                 balanced: false,
             },
-            RouterKind::CacheAware => self.cache_aware(&cfg, &load, key, cache),
+            RouterKind::CacheAware => self.cache_aware(&cfg, &self.load(), key, cache),
         };
         self.load[route.device].fetch_add(1, Ordering::SeqCst);
         if cfg.kind == RouterKind::CacheAware {

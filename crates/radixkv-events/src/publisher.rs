@@ -424,13 +424,7 @@ impl Shared {
             }
             HeadKind::Own { before } => {
                 let pages = &q.tokens[h.at..h.at + h.len];
-                let mut id =
-                    before.unwrap_or_else(|| wire::chain_after(h.namespace.as_deref(), &[], ps));
-                ids.clear();
-                for page in pages.chunks_exact(ps.max(1)) {
-                    id = wire::next_block_id(id, page);
-                    ids.push(id);
-                }
+                wire::chain_ids_into(before, h.namespace.as_deref(), pages, ps, ids);
                 (&ids[..], before, pages)
             }
         };
@@ -673,20 +667,19 @@ impl KvEventPublisher {
     /// One sink per cache: what the publisher remembers per node is keyed
     /// by sink (node ids are unique within a cache only).
     pub fn listener(&self) -> Arc<EventSink> {
-        Arc::new(EventSink {
-            shared: Arc::clone(&self.shared),
-            device: None,
-            // Relaxed: tags only need to be distinct.
-            tag: self.shared.next_tag.fetch_add(1, Ordering::Relaxed),
-        })
+        self.sink(None)
     }
 
     /// The listener for a one-device cache that stands for device `d`
     /// (private trees, one per device): its events go on `d`'s socket.
     pub fn listener_for_device(&self, d: usize) -> Arc<EventSink> {
+        self.sink(Some(d))
+    }
+
+    fn sink(&self, device: Option<usize>) -> Arc<EventSink> {
         Arc::new(EventSink {
             shared: Arc::clone(&self.shared),
-            device: Some(d),
+            device,
             // Relaxed: tags only need to be distinct.
             tag: self.shared.next_tag.fetch_add(1, Ordering::Relaxed),
         })

@@ -167,31 +167,6 @@ fn namespace_seed(ns: Option<&str>) -> u64 {
 
 const ID_MASK: u64 = (1 << 63) - 1;
 
-/// The chain value after every full page of `path` in namespace `ns`:
-/// the last page's id, or the namespace's seed for an empty path (what a
-/// first page is chained from).
-///
-/// ```
-/// use radixkv_events::wire::{block_ids, chain_after, next_block_id};
-/// let ids = block_ids(Some("t"), &[1, 2, 3, 4], 2);
-/// assert_eq!(chain_after(Some("t"), &[1, 2, 3, 4], 2), ids[1]);
-/// assert_eq!(next_block_id(chain_after(Some("t"), &[1, 2], 2), &[3, 4]), ids[1]);
-/// assert_eq!(next_block_id(chain_after(Some("t"), &[], 2), &[1, 2]), ids[0]);
-/// ```
-pub fn chain_after(ns: Option<&str>, path: &[u32], page_size: usize) -> u64 {
-    let mut id = namespace_seed(ns);
-    for page in path.chunks_exact(page_size.max(1)) {
-        id = next_id(id, page);
-    }
-    id
-}
-
-/// The id of the page `page` after the chain value `before` (the previous
-/// page's id, or a namespace seed from [`chain_after`]).
-pub fn next_block_id(before: u64, page: &[u32]) -> u64 {
-    next_id(before, page)
-}
-
 /// The id of one page after a parent id (or a namespace seed).
 fn next_id(parent: u64, page: &[u32]) -> u64 {
     let mut bytes = [0u8; 256];
@@ -227,9 +202,32 @@ pub fn block_ids(ns: Option<&str>, path: &[u32], page_size: usize) -> Vec<u64> {
 
 /// [`block_ids`] into `out` (cleared first), to reuse its allocation.
 pub fn block_ids_into(ns: Option<&str>, path: &[u32], page_size: usize, out: &mut Vec<u64>) {
+    chain_ids_into(None, ns, path, page_size, out);
+}
+
+/// The ids of the full pages of `pages`, chained from `before` (the id of
+/// the page before them; `None`: they start the path, chained from the
+/// namespace's seed), into `out` (cleared first).
+///
+/// ```
+/// use radixkv_events::wire::{block_ids, chain_ids_into};
+/// let ids = block_ids(Some("t"), &[1, 2, 3, 4, 5, 6], 2);
+/// let mut out = Vec::new();
+/// chain_ids_into(Some(ids[0]), Some("t"), &[3, 4, 5, 6], 2, &mut out);
+/// assert_eq!(out, &ids[1..]);
+/// chain_ids_into(None, Some("t"), &[1, 2], 2, &mut out);
+/// assert_eq!(out, &ids[..1]);
+/// ```
+pub fn chain_ids_into(
+    before: Option<u64>,
+    ns: Option<&str>,
+    pages: &[u32],
+    page_size: usize,
+    out: &mut Vec<u64>,
+) {
     out.clear();
-    let mut id = namespace_seed(ns);
-    out.extend(path.chunks_exact(page_size.max(1)).map(|page| {
+    let mut id = before.unwrap_or_else(|| namespace_seed(ns));
+    out.extend(pages.chunks_exact(page_size.max(1)).map(|page| {
         id = next_id(id, page);
         id
     }));
@@ -282,6 +280,12 @@ fn w_tokens(b: &mut Buf, t: &[u32]) {
     b.reserve(t.len() * 5);
     for &x in t {
         w_uint(b, u64::from(x));
+    }
+}
+fn w_opt_uint(b: &mut Buf, v: Option<u64>) {
+    match v {
+        Some(v) => w_uint(b, v),
+        None => w_nil(b),
     }
 }
 fn w_opt_str(b: &mut Buf, s: Option<&str>) {
@@ -358,73 +362,62 @@ impl KvEvent {
 
 impl EventRef<'_> {
     fn encode(&self, b: &mut Buf, enc: Encoding) {
-        match (*self, enc) {
-            (
-                EventRef::BlockStored {
-                    block_hashes,
-                    parent_block_hash,
-                    token_ids,
-                    block_size,
-                    medium,
-                    lora_name,
-                    cache_salt,
-                },
-                Encoding::Map,
-            ) => {
-                w_map(b, 9 + usize::from(cache_salt.is_some()));
-                w_str(b, "type");
-                w_str(b, "BlockStored");
-                w_str(b, "block_hashes");
-                w_ids(b, block_hashes);
-                w_str(b, "parent_block_hash");
-                match parent_block_hash {
-                    Some(p) => w_uint(b, p),
-                    None => w_nil(b),
-                }
-                w_str(b, "token_ids");
-                w_tokens(b, token_ids);
-                w_str(b, "block_size");
-                w_uint(b, block_size as u64);
-                w_str(b, "lora_id");
-                w_nil(b);
-                w_str(b, "medium");
-                w_str(b, medium.as_str());
-                w_str(b, "lora_name");
-                w_opt_str(b, lora_name);
-                w_str(b, "extra_keys");
-                w_nil(b);
-                if let Some(s) = cache_salt {
-                    w_str(b, "cache_salt");
-                    w_str(b, s);
-                }
+        let map = enc == Encoding::Map;
+        // Map: each value after its key; array: the values in declaration
+        // order. Both start with the tag (a map's under "type").
+        let key = |b: &mut Buf, k: &str| {
+            if map {
+                w_str(b, k);
             }
-            (
-                EventRef::BlockStored {
-                    block_hashes,
-                    parent_block_hash,
-                    token_ids,
-                    block_size,
-                    medium,
-                    lora_name,
-                    cache_salt,
-                },
-                Encoding::Array,
-            ) => {
-                w_array(b, 9);
-                w_str(b, "BlockStored");
+        };
+        let open = |b: &mut Buf, fields: usize, tag: &str| {
+            if map {
+                w_map(b, fields);
+                w_str(b, "type");
+            } else {
+                w_array(b, fields);
+            }
+            w_str(b, tag);
+        };
+        match *self {
+            EventRef::BlockStored {
+                block_hashes,
+                parent_block_hash,
+                token_ids,
+                block_size,
+                medium,
+                lora_name,
+                cache_salt,
+            } => {
+                let fields = if map {
+                    9 + usize::from(cache_salt.is_some())
+                } else {
+                    9
+                };
+                open(b, fields, "BlockStored");
+                key(b, "block_hashes");
                 w_ids(b, block_hashes);
-                match parent_block_hash {
-                    Some(p) => w_uint(b, p),
-                    None => w_nil(b),
-                }
+                key(b, "parent_block_hash");
+                w_opt_uint(b, parent_block_hash);
+                key(b, "token_ids");
                 w_tokens(b, token_ids);
+                key(b, "block_size");
                 w_uint(b, block_size as u64);
-                w_nil(b); // lora_id
+                key(b, "lora_id");
+                w_nil(b);
+                key(b, "medium");
                 w_str(b, medium.as_str());
+                key(b, "lora_name");
                 w_opt_str(b, lora_name);
+                key(b, "extra_keys");
                 match cache_salt {
+                    Some(s) if map => {
+                        w_nil(b);
+                        w_str(b, "cache_salt");
+                        w_str(b, s);
+                    }
                     // extra_keys, one entry per block: the salt, tagged, in
-                    // the first block's.
+                    // the first block's (the array form's only place for it).
                     Some(s) => {
                         w_array(b, block_hashes.len());
                         w_array(b, 1);
@@ -436,42 +429,17 @@ impl EventRef<'_> {
                     None => w_nil(b),
                 }
             }
-            (
-                EventRef::BlockRemoved {
-                    block_hashes,
-                    medium,
-                },
-                Encoding::Map,
-            ) => {
-                w_map(b, 3);
-                w_str(b, "type");
-                w_str(b, "BlockRemoved");
-                w_str(b, "block_hashes");
+            EventRef::BlockRemoved {
+                block_hashes,
+                medium,
+            } => {
+                open(b, 3, "BlockRemoved");
+                key(b, "block_hashes");
                 w_ids(b, block_hashes);
-                w_str(b, "medium");
+                key(b, "medium");
                 w_str(b, medium.as_str());
             }
-            (
-                EventRef::BlockRemoved {
-                    block_hashes,
-                    medium,
-                },
-                Encoding::Array,
-            ) => {
-                w_array(b, 3);
-                w_str(b, "BlockRemoved");
-                w_ids(b, block_hashes);
-                w_str(b, medium.as_str());
-            }
-            (EventRef::AllBlocksCleared, Encoding::Map) => {
-                w_map(b, 1);
-                w_str(b, "type");
-                w_str(b, "AllBlocksCleared");
-            }
-            (EventRef::AllBlocksCleared, Encoding::Array) => {
-                w_array(b, 1);
-                w_str(b, "AllBlocksCleared");
-            }
+            EventRef::AllBlocksCleared => open(b, 1, "AllBlocksCleared"),
         }
     }
 }
@@ -560,10 +528,7 @@ impl BatchEncoder {
     /// pushed (checked in debug builds).
     pub fn finish(mut self, rank: Option<u32>) -> Vec<u8> {
         debug_assert_eq!(self.left, 0, "fewer events than announced");
-        match rank {
-            Some(r) => w_uint(&mut self.buf, u64::from(r)),
-            None => w_nil(&mut self.buf),
-        }
+        w_opt_uint(&mut self.buf, rank.map(u64::from));
         self.buf
     }
 }

@@ -88,60 +88,66 @@ pub struct ChunkMeta {
 impl ChunkMeta {
     /// A chunk carrying `text` (and `finish`, on the last one).
     fn text(&self, text: String, finish: Option<&'static str>, first: bool) -> Event {
-        match self.kind {
-            Kind::Text => json_event(&CompletionResponse {
-                id: self.id.clone(),
-                object: "text_completion",
-                created: self.created,
-                model: self.model.clone(),
-                choices: vec![Choice {
-                    text,
-                    index: 0,
-                    logprobs: None,
-                    finish_reason: finish,
-                }],
-                usage: None,
-                radixkv: None,
-            }),
-            Kind::Chat => {
-                let mut delta = serde_json::Map::new();
-                if first {
-                    delta.insert("role".into(), "assistant".into());
-                }
-                if !text.is_empty() || finish.is_none() {
-                    delta.insert("content".into(), text.into());
-                }
-                json_event(&serde_json::json!({
-                    "id": self.id,
-                    "object": "chat.completion.chunk",
-                    "created": self.created,
-                    "model": self.model,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
-                }))
-            }
-        }
+        self.chunk(Some((text, finish, first)), None)
     }
 
     /// The usage chunk (no choices).
     fn usage(&self, usage: Usage) -> Event {
+        self.chunk(None, Some(usage))
+    }
+
+    /// A chunk of this stream's kind: one choice with `text` (its finish
+    /// reason; whether it is the stream's first chunk), or none, and
+    /// `usage` if given.
+    fn chunk(
+        &self,
+        text: Option<(String, Option<&'static str>, bool)>,
+        usage: Option<Usage>,
+    ) -> Event {
         match self.kind {
             Kind::Text => json_event(&CompletionResponse {
                 id: self.id.clone(),
                 object: "text_completion",
                 created: self.created,
                 model: self.model.clone(),
-                choices: Vec::new(),
-                usage: Some(usage),
+                choices: text
+                    .map(|(text, finish, _)| Choice {
+                        text,
+                        index: 0,
+                        logprobs: None,
+                        finish_reason: finish,
+                    })
+                    .into_iter()
+                    .collect(),
+                usage,
                 radixkv: None,
             }),
-            Kind::Chat => json_event(&serde_json::json!({
-                "id": self.id,
-                "object": "chat.completion.chunk",
-                "created": self.created,
-                "model": self.model,
-                "choices": [],
-                "usage": usage,
-            })),
+            Kind::Chat => {
+                let choices: Vec<serde_json::Value> = text
+                    .map(|(text, finish, first)| {
+                        let mut delta = serde_json::Map::new();
+                        if first {
+                            delta.insert("role".into(), "assistant".into());
+                        }
+                        if !text.is_empty() || finish.is_none() {
+                            delta.insert("content".into(), text.into());
+                        }
+                        serde_json::json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                    })
+                    .into_iter()
+                    .collect();
+                let mut v = serde_json::json!({
+                    "id": self.id,
+                    "object": "chat.completion.chunk",
+                    "created": self.created,
+                    "model": self.model,
+                    "choices": choices,
+                });
+                if let Some(u) = usage {
+                    v["usage"] = serde_json::json!(u);
+                }
+                json_event(&v)
+            }
         }
     }
 }
