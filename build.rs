@@ -23,6 +23,7 @@ const STEPS: &[&str] = &[
     "copy_source_pin",
     "copy_dups",
     "event_in_lock",
+    "split_event_in_lock",
 ];
 
 /// Controls of ordinary (not loom) tests: `tests/parked_writer.rs`.

@@ -38,6 +38,7 @@ pairs=(
   "model19_copy_completion_vs_insert_on_dest|copy_dups|the duplicate pages of device 1 must go back;;I2: device 1"
   "model20_write_back_vs_evict|copy_source_pin|the write-back read page"
   "model21_store_event_vs_evict|event_in_lock|a removal came before its store"
+  "model22_split_event_vs_evict|split_event_in_lock|a removal's pages differ from what the node's store and splits left"
 )
 
 failed_as_expected=0

@@ -13,13 +13,16 @@
 //! * [`CacheListener::stored`]: pages became resident on a tier: an insert
 //!   (or a completed copy, or a write-back to the host tier) attached a new
 //!   leaf there or adopted an existing node's pages;
-//! * [`CacheListener::removed`]: an eviction took a leaf's pages off a tier.
+//! * [`CacheListener::removed`]: an eviction took a leaf's pages off a tier;
+//! * [`CacheListener::split`]: a node's first pages became a node of their
+//!   own. No page changes residency; a listener that remembers something
+//!   per node (the block ids of its pages) divides it here, and otherwise
+//!   ignores it (the default does nothing).
 //!
-//! A split changes no page and reports nothing. Events name whole pages
-//! (every key in the tree is page-aligned) and the ids of their node and
-//! its parent; the full token path from the namespace's root is there on
-//! request ([`PageEvent::location`]), so a consumer can compute chained
-//! block ids.
+//! Events name whole pages (every key in the tree is page-aligned) and the
+//! ids of their node and its parent; the full token path from the
+//! namespace's root is there on request ([`PageEvent::location`]), so a
+//! consumer can compute chained block ids.
 //!
 //! # Order
 //!
@@ -33,11 +36,21 @@
 //! * a parent's store is reported before any store of its children (a
 //!   child attaches or is adopted only below a resident parent, under the
 //!   parent's lock), and a child's removal before its parent's (only leaves
-//!   are evicted).
+//!   are evicted);
+//! * a split of a node is reported, for every tier that holds the node,
+//!   after the node's store there and before its removal, and before any
+//!   event of the new prefix node (the split holds the node's and its
+//!   parent's locks, and publishes the prefix node only after the report).
+//!
+//! So a listener that keeps, per tier and node id, the block ids of the
+//! node's pages (from its store, chained from its parent's) always finds a
+//! stored node's parent and an evicted node's ids, with no path: what
+//! `radixkv-events` does.
 //!
 //! These hold for the order in which calls *enter* the listener, as long as
 //! the listener serialises them (a mutex or a queue: an unsynchronised
-//! listener sees calls from several threads at once). Loom model 21 and
+//! listener sees calls from several threads at once). Loom models 21 (a store
+//! racing an eviction) and 22 (a split racing an eviction) and
 //! `tests/events.rs` check them under concurrent inserts and evictions.
 //!
 //! # Cost
@@ -188,6 +201,24 @@ impl<'a> PageEvent<'a> {
     }
 }
 
+/// A split of a node that a tier holds: the node's first `moved` tokens
+/// became the new node `prefix`, between the node and its parent; the node
+/// keeps its id and its last pages. Nothing changed residency: the prefix
+/// node is resident on the same tiers, with the same pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitEvent {
+    /// The tier: a device, or the host tier.
+    pub device: DeviceId,
+    /// Whether `device` is the host tier.
+    pub host: bool,
+    /// The node that was split (it keeps its last pages).
+    pub node: u64,
+    /// The id of the new node holding the first `moved` tokens.
+    pub prefix: u64,
+    /// How many tokens moved to `prefix` (whole pages).
+    pub moved: usize,
+}
+
 /// Told about every residency change of a cache (see the [module
 /// docs](self) for what and in which order). Called from whichever thread
 /// makes the change, inside the tree's locked section: queue and return.
@@ -196,6 +227,12 @@ pub trait CacheListener: Send + Sync + 'static {
     fn stored(&self, event: &PageEvent<'_>);
     /// Pages left `event.device`.
     fn removed(&self, event: &PageEvent<'_>);
+    /// A node that `event.device` holds was split (no page changed
+    /// residency). Called once per tier holding the node. The default does
+    /// nothing: only a listener that remembers something per node needs it.
+    fn split(&self, event: &SplitEvent) {
+        let _ = event;
+    }
 }
 
 /// A listener as the cache holds it (with a `Debug` for the builder).

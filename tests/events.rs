@@ -2,17 +2,20 @@
 //! two devices and the host tier at once, in two namespaces, while a
 //! listener checks the order of every event as it enters (a page stored
 //! only while absent, removed only while present, a child stored only
-//! below a stored parent, per tier). At the end the pages the events say
-//! are resident must be exactly what the cache holds.
+//! below a stored parent, per tier) and follows every node by its id, as a
+//! publisher that remembers per-node block ids does (a store's parent is
+//! known, a split divides a known node, a removal takes exactly a known
+//! node's pages). At the end the pages the events say are resident must
+//! be exactly what the cache holds, and so must the nodes' pages.
 //!
 //! The checks hold for every interleaving, so the test does not depend on
 //! how the threads happen to be scheduled.
 
-use radixkv::events::{CacheListener, PageEvent};
+use radixkv::events::{CacheListener, PageEvent, SplitEvent};
 use radixkv::{DeviceId, RadixCache, TokenKey};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 /// A page as a router sees it: tier, namespace, and every token from the
@@ -22,7 +25,10 @@ type PageId = (u32, Option<String>, Vec<u32>);
 #[derive(Default)]
 struct Mirror {
     held: Mutex<HashSet<PageId>>,
+    /// (tier, node id) → the node's tokens, from stores, splits and removals.
+    nodes: Mutex<HashMap<(u32, u64), usize>>,
     events: Mutex<u64>,
+    splits: Mutex<u64>,
 }
 
 impl Mirror {
@@ -67,6 +73,19 @@ impl CacheListener for Mirror {
         for p in pages {
             assert!(held.insert(p), "a page was stored twice without a removal");
         }
+        let mut nodes = self.nodes.lock().unwrap();
+        let tier = e.device.0;
+        assert!(
+            e.at_root || nodes.contains_key(&(tier, e.parent)),
+            "tier {tier}: node {}'s parent {} is not a known node",
+            e.node,
+            e.parent
+        );
+        assert!(
+            nodes.insert((tier, e.node), e.pages().len()).is_none(),
+            "tier {tier}: node {} stored twice",
+            e.node
+        );
         *self.events.lock().unwrap() += 1;
     }
 
@@ -85,7 +104,35 @@ impl CacheListener for Mirror {
                 .any(|(d, n, q)| *d == dev && *n == ns && q.starts_with(&path)),
             "a parent's removal came before its child's"
         );
+        let had = self.nodes.lock().unwrap().remove(&(dev, e.node));
+        assert_eq!(
+            had,
+            Some(e.pages().len()),
+            "tier {dev}: node {}'s removal against what its store and splits left",
+            e.node
+        );
         *self.events.lock().unwrap() += 1;
+    }
+
+    fn split(&self, e: &SplitEvent) {
+        let mut nodes = self.nodes.lock().unwrap();
+        let tier = e.device.0;
+        let Some(n) = nodes.get_mut(&(tier, e.node)) else {
+            panic!("tier {tier}: a split of node {} never stored", e.node);
+        };
+        assert!(
+            e.moved > 0 && e.moved < *n && e.moved.is_multiple_of(PS),
+            "a split of {} tokens at {}",
+            *n,
+            e.moved
+        );
+        *n -= e.moved;
+        assert!(
+            nodes.insert((tier, e.prefix), e.moved).is_none(),
+            "a split's prefix node {} already known",
+            e.prefix
+        );
+        *self.splits.lock().unwrap() += 1;
     }
 }
 
@@ -159,12 +206,27 @@ fn events_follow_the_tree_under_concurrent_inserts_and_evictions() {
             "tier {}: the events' pages against the cache's",
             tier.0
         );
+        let nodes = mirror.nodes.lock().unwrap();
+        let tokens: usize = nodes
+            .iter()
+            .filter(|((d, _), _)| *d == tier.0)
+            .map(|(_, n)| n)
+            .sum();
+        assert_eq!(
+            tokens,
+            cache.resident_tokens(tier).unwrap(),
+            "tier {}: the nodes' pages against the cache's",
+            tier.0
+        );
     }
     assert!(*mirror.events.lock().unwrap() > 0);
+    // Short keys over a 3-token alphabet split often: the split reports
+    // were exercised, not assumed.
+    assert!(*mirror.splits.lock().unwrap() > 0);
 }
 
 #[test]
-fn a_split_and_a_match_report_nothing() {
+fn a_split_changes_no_page_and_names_its_nodes() {
     let mirror = Arc::new(Mirror::default());
     let cache = RadixCache::builder()
         .page_size(PS)
@@ -176,10 +238,16 @@ fn a_split_and_a_match_report_nothing() {
         .insert(TokenKey::new(&[1, 1, 2, 2]), d, &[1, 2, 3, 4], 0)
         .unwrap();
     assert_eq!(*mirror.events.lock().unwrap(), 1);
-    // The match splits [1 1 | 2 2]: no page changes, so no event.
+    // The match splits [1 1 | 2 2]: no page changes, so no store or
+    // removal; the split says the old node keeps [2 2].
     let m = cache.match_prefix(TokenKey::new(&[1, 1, 3, 3]), d).unwrap();
     assert_eq!(m.len, 2);
     assert_eq!(*mirror.events.lock().unwrap(), 1);
+    assert_eq!(*mirror.splits.lock().unwrap(), 1);
+    let nodes = mirror.nodes.lock().unwrap().clone();
+    let mut sizes: Vec<usize> = nodes.values().copied().collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, [2, 2]);
     // A duplicate insert stores nothing.
     cache
         .insert(TokenKey::new(&[1, 1, 2, 2]), d, &[9, 9, 9, 9], 0)

@@ -420,6 +420,23 @@ impl Tree {
         }
     }
 
+    /// Tells the listener, for every tier holding `img` (the split node's
+    /// image), that node `node`'s first `moved` tokens became node
+    /// `prefix`. Called under the split's locks.
+    fn report_split(&self, img: &Image, node: u64, prefix: u64, moved: usize) {
+        if let Some(l) = &self.listener {
+            for (e, _) in img.values.iter() {
+                l.0.split(&crate::events::SplitEvent {
+                    device: crate::DeviceId(e as u32),
+                    host: self.host() == Some(e),
+                    node,
+                    prefix,
+                    moved,
+                });
+            }
+        }
+    }
+
     pub(crate) fn page_size(&self) -> usize {
         self.page_size
     }
@@ -1045,6 +1062,13 @@ impl Tree {
                 let _ = slot.residency.try_pin(None);
             }
         }
+        // The protecting step of model 22: under both locks, before the
+        // prefix node is published (see crate::events), for every tier
+        // that holds the child. The control reports it after the locks.
+        #[cfg(not(radixkv_negative = "split_event_in_lock"))]
+        self.report_split(img, child.id, prefix.id, k);
+        #[cfg(radixkv_negative = "split_event_in_lock")]
+        let prefix_id = prefix.id;
         let prefix = NodePtr::link(prefix);
         let mut retired = Retired::default();
         locked.publish_child_image(
@@ -1068,6 +1092,14 @@ impl Tree {
         locked.publish_parent_children(new_children, guard, &mut retired);
         self.count_node(fresh.unwrap_or(0), true);
         self.reclaimer.retire(retired, guard);
+        #[cfg(radixkv_negative = "split_event_in_lock")]
+        {
+            drop(locked);
+            // Any thread may run between the release and the report (under
+            // loom a scheduling point: nothing else here is one).
+            crate::sync::thread::yield_now();
+            self.report_split(img, child.id, prefix_id, k);
+        }
         // SAFETY: just linked under `guard`.
         Ok(unsafe { prefix.node_in(guard) })
     }

@@ -1,10 +1,19 @@
 //! The publisher: a [`CacheListener`] that queues each device's events and
 //! tokio tasks that send them, in batches, on one ZeroMQ PUB socket per
 //! device (and answer replays on an optional ROUTER socket per device).
+//!
+//! What the cache's thread does per change is one short locked push: a
+//! 32-byte head, and for a store the node's own pages. Block ids are
+//! computed by the device's socket task, which remembers each resident
+//! node's ids: a store is chained from its parent's last id, a removal
+//! names the ids remembered for its node, and a split (reported by the
+//! cache, see [`radixkv::events`]) divides them. That memory is bounded by
+//! what the tiers hold (about 60 bytes per node plus 8 per page;
+//! [`SocketStats::remembered_nodes`]) and goes with the cache.
 
 use crate::wire::{self, BatchEncoder, Encoding, EventRef, Medium};
 use bytes::Bytes;
-use radixkv::events::{CacheListener, PageEvent};
+use radixkv::events::{CacheListener, PageEvent, SplitEvent};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -139,7 +148,9 @@ pub struct SocketStats {
     pub batches: u64,
     /// Events sent.
     pub events: u64,
-    /// Events dropped because the queue held [`KvEventsConfig::max_pending`].
+    /// Events not sent: the queue held [`KvEventsConfig::max_pending`]
+    /// (or, after such a drop, a removal of the dropped node or a store of
+    /// its child, whose block ids cannot be known).
     pub dropped_events: u64,
     /// Replay requests answered.
     pub replays: u64,
@@ -147,6 +158,10 @@ pub struct SocketStats {
     pub last_seq: u64,
     /// Events handed to the queue (sent, dropped or still queued).
     pub queued: u64,
+    /// Nodes whose block ids the socket's task remembers (for their
+    /// children's stores and their removals): about 60 bytes plus 8 per
+    /// page each, bounded by what the device (and the host tier) holds.
+    pub remembered_nodes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -157,184 +172,189 @@ struct Counters {
     replays: AtomicU64,
     last_seq: AtomicU64,
     queued: AtomicU64,
+    remembered: AtomicU64,
 }
 
-/// One queued change: its tokens or ids at `Changes::tokens[at..at + len]`
-/// or `Changes::ids[at..at + len]`, as `kind` says.
-#[derive(Clone, Debug)]
+/// One queued change, in 32 bytes (two to a cache line: the cache's thread
+/// writes one per change into lines the socket's task read last, and each
+/// new line costs a transfer from the other core). A store's own pages
+/// follow the previous stores' in `Changes::tokens`.
+#[derive(Clone, Copy, Debug)]
 struct Head {
-    stored: bool,
+    node: u64,
+    /// A store's parent (unless `at_root`), a split's prefix node.
+    other: u64,
+    /// A store's tokens, a split's moved tokens.
+    len: u32,
+    /// The sink's tag: node ids are unique within one cache only.
+    tag: u32,
+    /// 1 + the index of the namespace in `Changes::namespaces`; 0: none.
+    namespace: u32,
+    kind: Kind,
     host: bool,
-    namespace: Option<Arc<str>>,
-    /// The sink-tagged node id (stores: its ids are remembered).
-    node: (u32, u64),
-    kind: HeadKind,
-    at: usize,
-    len: usize,
+    at_root: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum HeadKind {
-    /// The path from the root (tokens), the node's pages from `start`.
-    Path { start: usize },
-    /// The node's own pages (tokens), chained from `before` (its parent's
-    /// last block id; `None`: the parent is a namespace root).
-    Own { before: Option<u64> },
-    /// The block ids of the node's pages.
-    Ids,
+enum Kind {
+    Stored,
+    Removed,
+    Split,
+    Forget,
 }
 
-/// A device's queued changes, as the listener leaves them: paths copied
-/// into one flat buffer (hashed into block ids by the socket's task, off
-/// the cache's locked section), or a removal's ids. The task swaps the
-/// whole queue for an empty one of the same capacity and hands that back
-/// after sending, so in a steady state queueing allocates and frees
-/// nothing (a free on another thread than the allocation's, per event,
-/// cost more than the insert it reported).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    /// The node's pages became resident, chained from `parent`'s last
+    /// block id (`None`: the parent is a namespace root).
+    Stored { parent: Option<u64> },
+    /// The node's pages left the tier.
+    Removed,
+    /// The node's first `moved` tokens became node `prefix`: what is
+    /// remembered of the node is divided (no event).
+    Split { prefix: u64, moved: u32 },
+    /// The sink's cache is gone: its nodes are forgotten (no event).
+    Forget,
+}
+
+impl Op {
+    /// Whether subscribers see it (counted as queued, sent or dropped).
+    fn is_event(self) -> bool {
+        matches!(self, Op::Stored { .. } | Op::Removed)
+    }
+}
+
+impl Head {
+    fn op(&self) -> Op {
+        match self.kind {
+            Kind::Stored => Op::Stored {
+                parent: (!self.at_root).then_some(self.other),
+            },
+            Kind::Removed => Op::Removed,
+            Kind::Split => Op::Split {
+                prefix: self.other,
+                moved: self.len,
+            },
+            Kind::Forget => Op::Forget,
+        }
+    }
+}
+
+/// A device's queued changes, as the listener leaves them: a head per
+/// change and a store's own pages copied into one flat buffer (hashed into
+/// block ids by the socket's task, off the cache's locked section). The
+/// task swaps the whole queue for an empty one of the same capacity and
+/// hands that back after sending, so in a steady state queueing allocates
+/// and frees nothing (a free on another thread than the allocation's, per
+/// event, cost more than the insert it reported).
 #[derive(Debug, Default)]
 struct Changes {
     heads: Vec<Head>,
     tokens: Vec<u32>,
-    ids: Vec<u64>,
-}
-
-/// What a change carries into the queue.
-enum Carry<'a> {
-    /// The path from the root, the node's pages from `start`.
-    Path(&'a [u32], usize),
-    /// The node's own pages, chained from its parent's last id (`None`: at
-    /// a namespace root).
-    Own(&'a [u32], Option<u64>),
-    /// The block ids of the node's pages.
-    Ids(&'a [u64]),
+    /// Events handed to this queue, and those of them dropped.
+    events: u64,
+    dropped: u64,
+    /// The namespaces the heads name (a run of changes in one namespace
+    /// shares one entry).
+    namespaces: Vec<Arc<str>>,
 }
 
 impl Changes {
     fn clear(&mut self) {
         self.heads.clear();
         self.tokens.clear();
-        self.ids.clear();
+        self.namespaces.clear();
+        self.events = 0;
+        self.dropped = 0;
     }
 
+    /// Queues a change (a store's `pages` are under 2^32 tokens: the
+    /// caller checks).
     fn push(
         &mut self,
-        (stored, host): (bool, bool),
+        op: Op,
+        (host, tag, node): (bool, u32, u64),
         namespace: Option<&str>,
-        node: (u32, u64),
-        carry: &Carry<'_>,
+        pages: &[u32],
     ) {
-        // The namespace of the previous change, shared if it is the same.
-        let namespace = match (namespace, self.heads.last()) {
-            (None, _) => None,
-            (
-                Some(n),
-                Some(Head {
-                    namespace: Some(last),
-                    ..
-                }),
-            ) if **last == *n => Some(Arc::clone(last)),
-            (Some(n), _) => Some(Arc::from(n)),
-        };
-        let (kind, at, len) = match *carry {
-            Carry::Path(tokens, start) => {
-                let at = self.tokens.len();
-                self.tokens.extend_from_slice(tokens);
-                (HeadKind::Path { start }, at, tokens.len())
-            }
-            Carry::Own(tokens, before) => {
-                let at = self.tokens.len();
-                self.tokens.extend_from_slice(tokens);
-                (HeadKind::Own { before }, at, tokens.len())
-            }
-            Carry::Ids(ids) => {
-                let at = self.ids.len();
-                self.ids.extend_from_slice(ids);
-                (HeadKind::Ids, at, ids.len())
+        let namespace = match namespace {
+            None => 0,
+            Some(n) => {
+                if self.namespaces.last().is_none_or(|last| **last != *n) {
+                    self.namespaces.push(Arc::from(n));
+                }
+                self.namespaces.len() as u32
             }
         };
+        let (kind, other, len, at_root) = match op {
+            Op::Stored { parent } => (
+                Kind::Stored,
+                parent.unwrap_or(0),
+                pages.len() as u32,
+                parent.is_none(),
+            ),
+            Op::Removed => (Kind::Removed, 0, 0, false),
+            Op::Split { prefix, moved } => (Kind::Split, prefix, moved, false),
+            Op::Forget => (Kind::Forget, 0, 0, false),
+        };
+        if kind == Kind::Stored {
+            self.tokens.extend_from_slice(pages);
+        }
         self.heads.push(Head {
-            stored,
-            host,
-            namespace,
             node,
-            kind,
-            at,
+            other,
             len,
+            tag,
+            namespace,
+            kind,
+            host,
+            at_root,
         });
     }
+
+    fn namespace(&self, h: &Head) -> Option<&Arc<str>> {
+        (h.namespace as usize)
+            .checked_sub(1)
+            .and_then(|i| self.namespaces.get(i))
+    }
 }
 
-/// Per node, the block ids of its pages, remembered when its store is
-/// sent, so that its removal needs neither its path nor its tokens (an
-/// evicted leaf's key is cold: reading and hashing it cost more than the
-/// eviction). A node's pages only ever lose their first part (a split moves
-/// it to a new node, the parent): a removal takes the last ids, and hands
-/// the rest to the parent's entry. The map is bounded (a full shard is
-/// cleared); a miss reads the path once. Keyed by (sink, node id): node ids
-/// are unique within one cache only.
-#[derive(Debug)]
-struct NodeIds {
-    shards: Box<[Mutex<NodeIdMap>]>,
+/// What one device's socket task remembers: per sink and tier, the block
+/// ids of every node it has published as resident and not yet as removed.
+/// A store is chained from its parent's last id and a removal names the
+/// node's ids, so neither needs the node's path, and the cache's thread
+/// does no lookup at all: the events reach the task in the cache's order
+/// (a parent's store before its children's, a split between a node's
+/// store and its removal; see `radixkv::events`), so the parent and the
+/// node are always here. Bounded by what the tier holds: a removal takes
+/// the node's entry, and a sink's cache going away forgets its nodes.
+#[derive(Debug, Default)]
+struct Remembered {
+    /// (sink tag, its nodes): one sink per cache, a few at most.
+    sinks: Vec<(u32, NodeIdMap)>,
 }
 
-/// (sink, node id) → the block ids of the node's pages.
-type NodeIdMap = std::collections::HashMap<(u32, u64), Box<[u64]>>;
+/// (host tier?, node id) → the block ids of the node's pages.
+type NodeIdMap = std::collections::HashMap<(bool, u64), Box<[u64]>, foldhash::fast::RandomState>;
 
-const ID_SHARDS: usize = 16;
-/// Nodes per shard before it is cleared (16 × 16,384 nodes).
-const ID_SHARD_CAP: usize = 1 << 14;
-
-impl NodeIds {
-    fn new() -> Self {
-        NodeIds {
-            shards: (0..ID_SHARDS)
-                .map(|_| Mutex::new(Default::default()))
-                .collect(),
-        }
-    }
-
-    fn shard(&self, node: (u32, u64)) -> MutexGuard<'_, NodeIdMap> {
-        lock(&self.shards[(node.1 as usize) % ID_SHARDS])
-    }
-
-    /// The last block id of `node`, if known.
-    fn last_of(&self, node: (u32, u64)) -> Option<u64> {
-        self.shard(node)
-            .get(&node)
-            .and_then(|ids| ids.last().copied())
-    }
-
-    fn put(&self, node: (u32, u64), ids: &[u64]) {
-        let mut s = self.shard(node);
-        if s.len() >= ID_SHARD_CAP {
-            s.clear();
-        }
-        s.insert(node, ids.into());
-    }
-
-    /// The ids of `node`'s last `pages` pages, into `out`; what precedes
-    /// them goes to `parent` (split off from the node). False if unknown.
-    fn take(&self, node: (u32, u64), parent: (u32, u64), pages: usize, out: &mut Vec<u64>) -> bool {
-        let rest = {
-            let s = self.shard(node);
-            let Some(ids) = s.get(&node) else {
-                return false;
-            };
-            if ids.len() < pages {
-                return false;
+impl Remembered {
+    fn of(&mut self, tag: u32) -> &mut NodeIdMap {
+        let i = match self.sinks.iter().position(|(t, _)| *t == tag) {
+            Some(i) => i,
+            None => {
+                self.sinks.push((tag, NodeIdMap::default()));
+                self.sinks.len() - 1
             }
-            let cut = ids.len() - pages;
-            out.clear();
-            out.extend_from_slice(&ids[cut..]);
-            (cut > 0).then(|| ids[..cut].to_vec())
         };
-        if let Some(rest) = rest {
-            let mut p = self.shard(parent);
-            if !p.contains_key(&parent) && p.len() < ID_SHARD_CAP {
-                p.insert(parent, rest.into());
-            }
-        }
-        true
+        &mut self.sinks[i].1
+    }
+
+    fn forget(&mut self, tag: u32) {
+        self.sinks.retain(|(t, _)| *t != tag);
+    }
+
+    fn nodes(&self) -> usize {
+        self.sinks.iter().map(|(_, m)| m.len()).sum()
     }
 }
 
@@ -368,7 +388,6 @@ struct IndexedBlock {
 #[derive(Debug)]
 struct Shared {
     queues: Vec<DeviceQueue>,
-    node_ids: NodeIds,
     /// The next sink's tag.
     next_tag: std::sync::atomic::AtomicU32,
     index: Option<Mutex<std::collections::HashMap<u64, IndexedBlock>>>,
@@ -378,27 +397,36 @@ struct Shared {
 }
 
 impl Shared {
+    /// Queues a change on `device`'s queue. An event past
+    /// [`KvEventsConfig::max_pending`] is dropped and counted; a split or
+    /// a forget never is (what the task remembers must follow the tree).
     fn push(
         &self,
         device: usize,
-        kind: (bool, bool),
+        op: Op,
+        who: (bool, u32, u64),
         namespace: Option<&str>,
-        node: (u32, u64),
-        carry: &Carry<'_>,
+        pages: &[u32],
     ) {
         let Some(q) = self.queues.get(device) else {
             return;
         };
-        // Relaxed: a statistic (flush compares it once the cache is quiet).
-        q.counters.queued.fetch_add(1, Ordering::Relaxed);
+        let event = op.is_event();
+        // Counted under the queue's lock, with no atomic of their own (an
+        // atomic read-modify-write per event waits for the event's writes
+        // to leave the core): the task adds them to the socket's counters
+        // when it takes the queue.
         let mut p = lock(&q.pending);
-        if p.heads.len() >= self.max_pending {
-            // Relaxed: a statistic.
-            q.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        p.events += u64::from(event);
+        // A node of 2^32 tokens or more (16 GiB of token ids) is not
+        // published; nothing below it can be chained, so its children's
+        // stores are dropped too, counted.
+        if event && (p.heads.len() >= self.max_pending || u32::try_from(pages.len()).is_err()) {
+            p.dropped += 1;
             return;
         }
         let first = p.heads.is_empty();
-        p.push(kind, namespace, node, carry);
+        p.push(op, who, namespace, pages);
         drop(p);
         // One wake-up per batch: the task, once woken, waits max_delay and
         // then takes everything queued by then; a push onto a non-empty
@@ -409,39 +437,94 @@ impl Shared {
         }
     }
 
-    /// Appends `h`'s event to `b`, and keeps the block index and the
-    /// node's ids (`ids`: a reused buffer).
-    fn encode(&self, b: &mut BatchEncoder, h: &Head, q: &Changes, ids: &mut Vec<u64>) {
-        let ps = self.page_size;
-        let (ids, parent, pages): (&[u64], Option<u64>, &[u32]) = match h.kind {
-            HeadKind::Ids => (&q.ids[h.at..h.at + h.len], None, &[]),
-            HeadKind::Path { start } => {
-                let path = &q.tokens[h.at..h.at + h.len];
-                wire::block_ids_into(h.namespace.as_deref(), path, ps, ids);
-                let first = (start / ps).min(ids.len());
-                let parent = first.checked_sub(1).map(|p| ids[p]);
-                (&ids[first..], parent, &path[start.min(path.len())..])
+    /// Queues a change of `host`'s tier or `device` (`sink`: the device a
+    /// one-device cache stands for). The host tier is shared: every
+    /// device can load its pages, so every device's socket reports them
+    /// (medium CPU).
+    fn fan_out(
+        &self,
+        (host, device): (bool, usize),
+        sink: Option<usize>,
+        op: Op,
+        who: (u32, u64),
+        namespace: Option<&str>,
+        pages: &[u32],
+    ) {
+        let who = (host, who.0, who.1);
+        if host {
+            for d in 0..self.queues.len() {
+                self.push(d, op, who, namespace, pages);
             }
-            HeadKind::Own { before } => {
-                let pages = &q.tokens[h.at..h.at + h.len];
-                wire::chain_ids_into(before, h.namespace.as_deref(), pages, ps, ids);
-                (&ids[..], before, pages)
+        } else {
+            self.push(sink.unwrap_or(device), op, who, namespace, pages);
+        }
+    }
+
+    /// Appends `h`'s event to `b` and keeps what the task remembers (`mem`)
+    /// and the block index (`ids`: a reused buffer). False if no event was
+    /// written: a split or a forget, or an event whose node (or parent)
+    /// the task does not know because its store was dropped at a full
+    /// queue (counted as dropped by the caller).
+    fn encode(
+        &self,
+        b: &mut BatchEncoder,
+        (h, pages): (&Head, &[u32]),
+        q: &Changes,
+        mem: &mut Remembered,
+        ids: &mut Vec<u64>,
+    ) -> bool {
+        let ps = self.page_size.max(1);
+        let namespace = q.namespace(h);
+        let removed: Box<[u64]>;
+        let (stored, parent, ids): (bool, Option<u64>, &[u64]) = match h.op() {
+            Op::Forget => {
+                mem.forget(h.tag);
+                return false;
+            }
+            Op::Split { prefix, moved } => {
+                let nodes = mem.of(h.tag);
+                if let Some(all) = nodes.get_mut(&(h.host, h.node)) {
+                    let cut = moved as usize / ps;
+                    if cut > 0 && cut < all.len() {
+                        let first: Box<[u64]> = all[..cut].into();
+                        *all = all[cut..].into();
+                        nodes.insert((h.host, prefix), first);
+                    }
+                }
+                return false;
+            }
+            Op::Stored { parent } => {
+                let nodes = mem.of(h.tag);
+                let before = match parent {
+                    None => None,
+                    Some(p) => match nodes.get(&(h.host, p)).and_then(|i| i.last()) {
+                        Some(&id) => Some(id),
+                        None => return false,
+                    },
+                };
+                wire::chain_ids_into(before, namespace.map(|n| &**n), pages, ps, ids);
+                nodes.insert((h.host, h.node), ids.as_slice().into());
+                (true, before, &ids[..])
+            }
+            Op::Removed => {
+                let Some(known) = mem.of(h.tag).remove(&(h.host, h.node)) else {
+                    return false;
+                };
+                removed = known;
+                (false, None, &removed[..])
             }
         };
-        if h.stored {
-            self.node_ids.put(h.node, ids);
-        }
         let medium = if h.host { Medium::Cpu } else { Medium::Gpu };
         if let Some(index) = &self.index {
             let mut index = lock(index);
             for (i, &id) in ids.iter().enumerate() {
-                if h.stored {
+                if stored {
                     index
                         .entry(id)
                         .or_insert_with(|| IndexedBlock {
                             parent: if i == 0 { parent } else { Some(ids[i - 1]) },
                             tokens: pages[i * ps..(i + 1) * ps].into(),
-                            namespace: h.namespace.clone(),
+                            namespace: namespace.cloned(),
                             refs: 0,
                         })
                         .refs += 1;
@@ -453,11 +536,9 @@ impl Shared {
                 }
             }
         }
-        if h.stored {
-            let (lora_name, cache_salt) = h
-                .namespace
-                .as_deref()
-                .map_or((None, None), wire::namespace_parts);
+        if stored {
+            let (lora_name, cache_salt) =
+                namespace.map_or((None, None), |n| wire::namespace_parts(n));
             b.push(EventRef::BlockStored {
                 parent_block_hash: parent,
                 block_hashes: ids,
@@ -473,81 +554,15 @@ impl Shared {
                 medium,
             });
         }
-    }
-
-    fn report(&self, e: &PageEvent<'_>, stored: bool, sink: Option<usize>, tag: u32) {
-        let node = (tag, e.node);
-        let kind = (stored, e.host);
-        // A removal of a node whose ids were sent with its store: the ids.
-        thread_local! {
-            static IDS: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
-        if !stored {
-            let pages = e.pages().len() / self.page_size.max(1);
-            let done = IDS.with(|b| {
-                let Ok(mut b) = b.try_borrow_mut() else {
-                    return false;
-                };
-                if !self.node_ids.take(node, (tag, e.parent), pages, &mut b) {
-                    return false;
-                }
-                self.fan_out(e, sink, kind, None, node, &Carry::Ids(&b));
-                true
-            });
-            if done {
-                return;
-            }
-        }
-        // A store (its path is the insert's own key, at hand), or a removal
-        // not seen stored: the path, hashed by the task; a store whose
-        // parent's ids are known (or at a root): its own pages only.
-        let Some(loc) = e.location() else {
-            return; // a chain cut under the cache's locks: cannot happen
-        };
-        let before = if !stored {
-            None
-        } else if e.at_root {
-            Some(None)
-        } else {
-            self.node_ids.last_of((tag, e.parent)).map(Some)
-        };
-        let carry = match before {
-            Some(b) => Carry::Own(e.pages(), b),
-            None => Carry::Path(&loc.path, loc.path.len() - e.pages().len()),
-        };
-        self.fan_out(e, sink, kind, loc.namespace.as_deref(), node, &carry);
-    }
-
-    fn fan_out(
-        &self,
-        e: &PageEvent<'_>,
-        sink: Option<usize>,
-        kind: (bool, bool),
-        namespace: Option<&str>,
-        node: (u32, u64),
-        carry: &Carry<'_>,
-    ) {
-        if e.host {
-            // The host tier is shared: every device can load its pages, so
-            // every device's socket reports them (medium CPU).
-            for d in 0..self.queues.len() {
-                self.push(d, kind, namespace, node, carry);
-            }
-        } else {
-            self.push(
-                sink.unwrap_or(e.device.index()),
-                kind,
-                namespace,
-                node,
-                carry,
-            );
-        }
+        true
     }
 }
 
 /// The [`CacheListener`] of a [`KvEventPublisher`]: converts residency
-/// changes into KV events on the right device's queue.
-#[derive(Debug, Clone)]
+/// changes into KV events on the right device's queue. When the cache it
+/// is installed on goes (the last handle drops), the publisher forgets
+/// that cache's nodes.
+#[derive(Debug)]
 pub struct EventSink {
     shared: Arc<Shared>,
     /// For a cache with one device that stands for engine device `d`
@@ -561,10 +576,55 @@ pub struct EventSink {
 
 impl CacheListener for EventSink {
     fn stored(&self, e: &PageEvent<'_>) {
-        self.shared.report(e, true, self.device, self.tag);
+        // A store's location is the insert's own key: no climb.
+        let loc = e.location();
+        let namespace = loc.as_ref().and_then(|l| l.namespace.as_deref());
+        let parent = (!e.at_root).then_some(e.parent);
+        self.shared.fan_out(
+            (e.host, e.device.index()),
+            self.device,
+            Op::Stored { parent },
+            (self.tag, e.node),
+            namespace,
+            e.pages(),
+        );
     }
+
     fn removed(&self, e: &PageEvent<'_>) {
-        self.shared.report(e, false, self.device, self.tag);
+        // The node's ids are remembered by the task: nothing to read.
+        self.shared.fan_out(
+            (e.host, e.device.index()),
+            self.device,
+            Op::Removed,
+            (self.tag, e.node),
+            None,
+            &[],
+        );
+    }
+
+    fn split(&self, e: &SplitEvent) {
+        self.shared.fan_out(
+            (e.host, e.device.index()),
+            self.device,
+            Op::Split {
+                prefix: e.prefix,
+                // A node's tokens fit (see `push`); a larger split moves
+                // nothing of what is remembered.
+                moved: u32::try_from(e.moved).unwrap_or(0),
+            },
+            (self.tag, e.node),
+            None,
+            &[],
+        );
+    }
+}
+
+impl Drop for EventSink {
+    fn drop(&mut self) {
+        for d in 0..self.shared.queues.len() {
+            self.shared
+                .push(d, Op::Forget, (false, self.tag, 0), None, &[]);
+        }
     }
 }
 
@@ -577,6 +637,11 @@ impl CacheListener for EventSink {
 /// taken from the wall clock (microseconds since the epoch), so that it is
 /// above any earlier run's; then one batch per flush, numbered one more
 /// each. The host tier's pages appear on every socket with medium `CPU`.
+///
+/// A full queue ([`KvEventsConfig::max_pending`]) drops events, counted in
+/// [`SocketStats::dropped_events`], as vLLM's publisher does; the stores of
+/// a dropped store's children and its removal cannot be chained and are
+/// dropped too (counted). A router that sees drops must resynchronise.
 #[derive(Debug)]
 pub struct KvEventPublisher {
     shared: Arc<Shared>,
@@ -636,7 +701,6 @@ impl KvEventPublisher {
             max_pending: cfg.max_pending.max(1),
             closing: AtomicBool::new(false),
             index: cfg.index_blocks.then(Default::default),
-            node_ids: NodeIds::new(),
             next_tag: std::sync::atomic::AtomicU32::new(0),
         });
         let first_seq = unix_now().as_micros() as u64;
@@ -721,15 +785,28 @@ impl KvEventPublisher {
             .queues
             .iter()
             .map(|q| {
+                // What is still queued, counted under the queue's lock; the
+                // task adds a queue's counts to the counters under the same
+                // lock as it takes the queue, so none is missed or counted
+                // twice. Read in that order: `queued` after the lock, then
+                // what was sent (Relaxed: statistics; the lock orders
+                // `queued`, and a task's later batches only add to `events`
+                // once its earlier ones are done, so `flush` cannot see a
+                // batch as done before it is).
+                let (pending, pending_dropped) = {
+                    let p = lock(&q.pending);
+                    (p.events, p.dropped)
+                };
                 let c = &q.counters;
-                // Relaxed: statistics.
+                let queued = c.queued.load(Ordering::Relaxed) + pending;
                 SocketStats {
                     batches: c.batches.load(Ordering::Relaxed),
                     events: c.events.load(Ordering::Relaxed),
-                    dropped_events: c.dropped.load(Ordering::Relaxed),
+                    dropped_events: c.dropped.load(Ordering::Relaxed) + pending_dropped,
                     replays: c.replays.load(Ordering::Relaxed),
                     last_seq: c.last_seq.load(Ordering::Relaxed),
-                    queued: c.queued.load(Ordering::Relaxed),
+                    queued,
+                    remembered_nodes: c.remembered.load(Ordering::Relaxed),
                 }
             })
             .collect()
@@ -816,42 +893,59 @@ async fn publish_loop(
     // The first event counts as queued, as every later one (flush compares).
     // Relaxed: a statistic.
     q.counters.queued.fetch_add(1, Ordering::Relaxed);
-    let mut b = BatchEncoder::new(unix_now().as_secs_f64(), 1, cfg.encoding);
+    let mut b = BatchEncoder::new(unix_now().as_secs_f64(), cfg.encoding);
     b.push(EventRef::AllBlocksCleared);
     let first = send(b.finish(rank), 1, seq);
     let _ = socket.send(first).await;
     let mut spare = Changes::default();
     let mut ids = Vec::new();
+    let mut mem = Remembered::default();
     loop {
         q.notify.notified().await;
         if !shared.closing.load(Ordering::SeqCst) {
             // Let a burst gather into one batch, for at most max_delay.
             tokio::time::sleep(cfg.max_delay).await;
         }
-        std::mem::swap(&mut *lock(&q.pending), &mut spare);
-        let n = spare.heads.len();
-        if n > 0 {
-            // Room for the new tokens (at most 5 bytes each) and ids (9).
-            let bytes = 64 + n * 96 + spare.ids.len() * 9 + {
-                let new: usize = spare
-                    .heads
-                    .iter()
-                    .map(|h| match h.kind {
-                        HeadKind::Path { start } => h.len - start,
-                        HeadKind::Own { .. } => h.len,
-                        HeadKind::Ids => 0,
-                    })
-                    .sum();
-                new * 6
+        {
+            let mut p = lock(&q.pending);
+            std::mem::swap(&mut *p, &mut spare);
+            // Under the lock (see `stats`). Relaxed: statistics, ordered by
+            // the lock.
+            q.counters.queued.fetch_add(spare.events, Ordering::Relaxed);
+            q.counters
+                .dropped
+                .fetch_add(spare.dropped, Ordering::Relaxed);
+        }
+        let n = spare.heads.iter().filter(|h| h.op().is_event()).count();
+        // Room for the tokens (at most 5 bytes each) and the ids (9 each,
+        // one per page).
+        let pages = spare.tokens.len() / shared.page_size.max(1);
+        let bytes = 64 + n * 96 + spare.tokens.len() * 5 + pages * 9;
+        let mut b = BatchEncoder::with_capacity(unix_now().as_secs_f64(), cfg.encoding, bytes);
+        let (mut sent, mut at) = (0, 0);
+        for h in &spare.heads {
+            // A store's pages follow the previous stores'.
+            let pages = if h.kind == Kind::Stored {
+                at += h.len as usize;
+                &spare.tokens[at - h.len as usize..at]
+            } else {
+                &[]
             };
-            let mut b =
-                BatchEncoder::with_capacity(unix_now().as_secs_f64(), n, cfg.encoding, bytes);
-            for h in &spare.heads {
-                shared.encode(&mut b, h, &spare, &mut ids);
+            if shared.encode(&mut b, (h, pages), &spare, &mut mem, &mut ids) {
+                sent += 1;
             }
-            spare.clear();
+        }
+        spare.clear();
+        // Relaxed: statistics.
+        q.counters
+            .dropped
+            .fetch_add((n - sent) as u64, Ordering::Relaxed);
+        q.counters
+            .remembered
+            .store(mem.nodes() as u64, Ordering::Relaxed);
+        if sent > 0 {
             seq += 1;
-            let msg = send(b.finish(rank), n, seq);
+            let msg = send(b.finish(rank), sent, seq);
             // PUB never blocks on a slow subscriber: it drops past the
             // high-water mark.
             let _ = socket.send(msg).await;

@@ -470,65 +470,74 @@ impl EventRef<'_> {
 /// }
 /// ```
 pub fn encode_batch(ts: f64, events: &[KvEvent], rank: Option<u32>, enc: Encoding) -> Vec<u8> {
-    let mut b = BatchEncoder::new(ts, events.len(), enc);
+    let mut b = BatchEncoder::with_capacity(ts, enc, 64 + events.len() * 64);
     for e in events {
         b.push(e.as_ref());
     }
     b.finish(rank)
 }
 
-/// Encodes a batch event by event, from borrowed data: `new` with the
-/// number of events, one [`push`](Self::push) each, then
-/// [`finish`](Self::finish).
+/// Encodes a batch event by event, from borrowed data: `new`, one
+/// [`push`](Self::push) per event, then [`finish`](Self::finish), which
+/// writes the count (events are encoded into a body of their own, so the
+/// count need not be known beforehand).
 ///
 /// ```
 /// use radixkv_events::wire::{encode_batch, BatchEncoder, Encoding, EventRef, KvEvent};
-/// let mut b = BatchEncoder::new(2.0, 1, Encoding::Array);
+/// let mut b = BatchEncoder::new(2.0, Encoding::Array);
 /// b.push(EventRef::BlockRemoved { block_hashes: &[7], medium: radixkv_events::Medium::Gpu });
+/// assert_eq!(b.len(), 1);
 /// let owned = KvEvent::BlockRemoved { block_hashes: vec![7], medium: radixkv_events::Medium::Gpu };
 /// assert_eq!(b.finish(None), encode_batch(2.0, &[owned], None, Encoding::Array));
 /// ```
 #[derive(Debug)]
 pub struct BatchEncoder {
-    buf: Buf,
+    ts: f64,
+    body: Buf,
     enc: Encoding,
-    left: usize,
+    events: usize,
 }
 
 impl BatchEncoder {
-    /// A batch of `events` events stamped `ts`.
-    pub fn new(ts: f64, events: usize, enc: Encoding) -> Self {
-        Self::with_capacity(ts, events, enc, 64 + events * 64)
+    /// An empty batch stamped `ts`.
+    pub fn new(ts: f64, enc: Encoding) -> Self {
+        Self::with_capacity(ts, enc, 256)
     }
 
-    /// As [`new`](Self::new), with room for `bytes` bytes of payload.
-    pub fn with_capacity(ts: f64, events: usize, enc: Encoding, bytes: usize) -> Self {
-        let mut buf = Vec::with_capacity(bytes);
-        w_array(&mut buf, 3);
-        let _ = rmp::encode::write_f64(&mut buf, ts);
-        w_array(&mut buf, events);
+    /// As [`new`](Self::new), with room for `bytes` bytes of events.
+    pub fn with_capacity(ts: f64, enc: Encoding, bytes: usize) -> Self {
         BatchEncoder {
-            buf,
+            ts,
+            body: Vec::with_capacity(bytes),
             enc,
-            left: events,
+            events: 0,
         }
     }
 
-    /// Appends one event (past the announced number, it is ignored).
+    /// Appends one event.
     pub fn push(&mut self, e: EventRef<'_>) {
-        if self.left == 0 {
-            debug_assert!(false, "more events than announced");
-            return;
-        }
-        self.left -= 1;
-        e.encode(&mut self.buf, self.enc);
+        self.events += 1;
+        e.encode(&mut self.body, self.enc);
     }
 
-    /// The payload, with the rank. Every announced event must have been
-    /// pushed (checked in debug builds).
-    pub fn finish(mut self, rank: Option<u32>) -> Vec<u8> {
-        debug_assert_eq!(self.left, 0, "fewer events than announced");
-        w_opt_uint(&mut self.buf, rank.map(u64::from));
-        self.buf
+    /// How many events were pushed.
+    pub fn len(&self) -> usize {
+        self.events
+    }
+
+    /// Whether no event was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.events == 0
+    }
+
+    /// The payload: `[ts, [events...], rank]`.
+    pub fn finish(self, rank: Option<u32>) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(self.body.len() + 32);
+        w_array(&mut buf, 3);
+        let _ = rmp::encode::write_f64(&mut buf, self.ts);
+        w_array(&mut buf, self.events);
+        buf.extend_from_slice(&self.body);
+        w_opt_uint(&mut buf, rank.map(u64::from));
+        buf
     }
 }

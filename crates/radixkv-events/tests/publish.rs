@@ -401,3 +401,169 @@ async fn the_replay_buffer_is_bounded_in_batches_and_in_bytes() {
         p.shutdown().await;
     }
 }
+
+/// Several threads insert and evict at once on two devices and the host
+/// tier, in two namespaces, with short keys over a small alphabet (many
+/// splits, re-stores of evicted pages). Every socket's replayed events,
+/// applied in order, must leave exactly the blocks the cache holds (its
+/// devices' as GPU blocks, the host tier's as CPU blocks), with nothing
+/// dropped: the publisher chains each store from its parent's ids and
+/// names each removal's ids from what it remembers, so this checks that
+/// what it remembers follows the tree through splits. Then the cache goes,
+/// and the publisher forgets its nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_changes_replay_to_what_the_cache_holds() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use std::collections::HashSet;
+    use std::sync::{Arc, Mutex};
+    const PS: usize = 2;
+    let port = free_ports(4);
+    let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
+    cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + 2));
+    let p = KvEventPublisher::start(cfg, 2, PS).await.unwrap();
+    let cache = Arc::new(
+        RadixCache::builder()
+            .page_size(PS)
+            .devices(2)
+            .host_pages(1 << 16)
+            .listener(p.listener())
+            .build()
+            .unwrap(),
+    );
+    let host = cache.host().unwrap();
+    let tiers = [DeviceId(0), DeviceId(1), host];
+    type Keys = HashSet<(Option<&'static str>, Vec<u32>)>;
+    let keys: Arc<Mutex<Keys>> = Arc::default();
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (cache, keys) = (Arc::clone(&cache), Arc::clone(&keys));
+            std::thread::spawn(move || {
+                let mut rng = StdRng::seed_from_u64(t);
+                for _ in 0..1_500 {
+                    let tier = tiers[rng.random_range(0..tiers.len())];
+                    if rng.random_bool(0.3) {
+                        cache.evict(tier, PS * rng.random_range(1..6)).unwrap();
+                        continue;
+                    }
+                    let len = PS * rng.random_range(1..6);
+                    let key: Vec<u32> = (0..len).map(|_| rng.random_range(0..3)).collect();
+                    let ns = [None, Some("tenant")][rng.random_range(0..2)];
+                    cache
+                        .insert(TokenKey::new(&key).in_namespace(ns), tier, &key, 0)
+                        .unwrap();
+                    keys.lock().unwrap().insert((ns, key));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    p.flush().await;
+    let stats = p.stats();
+    assert!(stats.iter().all(|s| s.dropped_events == 0), "{stats:?}");
+    // What the cache holds, as block ids: every resident page lies on some
+    // inserted key's path, with its whole prefix resident on that tier.
+    let keys = keys.lock().unwrap().clone();
+    let held = |tier: DeviceId| -> HashSet<u64> {
+        let mut out = HashSet::new();
+        for (ns, key) in &keys {
+            let t = cache.peek_tiers(TokenKey::new(key).in_namespace(*ns));
+            let len = if tier == host {
+                t.host
+            } else {
+                t.devices[tier.0 as usize]
+            };
+            out.extend(block_ids(*ns, &key[..len], PS));
+        }
+        out
+    };
+    let host_blocks = held(host);
+    for (d, ep) in p.replay_endpoints().iter().enumerate() {
+        let (mut gpu, mut cpu) = (HashSet::new(), HashSet::new());
+        for b in replay(ep, 0).await.unwrap() {
+            for e in decode(&b.payload).1 {
+                if field(&e, "type").as_str() == Some("AllBlocksCleared") {
+                    continue; // first, on an empty cache
+                }
+                let medium = field(&e, "medium").as_str().map(str::to_owned);
+                let set = if medium.as_deref() == Some("CPU") {
+                    &mut cpu
+                } else {
+                    &mut gpu
+                };
+                match field(&e, "type").as_str().unwrap() {
+                    "BlockStored" => {
+                        for id in ids(field(&e, "block_hashes")) {
+                            assert!(set.insert(id), "socket {d}: block {id} stored twice");
+                        }
+                    }
+                    "BlockRemoved" => {
+                        for id in ids(field(&e, "block_hashes")) {
+                            assert!(set.remove(&id), "socket {d}: block {id} removed unstored");
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        assert_eq!(gpu, held(DeviceId(d as u32)), "socket {d}: GPU blocks");
+        assert_eq!(cpu, host_blocks, "socket {d}: CPU blocks");
+        assert!(!gpu.is_empty() && !cpu.is_empty());
+    }
+    // The cache goes: the publisher forgets every node it remembered.
+    assert!(p.stats().iter().all(|s| s.remembered_nodes > 0));
+    drop(cache);
+    let t = Instant::now();
+    while p.stats().iter().any(|s| s.remembered_nodes > 0) {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "nodes still remembered: {:?}",
+            p.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    p.shutdown().await;
+}
+
+/// A full queue drops events, counted; what depends on a dropped store (its
+/// children's stores, its removal) cannot be chained and is dropped too,
+/// counted; every batch still decodes. On a current-thread runtime the
+/// socket's task cannot run until the test awaits, so every change below
+/// is queued before the first is taken, however threads are scheduled.
+#[tokio::test(flavor = "current_thread")]
+async fn a_full_queue_drops_whole_events_and_counts_them() {
+    let port = free_ports(2);
+    let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
+    cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + 1));
+    cfg.max_pending = 3;
+    let p = KvEventPublisher::start(cfg, 1, 2).await.unwrap();
+    let cache = RadixCache::builder()
+        .page_size(2)
+        .listener(p.listener())
+        .build()
+        .unwrap();
+    let d = DeviceId(0);
+    // A chain: each key extends the previous one by a page, so each store
+    // is the previous one's child.
+    let mut key = Vec::new();
+    for i in 0..20u32 {
+        key.extend([i, i]);
+        cache.insert(TokenKey::new(&key), d, &key, 0).unwrap();
+    }
+    cache.evict(d, 1_000).unwrap();
+    p.flush().await;
+    let s = p.stats()[0];
+    assert_eq!(s.events + s.dropped_events, s.queued, "{s:?}");
+    // Three stores queued; the other 17, and the removals of all 20
+    // (queued behind them), dropped.
+    assert_eq!(s.dropped_events, 17 + 20, "{s:?}");
+    assert_eq!(s.events, 1 + 3, "{s:?}"); // AllBlocksCleared, three stores
+    let mut events = 0;
+    for b in replay(&p.replay_endpoints()[0], 0).await.unwrap() {
+        events += decode(&b.payload).1.len() as u64;
+    }
+    assert_eq!(events, s.events, "every sent event decodes, in its batch");
+    p.shutdown().await;
+}

@@ -630,7 +630,7 @@ impl Collector for KvEventFigures {
             e,
             (
                 "kv_events_dropped",
-                "KV events dropped because the device's queue was full (a router that missed them must resynchronise).",
+                "KV events not sent because the device's queue was full, or because they depend on a store dropped so (a router that missed them must resynchronise).",
                 None,
             ),
             by_device(|s| s.dropped_events),
@@ -643,6 +643,20 @@ impl Collector for KvEventFigures {
                 None,
             ),
             by_device(|s| s.replays),
+        )?;
+        family(
+            e,
+            (
+                "kv_events_remembered_nodes",
+                "Nodes whose block ids the device socket's task keeps (for their children's stores and their removals): bounded by what the device and the host tier hold.",
+                None,
+            ),
+            self.0.iter().enumerate().map(|(d, s)| {
+                (
+                    [("device", d as u32)],
+                    gauge(usize::try_from(s.remembered_nodes).unwrap_or(usize::MAX)),
+                )
+            }),
         )
     }
 }
@@ -761,6 +775,7 @@ mod tests {
                 batches: 3,
                 events: 7,
                 dropped_events: 1,
+                remembered_nodes: 5,
                 ..Default::default()
             };
             2
@@ -772,7 +787,8 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("radixkv_kv_events_dropped_total{device=\"0\"} 1\n"),
+            text.contains("radixkv_kv_events_dropped_total{device=\"0\"} 1\n")
+                && text.contains("radixkv_kv_events_remembered_nodes{device=\"1\"} 5\n"),
             "{text}"
         );
         assert!(
