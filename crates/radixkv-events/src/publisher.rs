@@ -260,6 +260,26 @@ struct Changes {
 }
 
 impl Changes {
+    /// Asks the CPU for the lines the next change will write, with intent
+    /// to write: its head, and as many tokens as this change had (and a
+    /// line more; 4 KiB at most). The socket's task read those lines last,
+    /// on another core, and a write to a line another core holds has to
+    /// fetch it first; the lock's release after the write then waits for
+    /// that. Fetched now, they arrive while the cache does the rest of this
+    /// insert and the next (measured: the insert ratio went from 1.09–1.10
+    /// to 1.05–1.06 in the overhead bench).
+    fn prepare_next(&self, tokens: usize) {
+        if self.heads.len() < self.heads.capacity() {
+            prefetch_for_write(self.heads.as_ptr_range().end.cast());
+        }
+        let free = self.tokens.capacity() - self.tokens.len();
+        let end = self.tokens.as_ptr_range().end;
+        // 16 tokens to a 64-byte line.
+        for at in (0..free.min(tokens + 16).min(1024)).step_by(16) {
+            prefetch_for_write(end.wrapping_add(at).cast());
+        }
+    }
+
     fn clear(&mut self) {
         self.heads.clear();
         self.tokens.clear();
@@ -319,6 +339,22 @@ impl Changes {
     }
 }
 
+/// Asks the CPU to fetch the cache line at `p` for writing (a hint: a
+/// no-op off x86-64).
+#[inline]
+fn prefetch_for_write(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `_mm_prefetch` is a hint: it reads and writes nothing the
+    // program sees and never faults, whatever the address. SSE is part of
+    // the x86-64 baseline, so the instruction exists (a CPU without
+    // PREFETCHW runs the ET0 hint as a plain prefetch).
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_ET0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// What one device's socket task remembers: per sink and tier, the block
 /// ids of every node it has published as resident and not yet as removed.
 /// A store is chained from its parent's last id and a removal names the
@@ -362,6 +398,8 @@ impl Remembered {
 #[derive(Debug, Default)]
 struct DeviceQueue {
     pending: Mutex<Changes>,
+    /// Whether the task waits for `notify` (it ticks on its own otherwise).
+    parked: AtomicBool,
     notify: Notify,
     /// The batches kept for replays, and their payloads' bytes.
     replay: Mutex<(VecDeque<(u64, Bytes)>, usize)>,
@@ -427,12 +465,15 @@ impl Shared {
         }
         let first = p.heads.is_empty();
         p.push(op, who, namespace, pages);
+        p.prepare_next(pages.len());
         drop(p);
-        // One wake-up per batch: the task, once woken, waits max_delay and
-        // then takes everything queued by then; a push onto a non-empty
-        // queue is already covered (a wake-up of a parked runtime thread
-        // is a system call, several times an insert's cost).
-        if first {
+        // The task ticks every max_delay while changes come, and parks only
+        // after a run of empty ticks: only then does a change wake it (a
+        // wake-up of a parked runtime thread is a system call, several
+        // times an insert's cost). SeqCst: with the task's SeqCst store of
+        // `parked` before it looks at the queue once more under the lock,
+        // either that look sees this change or this load sees `parked`.
+        if first && q.parked.load(Ordering::SeqCst) {
             q.notify.notify_one();
         }
     }
@@ -900,9 +941,10 @@ async fn publish_loop(
     let mut spare = Changes::default();
     let mut ids = Vec::new();
     let mut mem = Remembered::default();
+    let mut idle = 0;
     loop {
-        q.notify.notified().await;
-        if !shared.closing.load(Ordering::SeqCst) {
+        let closing = shared.closing.load(Ordering::SeqCst);
+        if !closing {
             // Let a burst gather into one batch, for at most max_delay.
             tokio::time::sleep(cfg.max_delay).await;
         }
@@ -916,6 +958,24 @@ async fn publish_loop(
                 .dropped
                 .fetch_add(spare.dropped, Ordering::Relaxed);
         }
+        if spare.heads.is_empty() {
+            if closing {
+                return;
+            }
+            idle += 1;
+            if idle >= IDLE_TICKS {
+                // Park: say so, then look once more (see `Shared::push`). A
+                // wake-up that comes before the wait is kept by `Notify`.
+                q.parked.store(true, Ordering::SeqCst);
+                if lock(&q.pending).heads.is_empty() {
+                    q.notify.notified().await;
+                }
+                q.parked.store(false, Ordering::SeqCst);
+                idle = 0;
+            }
+            continue;
+        }
+        idle = 0;
         let n = spare.heads.iter().filter(|h| h.op().is_event()).count();
         // Room for the tokens (at most 5 bytes each) and the ids (9 each,
         // one per page).
@@ -950,11 +1010,14 @@ async fn publish_loop(
             // high-water mark.
             let _ = socket.send(msg).await;
         }
-        if shared.closing.load(Ordering::SeqCst) {
+        if closing {
             return;
         }
     }
 }
+
+/// Empty ticks (of `max_delay` each) before a socket's task parks.
+const IDLE_TICKS: u32 = 16;
 
 /// Answers `[identity, "", start_seq]` with every buffered batch from
 /// `start_seq` on, `[identity, "", seq, payload]` each, then the end marker
