@@ -14,6 +14,8 @@
 //!   (or a completed copy, or a write-back to the host tier) attached a new
 //!   leaf there or adopted an existing node's pages;
 //! * [`CacheListener::removed`]: an eviction took a leaf's pages off a tier;
+//! * [`CacheListener::cleared`]: the cache was dropped, and with it
+//!   everything it held;
 //! * [`CacheListener::split`]: a node's first pages became a node of their
 //!   own. No page changes residency; a listener that remembers something
 //!   per node (the block ids of its pages) divides it here, and otherwise
@@ -233,6 +235,11 @@ pub trait CacheListener: Send + Sync + 'static {
     fn split(&self, event: &SplitEvent) {
         let _ = event;
     }
+    /// The cache is being dropped: everything it held, on every tier, is
+    /// gone (what a reset is here: an engine replaces its cache, or shuts
+    /// down). Called once, after every other call. The default does
+    /// nothing.
+    fn cleared(&self) {}
 }
 
 /// A listener as the cache holds it (with a `Debug` for the builder).

@@ -29,6 +29,7 @@ struct Mirror {
     nodes: Mutex<HashMap<(u32, u64), usize>>,
     events: Mutex<u64>,
     splits: Mutex<u64>,
+    cleared: Mutex<u32>,
 }
 
 impl Mirror {
@@ -112,6 +113,10 @@ impl CacheListener for Mirror {
             e.node
         );
         *self.events.lock().unwrap() += 1;
+    }
+
+    fn cleared(&self) {
+        *self.cleared.lock().unwrap() += 1;
     }
 
     fn split(&self, e: &SplitEvent) {
@@ -226,7 +231,7 @@ fn events_follow_the_tree_under_concurrent_inserts_and_evictions() {
 }
 
 #[test]
-fn a_split_changes_no_page_and_names_its_nodes() {
+fn a_split_changes_no_page_and_names_its_nodes_and_a_drop_clears() {
     let mirror = Arc::new(Mirror::default());
     let cache = RadixCache::builder()
         .page_size(PS)
@@ -254,4 +259,8 @@ fn a_split_changes_no_page_and_names_its_nodes() {
         .unwrap();
     assert_eq!(*mirror.events.lock().unwrap(), 1);
     assert_eq!(mirror.held.lock().unwrap().len(), 2);
+    // Dropping the cache clears it, once, after every other call.
+    assert_eq!(*mirror.cleared.lock().unwrap(), 0);
+    drop(cache);
+    assert_eq!(*mirror.cleared.lock().unwrap(), 1);
 }

@@ -1490,6 +1490,10 @@ pub(crate) fn is_candidate(n: &Node, d: usize) -> bool {
 
 impl Drop for Tree {
     fn drop(&mut self) {
+        // `&mut self`: no change can follow, so this is the listener's last call.
+        if let Some(l) = &self.listener {
+            l.0.cleared();
+        }
         self.reclaimer.reclaim();
         // Tear down iteratively: a recursive drop of a deep chain would
         // overflow the stack. `&mut self`: no reader can traverse this tree

@@ -133,6 +133,12 @@ pub fn run(a: ServeArgs) -> CmdResult {
             out.flush()?;
         }
         let report = server.run(shutdown_signal()).await?;
+        // The engine's caches are gone: their clearing (AllBlocksCleared)
+        // reaches subscribers before the sockets close, so a router drops
+        // this host's blocks now rather than at the next start.
+        if let Some(p) = &publisher {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), p.flush()).await;
+        }
         Ok::<_, Box<dyn std::error::Error>>(report)
     })?;
     rt.shutdown_timeout(std::time::Duration::from_secs(2));

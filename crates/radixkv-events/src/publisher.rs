@@ -200,6 +200,7 @@ enum Kind {
     Stored,
     Removed,
     Split,
+    Cleared,
     Forget,
 }
 
@@ -213,14 +214,18 @@ enum Op {
     /// The node's first `moved` tokens became node `prefix`: what is
     /// remembered of the node is divided (no event).
     Split { prefix: u64, moved: u32 },
-    /// The sink's cache is gone: its nodes are forgotten (no event).
+    /// The sink's cache was dropped: `AllBlocksCleared` if it is the only
+    /// one this socket has published for, else a removal of each of its
+    /// nodes; its nodes are forgotten.
+    Cleared,
+    /// The sink is gone: its nodes are forgotten (no event).
     Forget,
 }
 
 impl Op {
     /// Whether subscribers see it (counted as queued, sent or dropped).
     fn is_event(self) -> bool {
-        matches!(self, Op::Stored { .. } | Op::Removed)
+        matches!(self, Op::Stored { .. } | Op::Removed | Op::Cleared)
     }
 }
 
@@ -235,6 +240,7 @@ impl Head {
                 prefix: self.other,
                 moved: self.len,
             },
+            Kind::Cleared => Op::Cleared,
             Kind::Forget => Op::Forget,
         }
     }
@@ -315,6 +321,7 @@ impl Changes {
             ),
             Op::Removed => (Kind::Removed, 0, 0, false),
             Op::Split { prefix, moved } => (Kind::Split, prefix, moved, false),
+            Op::Cleared => (Kind::Cleared, 0, 0, false),
             Op::Forget => (Kind::Forget, 0, 0, false),
         };
         if kind == Kind::Stored {
@@ -387,6 +394,14 @@ impl Remembered {
 
     fn forget(&mut self, tag: u32) {
         self.sinks.retain(|(t, _)| *t != tag);
+    }
+
+    /// What is remembered of `tag`'s nodes, forgotten here.
+    fn take(&mut self, tag: u32) -> NodeIdMap {
+        match self.sinks.iter().position(|(t, _)| *t == tag) {
+            Some(i) => self.sinks.swap_remove(i).1,
+            None => NodeIdMap::default(),
+        }
     }
 
     fn nodes(&self) -> usize {
@@ -501,11 +516,12 @@ impl Shared {
         }
     }
 
-    /// Appends `h`'s event to `b` and keeps what the task remembers (`mem`)
-    /// and the block index (`ids`: a reused buffer). False if no event was
-    /// written: a split or a forget, or an event whose node (or parent)
-    /// the task does not know because its store was dropped at a full
-    /// queue (counted as dropped by the caller).
+    /// Appends `h`'s events to `b` and keeps what the task remembers
+    /// (`mem`) and the block index (`ids`: a reused buffer); returns how
+    /// many events it wrote. None for a split or a forget, or for an event
+    /// whose node (or parent) the task does not know because its store was
+    /// dropped at a full queue (counted as dropped by the caller); several
+    /// for a cleared cache that shared this socket with another.
     fn encode(
         &self,
         b: &mut BatchEncoder,
@@ -513,14 +529,31 @@ impl Shared {
         q: &Changes,
         mem: &mut Remembered,
         ids: &mut Vec<u64>,
-    ) -> bool {
+    ) -> usize {
         let ps = self.page_size.max(1);
         let namespace = q.namespace(h);
-        let removed: Box<[u64]>;
-        let (stored, parent, ids): (bool, Option<u64>, &[u64]) = match h.op() {
+        match h.op() {
             Op::Forget => {
                 mem.forget(h.tag);
-                return false;
+                0
+            }
+            Op::Cleared => {
+                let alone = mem.sinks.iter().all(|(t, m)| *t == h.tag || m.is_empty());
+                let nodes = mem.take(h.tag);
+                for ids in nodes.values() {
+                    self.index_removed(ids);
+                }
+                if alone {
+                    b.push(EventRef::AllBlocksCleared);
+                    return 1;
+                }
+                for ((host, _), ids) in &nodes {
+                    b.push(EventRef::BlockRemoved {
+                        block_hashes: ids,
+                        medium: medium(*host),
+                    });
+                }
+                nodes.len()
             }
             Op::Split { prefix, moved } => {
                 let nodes = mem.of(h.tag);
@@ -532,7 +565,7 @@ impl Shared {
                         nodes.insert((h.host, prefix), first);
                     }
                 }
-                return false;
+                0
             }
             Op::Stored { parent } => {
                 let nodes = mem.of(h.tag);
@@ -540,69 +573,81 @@ impl Shared {
                     None => None,
                     Some(p) => match nodes.get(&(h.host, p)).and_then(|i| i.last()) {
                         Some(&id) => Some(id),
-                        None => return false,
+                        None => return 0,
                     },
                 };
                 wire::chain_ids_into(before, namespace.map(|n| &**n), pages, ps, ids);
                 nodes.insert((h.host, h.node), ids.as_slice().into());
-                (true, before, &ids[..])
+                if let Some(index) = &self.index {
+                    let mut index = lock(index);
+                    for (i, &id) in ids.iter().enumerate() {
+                        index
+                            .entry(id)
+                            .or_insert_with(|| IndexedBlock {
+                                parent: if i == 0 { before } else { Some(ids[i - 1]) },
+                                tokens: pages[i * ps..(i + 1) * ps].into(),
+                                namespace: namespace.cloned(),
+                                refs: 0,
+                            })
+                            .refs += 1;
+                    }
+                }
+                let (lora_name, cache_salt) =
+                    namespace.map_or((None, None), |n| wire::namespace_parts(n));
+                b.push(EventRef::BlockStored {
+                    parent_block_hash: before,
+                    block_hashes: ids,
+                    token_ids: pages,
+                    block_size: ps,
+                    medium: medium(h.host),
+                    lora_name,
+                    cache_salt,
+                });
+                1
             }
             Op::Removed => {
                 let Some(known) = mem.of(h.tag).remove(&(h.host, h.node)) else {
-                    return false;
+                    return 0;
                 };
-                removed = known;
-                (false, None, &removed[..])
+                self.index_removed(&known);
+                b.push(EventRef::BlockRemoved {
+                    block_hashes: &known,
+                    medium: medium(h.host),
+                });
+                1
             }
-        };
-        let medium = if h.host { Medium::Cpu } else { Medium::Gpu };
+        }
+    }
+
+    /// Takes a removal of blocks `ids` into the block index.
+    fn index_removed(&self, ids: &[u64]) {
         if let Some(index) = &self.index {
             let mut index = lock(index);
-            for (i, &id) in ids.iter().enumerate() {
-                if stored {
-                    index
-                        .entry(id)
-                        .or_insert_with(|| IndexedBlock {
-                            parent: if i == 0 { parent } else { Some(ids[i - 1]) },
-                            tokens: pages[i * ps..(i + 1) * ps].into(),
-                            namespace: namespace.cloned(),
-                            refs: 0,
-                        })
-                        .refs += 1;
-                } else if let Some(b) = index.get_mut(&id) {
+            for id in ids {
+                if let Some(b) = index.get_mut(id) {
                     b.refs -= 1;
                     if b.refs == 0 {
-                        index.remove(&id);
+                        index.remove(id);
                     }
                 }
             }
         }
-        if stored {
-            let (lora_name, cache_salt) =
-                namespace.map_or((None, None), |n| wire::namespace_parts(n));
-            b.push(EventRef::BlockStored {
-                parent_block_hash: parent,
-                block_hashes: ids,
-                token_ids: pages,
-                block_size: ps,
-                medium,
-                lora_name,
-                cache_salt,
-            });
-        } else {
-            b.push(EventRef::BlockRemoved {
-                block_hashes: ids,
-                medium,
-            });
-        }
-        true
+    }
+}
+
+/// The medium of a tier's events.
+fn medium(host: bool) -> Medium {
+    if host {
+        Medium::Cpu
+    } else {
+        Medium::Gpu
     }
 }
 
 /// The [`CacheListener`] of a [`KvEventPublisher`]: converts residency
 /// changes into KV events on the right device's queue. When the cache it
-/// is installed on goes (the last handle drops), the publisher forgets
-/// that cache's nodes.
+/// is installed on is dropped, its blocks are cleared on every socket (see
+/// [`KvEventPublisher`]) and the publisher forgets its nodes.
 #[derive(Debug)]
 pub struct EventSink {
     shared: Arc<Shared>,
@@ -643,6 +688,11 @@ impl CacheListener for EventSink {
         );
     }
 
+    fn cleared(&self) {
+        // Every socket: the host tier's pages are on all of them.
+        self.every_queue(Op::Cleared);
+    }
+
     fn split(&self, e: &SplitEvent) {
         self.shared.fan_out(
             (e.host, e.device.index()),
@@ -660,12 +710,20 @@ impl CacheListener for EventSink {
     }
 }
 
+impl EventSink {
+    /// Every device queue, in order.
+    fn every_queue(&self, op: Op) {
+        for d in 0..self.shared.queues.len() {
+            self.shared.push(d, op, (false, self.tag, 0), None, &[]);
+        }
+    }
+}
+
 impl Drop for EventSink {
     fn drop(&mut self) {
-        for d in 0..self.shared.queues.len() {
-            self.shared
-                .push(d, Op::Forget, (false, self.tag, 0), None, &[]);
-        }
+        // A sink whose cache was never built or was cleared already: what
+        // is left of it (nothing, usually) is forgotten.
+        self.every_queue(Op::Forget);
     }
 }
 
@@ -678,6 +736,11 @@ impl Drop for EventSink {
 /// taken from the wall clock (microseconds since the epoch), so that it is
 /// above any earlier run's; then one batch per flush, numbered one more
 /// each. The host tier's pages appear on every socket with medium `CPU`.
+/// A cache that is dropped (a reset: an engine replacing its cache, or
+/// shutting down) is cleared: `AllBlocksCleared` on every socket that only
+/// it published on, and on a socket it shared with another cache (private
+/// trees, one per device, whose host-tier pages are on every socket) a
+/// `BlockRemoved` for each of its blocks, so the other cache's stay.
 ///
 /// A full queue ([`KvEventsConfig::max_pending`]) drops events, counted in
 /// [`SocketStats::dropped_events`], as vLLM's publisher does; the stores of
@@ -982,7 +1045,9 @@ async fn publish_loop(
         let pages = spare.tokens.len() / shared.page_size.max(1);
         let bytes = 64 + n * 96 + spare.tokens.len() * 5 + pages * 9;
         let mut b = BatchEncoder::with_capacity(unix_now().as_secs_f64(), cfg.encoding, bytes);
-        let (mut sent, mut at) = (0, 0);
+        // Events written, event heads that wrote none, and events beyond
+        // one per head (a cleared cache's removals, counted as queued).
+        let (mut sent, mut lost, mut extra, mut at) = (0, 0, 0, 0);
         for h in &spare.heads {
             // A store's pages follow the previous stores'.
             let pages = if h.kind == Kind::Stored {
@@ -991,15 +1056,18 @@ async fn publish_loop(
             } else {
                 &[]
             };
-            if shared.encode(&mut b, (h, pages), &spare, &mut mem, &mut ids) {
-                sent += 1;
+            let written = shared.encode(&mut b, (h, pages), &spare, &mut mem, &mut ids);
+            if h.op().is_event() {
+                lost += usize::from(written == 0);
+                extra += written.saturating_sub(1);
             }
+            sent += written;
         }
         spare.clear();
-        // Relaxed: statistics.
-        q.counters
-            .dropped
-            .fetch_add((n - sent) as u64, Ordering::Relaxed);
+        // Relaxed: statistics (`queued` first, so that `flush` never sees
+        // more sent than queued).
+        q.counters.queued.fetch_add(extra as u64, Ordering::Relaxed);
+        q.counters.dropped.fetch_add(lost as u64, Ordering::Relaxed);
         q.counters
             .remembered
             .store(mem.nodes() as u64, Ordering::Relaxed);

@@ -481,49 +481,120 @@ async fn concurrent_changes_replay_to_what_the_cache_holds() {
     };
     let host_blocks = held(host);
     for (d, ep) in p.replay_endpoints().iter().enumerate() {
-        let (mut gpu, mut cpu) = (HashSet::new(), HashSet::new());
-        for b in replay(ep, 0).await.unwrap() {
-            for e in decode(&b.payload).1 {
-                if field(&e, "type").as_str() == Some("AllBlocksCleared") {
-                    continue; // first, on an empty cache
-                }
-                let medium = field(&e, "medium").as_str().map(str::to_owned);
-                let set = if medium.as_deref() == Some("CPU") {
-                    &mut cpu
-                } else {
-                    &mut gpu
-                };
-                match field(&e, "type").as_str().unwrap() {
-                    "BlockStored" => {
-                        for id in ids(field(&e, "block_hashes")) {
-                            assert!(set.insert(id), "socket {d}: block {id} stored twice");
-                        }
-                    }
-                    "BlockRemoved" => {
-                        for id in ids(field(&e, "block_hashes")) {
-                            assert!(set.remove(&id), "socket {d}: block {id} removed unstored");
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
+        let (gpu, cpu) = blocks_held(&replay(ep, 0).await.unwrap(), d);
         assert_eq!(gpu, held(DeviceId(d as u32)), "socket {d}: GPU blocks");
         assert_eq!(cpu, host_blocks, "socket {d}: CPU blocks");
         assert!(!gpu.is_empty() && !cpu.is_empty());
     }
-    // The cache goes: the publisher forgets every node it remembered.
+    // The cache goes (a reset): every socket says AllBlocksCleared, and
+    // the publisher forgets every node it remembered.
     assert!(p.stats().iter().all(|s| s.remembered_nodes > 0));
     drop(cache);
-    let t = Instant::now();
-    while p.stats().iter().any(|s| s.remembered_nodes > 0) {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "nodes still remembered: {:?}",
-            p.stats()
+    p.flush().await;
+    assert!(
+        p.stats().iter().all(|s| s.remembered_nodes == 0),
+        "{:?}",
+        p.stats()
+    );
+    for ep in p.replay_endpoints() {
+        let last = replay(ep, 0).await.unwrap().pop().unwrap();
+        let events = decode(&last.payload).1;
+        assert_eq!(
+            field(events.last().unwrap(), "type").as_str(),
+            Some("AllBlocksCleared")
         );
-        tokio::time::sleep(Duration::from_millis(2)).await;
     }
+    p.shutdown().await;
+}
+
+/// The blocks that socket `d`'s events (replayed from the start) leave
+/// held: (GPU, CPU). Checks that no block is stored twice or removed
+/// unstored; `AllBlocksCleared` empties both.
+fn blocks_held(
+    batches: &[radixkv_events::subscriber::Batch],
+    d: usize,
+) -> (
+    std::collections::HashSet<u64>,
+    std::collections::HashSet<u64>,
+) {
+    let (mut gpu, mut cpu) = (
+        std::collections::HashSet::new(),
+        std::collections::HashSet::new(),
+    );
+    for b in batches {
+        for e in decode(&b.payload).1 {
+            if field(&e, "type").as_str() == Some("AllBlocksCleared") {
+                gpu.clear();
+                cpu.clear();
+                continue;
+            }
+            let set = if field(&e, "medium").as_str() == Some("CPU") {
+                &mut cpu
+            } else {
+                &mut gpu
+            };
+            match field(&e, "type").as_str().unwrap() {
+                "BlockStored" => {
+                    for id in ids(field(&e, "block_hashes")) {
+                        assert!(set.insert(id), "socket {d}: block {id} stored twice");
+                    }
+                }
+                "BlockRemoved" => {
+                    for id in ids(field(&e, "block_hashes")) {
+                        assert!(set.remove(&id), "socket {d}: block {id} removed unstored");
+                    }
+                }
+                other => panic!("an event of type {other}"),
+            }
+        }
+    }
+    (gpu, cpu)
+}
+
+/// Private trees (one cache per device, each with a host tier, whose
+/// pages every socket publishes): dropping one cache retracts exactly its
+/// blocks, on both sockets, and leaves the other cache's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_cache_retracts_its_blocks_and_no_other() {
+    let port = free_ports(4);
+    let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
+    cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + 2));
+    let p = KvEventPublisher::start(cfg, 2, 2).await.unwrap();
+    let caches: Vec<RadixCache> = (0..2)
+        .map(|d| {
+            RadixCache::builder()
+                .page_size(2)
+                .host_pages(64)
+                .listener(p.listener_for_device(d))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    for (i, c) in caches.iter().enumerate() {
+        let gpu: Vec<u32> = vec![i as u32 + 1; 8];
+        let host: Vec<u32> = vec![i as u32 + 10; 6];
+        c.insert(TokenKey::new(&gpu), DeviceId(0), &gpu, 0).unwrap();
+        c.insert(TokenKey::new(&host), c.host().unwrap(), &host, 0)
+            .unwrap();
+    }
+    let mut caches = caches.into_iter();
+    drop(caches.next()); // device 0's cache
+    p.flush().await;
+    let cache1_gpu: std::collections::HashSet<u64> =
+        block_ids(None, &[2; 8], 2).into_iter().collect();
+    let cache1_host: std::collections::HashSet<u64> =
+        block_ids(None, &[11; 6], 2).into_iter().collect();
+    let eps = p.replay_endpoints().to_vec();
+    let (gpu0, cpu0) = blocks_held(&replay(&eps[0], 0).await.unwrap(), 0);
+    let (gpu1, cpu1) = blocks_held(&replay(&eps[1], 0).await.unwrap(), 1);
+    assert!(gpu0.is_empty(), "device 0's cache is gone: {gpu0:?}");
+    assert_eq!(
+        cpu0, cache1_host,
+        "socket 0 keeps device 1's cache's host blocks"
+    );
+    assert_eq!(gpu1, cache1_gpu);
+    assert_eq!(cpu1, cache1_host);
+    drop(caches);
     p.shutdown().await;
 }
 
