@@ -24,6 +24,7 @@ const STEPS: &[&str] = &[
     "copy_dups",
     "event_in_lock",
     "split_event_in_lock",
+    "switch_without_scan",
 ];
 
 /// Controls of ordinary (not loom) tests: `tests/parked_writer.rs`.

@@ -292,10 +292,41 @@ fn a_policy_switch_at_run_time_re_ranks_the_candidates() {
     c.insert(key(&[3, 3]), d, &[3, 3], 0).unwrap();
     c.match_prefix(key(&[2, 2]), d).unwrap();
     assert_eq!(c.evict(d, 1).unwrap().values, vec![3, 3], "LRU again");
-    // The kind is fixed at build time.
-    let e = c
-        .set_eviction_policy(radixkv::EvictionPolicy::Mru)
-        .unwrap_err();
-    assert!(e.to_string().contains("switches among"), "{e}");
+    // Into a policy that ranks by a scan (mru), and back: leaves made
+    // while the scan ranked (no notes) are in the new heap.
+    c.insert(key(&[4, 4]), d, &[4, 4], 0).unwrap();
+    c.insert(key(&[5, 5]), d, &[5, 5], 0).unwrap();
+    c.match_prefix(key(&[4, 4]), d).unwrap();
+    c.set_eviction_policy(radixkv::EvictionPolicy::Mru).unwrap();
+    assert_eq!(c.evict(d, 1).unwrap().values, vec![4, 4], "MRU");
+    c.insert(key(&[6, 6]), d, &[6, 6], 0).unwrap();
+    c.set_eviction_policy(radixkv::EvictionPolicy::Lru).unwrap();
+    c.match_prefix(key(&[5, 5]), d).unwrap();
+    let order: Vec<Vec<u32>> = (0..3).map(|_| c.evict(d, 1).unwrap().values).collect();
+    assert_eq!(
+        order,
+        [vec![2, 2], vec![6, 6], vec![5, 5]],
+        "LRU over all leaves"
+    );
+    c.audit();
+}
+
+#[test]
+fn a_cache_built_with_a_scan_policy_switches_to_a_heap_policy() {
+    let c = radixkv::RadixCache::builder()
+        .eviction_policy(radixkv::EvictionPolicy::Mru)
+        .build()
+        .unwrap();
+    let d = radixkv::DeviceId(0);
+    let key = radixkv::TokenKey::new;
+    c.insert(key(&[1, 1]), d, &[1, 1], 0).unwrap();
+    c.insert(key(&[2, 2]), d, &[2, 2], 0).unwrap();
+    c.match_prefix(key(&[1, 1]), d).unwrap();
+    c.set_eviction_policy(radixkv::EvictionPolicy::Lru).unwrap();
+    // Noted from now on.
+    c.insert(key(&[3, 3]), d, &[3, 3], 0).unwrap();
+    let order: Vec<Vec<u32>> = (0..3).map(|_| c.evict(d, 1).unwrap().values).collect();
+    assert_eq!(order, [vec![2, 2], vec![1, 1], vec![3, 3]]);
+    assert!(c.evict(d, 1).unwrap().values.is_empty());
     c.audit();
 }

@@ -758,3 +758,34 @@ fn model22_split_event_vs_evict() {
         );
     });
 }
+
+/// Model 23, a switch from a policy that ranks by a scan (mru) to one that
+/// ranks in a heap (lru) racing an insert: the new leaf must be an
+/// eviction candidate afterwards, found either by the switch's scan or by
+/// the note the insert leaves. Protecting step: the switch drops the notes
+/// taken so far only with a scan after it (a dropped note's leaf was
+/// linked before the note, so the scan finds it). Control:
+/// `switch_without_scan` (the notes dropped, no scan).
+#[test]
+fn model23_policy_switch_vs_insert() {
+    model(|| {
+        let c = Arc::new(
+            RadixCache::builder()
+                .eviction_policy(radixkv::EvictionPolicy::Mru)
+                .build()
+                .unwrap(),
+        );
+        let c1 = Arc::clone(&c);
+        let t = thread::spawn(move || {
+            c1.insert(key(&[1]), D0, &[10], 0).unwrap();
+        });
+        c.set_eviction_policy(radixkv::EvictionPolicy::Lru).unwrap();
+        t.join().unwrap();
+        assert_eq!(
+            c.evict(D0, 1).unwrap().tokens,
+            1,
+            "a leaf inserted during a switch to a heap policy must be a candidate"
+        );
+        c.audit();
+    });
+}

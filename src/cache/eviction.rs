@@ -73,6 +73,16 @@ type WriteBackHook<'a> = &'a mut dyn FnMut(&Node, &Guard) -> usize;
 /// and takes the first one also resident on another device.
 const REPLICA_WINDOW: usize = 8;
 
+impl Candidates {
+    /// Drops the heap (a switch to a policy that ranks by a scan); the
+    /// metrics stay.
+    pub(super) fn clear(&mut self) {
+        self.heap.clear();
+        self.aside.clear();
+        self.hand = (0, 0);
+    }
+}
+
 impl RadixCache {
     /// Evicts whole unpinned leaves of `device` in policy order until at
     /// least `tokens` tokens are freed or nothing evictable is left, and
@@ -157,13 +167,18 @@ impl RadixCache {
         // `tree::reclaim`), so that matching threads never do.
         self.tree.reclaim();
         let guard = crossbeam_epoch::pin();
-        if self.tree.tracks_leaves() {
-            let mut c = crate::sync::lock(&self.candidates[d]);
+        // The kind is read under the device's eviction lock, which a policy
+        // switch holds.
+        let mut c = crate::sync::lock(&self.candidates[d]);
+        if self.eviction_policy().keys_only_grow() {
             self.evict_tracked(&mut c, d, tokens, &mut out, &mut hook, &guard);
             c.metrics
                 .record_evict(out.leaves, out.tokens, out.pages, start.elapsed());
             return Ok(out);
         }
+        // Ranked by a scan: the notes inserts leave are not needed (they
+        // would only pile up).
+        self.tree.drain_leaves(d, drop);
         let mut nodes: Vec<&Node> = self.tree.leaves(d, &guard);
         out.examined = nodes.len();
         let mut heap: BinaryHeap<_> = nodes
@@ -192,12 +207,8 @@ impl RadixCache {
                 nodes.push(ev.parent);
             }
         }
-        crate::sync::lock(&self.candidates[d]).metrics.record_evict(
-            out.leaves,
-            out.tokens,
-            out.pages,
-            start.elapsed(),
-        );
+        c.metrics
+            .record_evict(out.leaves, out.tokens, out.pages, start.elapsed());
         Ok(out)
     }
 
@@ -461,9 +472,7 @@ impl RadixCache {
     /// switch): every leaf on `d`, keyed afresh; the sieve hand restarts.
     /// The caller holds `c`'s lock.
     pub(super) fn rerank(&self, c: &mut Candidates, d: usize, guard: &Guard) {
-        c.heap.clear();
-        c.aside.clear();
-        c.hand = (0, 0);
+        c.clear();
         for n in self.tree.leaves(d, guard) {
             // SAFETY: `n` is a tree node reached under `guard`, alive here.
             let n = unsafe { arc_of(n) };

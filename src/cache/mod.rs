@@ -287,14 +287,7 @@ impl RadixCacheBuilder {
             evictor_signal: std::sync::Mutex::new(Some(signal_rx)),
             allocators,
             id: NEXT_CACHE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            tree: Tree::new(
-                self.page_size,
-                tiers,
-                self.devices,
-                clock,
-                self.policy.keys_only_grow(),
-                self.listener,
-            ),
+            tree: Tree::new(self.page_size, tiers, self.devices, clock, self.listener),
             candidates: (0..tiers)
                 .map(|_| crate::sync::Mutex::new(Candidates::default()))
                 .collect(),
@@ -402,38 +395,26 @@ impl RadixCache {
         EvictionPolicy::ALL[self.policy.load(Ordering::SeqCst) as usize % EvictionPolicy::ALL.len()]
     }
 
-    /// Switches the eviction policy at run time. The policies that rank
-    /// leaves in a heap (lru, lfu, fifo, priority, slru, sieve) switch among
-    /// themselves, and mru and filo (ranked by a scan) between themselves:
-    /// which kind a cache is, is fixed when it is built (the heap's inbox of
-    /// new leaves exists or not). Every device's candidates are re-ranked
-    /// under the new policy, with all their eviction locks held, so no
-    /// eviction runs half under one order and half under the other.
+    /// Switches the eviction policy at run time, to any policy. Every
+    /// device's eviction lock is held for the switch, so no eviction runs
+    /// half under one order and half under the other. The policies that
+    /// rank leaves in a heap (lru, lfu, fifo, priority, slru, sieve) keep
+    /// one per device, fed by the note each insert leaves of a new leaf;
+    /// mru and filo rank by a scan of the tree at each eviction instead
+    /// (their keys can fall as well as rise, which a lazily revalidated heap
+    /// cannot follow) and drop the notes. A switch into the heap kind scans
+    /// each device's leaves into a new heap; a switch out of it drops the
+    /// heaps.
     ///
     /// ```
     /// use radixkv::{EvictionPolicy, RadixCache};
     /// let c = RadixCache::builder().build().unwrap();
     /// c.set_eviction_policy(EvictionPolicy::Lfu).unwrap();
     /// assert_eq!(c.eviction_policy(), EvictionPolicy::Lfu);
-    /// assert!(c.set_eviction_policy(EvictionPolicy::Mru).is_err());
+    /// c.set_eviction_policy(EvictionPolicy::Mru).unwrap();
+    /// assert_eq!(c.eviction_policy(), EvictionPolicy::Mru);
     /// ```
     pub fn set_eviction_policy(&self, p: EvictionPolicy) -> Result<(), CacheError> {
-        let now = self.eviction_policy();
-        if p.keys_only_grow() != now.keys_only_grow() {
-            let kind = |p: EvictionPolicy| {
-                if p.keys_only_grow() {
-                    "lru, lfu, fifo, priority, slru, sieve"
-                } else {
-                    "mru, filo"
-                }
-            };
-            return Err(CacheError::InvalidConfig(format!(
-                "this cache was built with {} and switches among {} only (asked for {})",
-                now.name(),
-                kind(now),
-                p.name()
-            )));
-        }
         // Every device's lock, in index order (evictions take one at a time).
         let mut held: Vec<_> = self
             .candidates
@@ -441,10 +422,21 @@ impl RadixCache {
             .map(|c| crate::sync::lock(c))
             .collect();
         self.policy.store(policy_index(p), Ordering::SeqCst);
-        if self.tree.tracks_leaves() {
-            let guard = crossbeam_epoch::pin();
-            for (d, c) in held.iter_mut().enumerate() {
+        let guard = crossbeam_epoch::pin();
+        for (d, c) in held.iter_mut().enumerate() {
+            if p.keys_only_grow() {
+                // The protecting step of model 23: the notes taken so far
+                // are dropped (a scan-ranked policy may have left thousands)
+                // only because the scan below finds their leaves: each was
+                // linked before its note, and its note before this drain.
+                // The control drops them without the scan.
+                self.tree.drain_leaves(d, drop);
+                #[cfg(not(radixkv_negative = "switch_without_scan"))]
                 self.rerank(c, d, &guard);
+                #[cfg(radixkv_negative = "switch_without_scan")]
+                c.clear();
+            } else {
+                c.clear();
             }
         }
         Ok(())

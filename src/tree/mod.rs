@@ -307,8 +307,10 @@ pub(crate) struct Tree {
     reclaimer: Arc<Reclaimer>,
     /// Per device, nodes that may have become leaves (eviction candidates)
     /// since the evictor last looked: pushed lock-free by inserts, drained
-    /// by the evictor. `None` when the policy ranks by a scan instead.
-    inbox: Option<Box<[LeafInbox]>>,
+    /// by the evictor (into its heap, or dropped while the policy ranks by
+    /// a scan). Always kept, so that a switch of policy at run time never
+    /// races an insert over whether its leaf is noted.
+    inbox: Box<[LeafInbox]>,
     /// Told about every residency change (crate::events), if installed.
     listener: Option<crate::events::Listener>,
 }
@@ -360,7 +362,6 @@ impl Tree {
         devices: usize,
         gpus: usize,
         clock: Clock,
-        track_leaves: bool,
         listener: Option<crate::events::Listener>,
     ) -> Self {
         debug_assert!(gpus <= devices && devices <= gpus + 1);
@@ -377,7 +378,7 @@ impl Tree {
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
             reclaimer: Arc::new(Reclaimer::default()),
-            inbox: track_leaves.then(|| (0..devices).map(|_| LeafInbox::default()).collect()),
+            inbox: (0..devices).map(|_| LeafInbox::default()).collect(),
             listener,
         }
     }
@@ -476,34 +477,25 @@ impl Tree {
         }
     }
 
-    /// Records that `n` may now be a leaf on `d` (when leaves are tracked).
+    /// Records that `n` may now be a leaf on `d`.
     fn note_leaf(&self, n: &Node, d: usize) {
-        if let Some(inbox) = &self.inbox {
-            let s = n.dev(d);
-            // Relaxed: advisory ranking statistics (see `Node::stamp`); the
-            // heap re-reads them from the node before it evicts.
-            let note = LeafNote {
-                // SAFETY: callers pass nodes they just linked or changed
-                // under their guard: tree nodes, alive for this call.
-                node: unsafe { node::arc_of(n) },
-                last_access: s.last_access.load(Ordering::Relaxed),
-            };
-            inbox[d].push(note);
-        }
+        let s = n.dev(d);
+        // Relaxed: advisory ranking statistics (see `Node::stamp`); the
+        // heap re-reads them from the node before it evicts.
+        let note = LeafNote {
+            // SAFETY: callers pass nodes they just linked or changed under
+            // their guard: tree nodes, alive for this call.
+            node: unsafe { node::arc_of(n) },
+            last_access: s.last_access.load(Ordering::Relaxed),
+        };
+        self.inbox[d].push(note);
     }
 
     /// Hands every node noted since the last call to `f`.
     pub(crate) fn drain_leaves(&self, d: usize, mut f: impl FnMut(LeafNote)) {
-        if let Some(inbox) = &self.inbox {
-            while let Some(n) = inbox[d].pop() {
-                f(n);
-            }
+        while let Some(n) = self.inbox[d].pop() {
+            f(n);
         }
-    }
-
-    /// Whether leaves are tracked (for the evictor's candidate heaps).
-    pub(crate) fn tracks_leaves(&self) -> bool {
-        self.inbox.is_some()
     }
 
     /// Frees unlinked objects whose grace period has passed, and starts the

@@ -1335,8 +1335,15 @@ async fn admin_config_changes_settings_at_run_time() {
         .post(json!({"prompt": "after the change", "max_tokens": 4}))
         .await;
     assert_eq!(c.status, StatusCode::OK, "{}", c.body);
+    // Into a policy that ranks by a scan, and back.
+    for policy in ["mru", "lru"] {
+        let r = s
+            .post_to("/admin/config", json!({"eviction_policy": policy}))
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        assert_eq!(r.json()["eviction_policy"], policy);
+    }
     for (want, body) in [
-        ("mru", json!({"eviction_policy": "mru"})),
         ("unknown", json!({"eviction_policy": "random-ish"})),
         ("low < high", json!({"watermarks": [64, 16]})),
         ("[low, high]", json!({"watermarks": [1]})),

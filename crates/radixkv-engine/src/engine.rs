@@ -774,8 +774,7 @@ impl Engine {
     }
 
     /// Switches every cache's eviction policy at run time (see
-    /// [`RadixCache::set_eviction_policy`]: within the kind the caches were
-    /// built with).
+    /// [`RadixCache::set_eviction_policy`]).
     pub fn set_eviction_policy(&self, p: EvictionPolicy) -> Result<(), EngineError> {
         for c in &self.caches {
             c.set_eviction_policy(p)?;

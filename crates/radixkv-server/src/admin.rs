@@ -11,7 +11,7 @@
 //!  "router": {"balance_abs": 32, "balance_rel": 1.5, "copy_slack": 0, "copy_slack_long": 16}}
 //! ```
 //!
-//! `eviction_policy` switches within the kind the caches were built with
+//! `eviction_policy` switches to any policy
 //! ([`radixkv::RadixCache::set_eviction_policy`]); `watermarks` (low,
 //! high free pages per device) need a server started with watermarks
 //! (`--watermarks`); the router's kind is fixed at start. A change that
