@@ -177,8 +177,12 @@ impl RadixCache {
             return Ok(out);
         }
         // Ranked by a scan: the notes inserts leave are not needed (they
-        // would only pile up).
+        // would only pile up). Dropped under the lock, while the policy is
+        // still one that scans (a switch to a heap policy scans after it
+        // drops notes: see `set_eviction_policy`); then the lock goes, so
+        // that scan-ranked evictions run side by side as before.
         self.tree.drain_leaves(d, drop);
+        drop(c);
         let mut nodes: Vec<&Node> = self.tree.leaves(d, &guard);
         out.examined = nodes.len();
         let mut heap: BinaryHeap<_> = nodes
@@ -207,8 +211,12 @@ impl RadixCache {
                 nodes.push(ev.parent);
             }
         }
-        c.metrics
-            .record_evict(out.leaves, out.tokens, out.pages, start.elapsed());
+        crate::sync::lock(&self.candidates[d]).metrics.record_evict(
+            out.leaves,
+            out.tokens,
+            out.pages,
+            start.elapsed(),
+        );
         Ok(out)
     }
 

@@ -397,7 +397,9 @@ impl RadixCache {
 
     /// Switches the eviction policy at run time, to any policy. Every
     /// device's eviction lock is held for the switch, so no eviction runs
-    /// half under one order and half under the other. The policies that
+    /// half under one order and half under the other (one ranked by a scan
+    /// that started before the switch finishes in its own order). The
+    /// policies that
     /// rank leaves in a heap (lru, lfu, fifo, priority, slru, sieve) keep
     /// one per device, fed by the note each insert leaves of a new leaf;
     /// mru and filo rank by a scan of the tree at each eviction instead

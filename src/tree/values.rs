@@ -142,6 +142,23 @@ impl Words {
     }
 }
 
+/// Whether `v` is `first, first + 1, …` (the caller checked that the last
+/// of them fits in a `u32`). Branch-free within each chunk of 64, so the
+/// compiler vectorises it (a request's values are checked on every
+/// insert); a chunk that differs ends the check.
+fn is_one_run(v: &[u32], first: u32) -> bool {
+    v.chunks(64).zip((0u32..).step_by(64)).all(|(chunk, at)| {
+        let base = first.wrapping_add(at);
+        // `x - j == base` exactly when `x == base + j`: no sum overflows
+        // (the caller's check), so wrapping arithmetic is exact here.
+        chunk
+            .iter()
+            .zip(0u32..)
+            .fold(0, |acc, (&x, j)| acc | (x.wrapping_sub(j) ^ base))
+            == 0
+    })
+}
+
 const VERBATIM: u32 = 0;
 const PAGE_BASES: u32 = 1;
 const RUNS: u32 = 2;
@@ -155,9 +172,8 @@ impl Values {
             // Chosen below too whenever one run is smaller than the page
             // bases and the verbatim form: more than 2 tokens and pages.
             let smaller = v.len() > 2 && (ps <= 1 || v.len() / ps > 2);
-            let one_run = smaller
-                && first.checked_add(v.len() as u32 - 1).is_some()
-                && v.iter().enumerate().all(|(j, &x)| x == first + j as u32);
+            let one_run =
+                smaller && first.checked_add(v.len() as u32 - 1).is_some() && is_one_run(v, first);
             if one_run {
                 return Values(Words::of(&[RUNS, first, v.len() as u32]));
             }
@@ -495,6 +511,30 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// A run broken at any place (first chunk of 64, a later one, the
+    /// last value) is not one run: the shortcut agrees with the general
+    /// encoding there too.
+    #[test]
+    fn a_run_broken_anywhere_is_not_one_run() {
+        for n in [16usize, 64, 65, 200, 1_200] {
+            for at in [1, 2, 31, 63, 64, 65, 127, 128, n / 2, n - 1] {
+                if at >= n {
+                    continue;
+                }
+                let mut v: Vec<u32> = (1_000..1_000 + n as u32).collect();
+                v[at] += 7;
+                assert!(!is_one_run(&v, 1_000), "{n} values broken at {at}");
+                assert_eq!(
+                    Values::new(&v, 16).0.as_slice(),
+                    Values::general(&v, 16).0.as_slice(),
+                    "{n} values broken at {at}"
+                );
+            }
+            let v: Vec<u32> = (1_000..1_000 + n as u32).collect();
+            assert!(is_one_run(&v, 1_000));
         }
     }
 
