@@ -29,6 +29,23 @@ fn free_ports(n: u16) -> u16 {
     panic!("no {n} consecutive free ports");
 }
 
+/// A publisher for `devices` devices (page size `ps`) on free loopback
+/// ports, with a replay socket per device after the PUB sockets; `tweak`
+/// sets anything else.
+async fn publisher_with_replay(
+    devices: u16,
+    ps: usize,
+    tweak: impl FnOnce(&mut KvEventsConfig),
+) -> KvEventPublisher {
+    let port = free_ports(2 * devices);
+    let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
+    cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + devices));
+    tweak(&mut cfg);
+    KvEventPublisher::start(cfg, usize::from(devices), ps)
+        .await
+        .unwrap()
+}
+
 fn decode(payload: &[u8]) -> (f64, Vec<Value>, Option<u64>) {
     let v = rmpv::decode::read_value(&mut &payload[..]).unwrap();
     let a = v.as_array().expect("a batch is an array").clone();
@@ -71,10 +88,7 @@ async fn wait_sent(p: &KvEventPublisher, events: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_reach_subscribers_and_replays_in_vllm_format() {
-    let port = free_ports(4);
-    let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
-    cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + 2));
-    let p = KvEventPublisher::start(cfg, 2, 2).await.unwrap();
+    let p = publisher_with_replay(2, 2, |_| {}).await;
     assert_eq!(p.endpoints().len(), 2);
     let cache = RadixCache::builder()
         .devices(2)
@@ -244,11 +258,10 @@ async fn events_reach_subscribers_and_replays_in_vllm_format() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_array_encoding_carries_the_salt_in_extra_keys() {
-    let port = free_ports(2);
-    let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
-    cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + 1));
-    cfg.encoding = Encoding::Array;
-    let p = KvEventPublisher::start(cfg, 1, 2).await.unwrap();
+    let p = publisher_with_replay(1, 2, |cfg| {
+        cfg.encoding = Encoding::Array;
+    })
+    .await;
     let cache = RadixCache::builder()
         .page_size(2)
         .listener(p.listener())
@@ -312,10 +325,7 @@ async fn bad_endpoints_and_ports_in_use_are_clear_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removals_after_splits_name_the_blocks_that_left() {
-    let port = free_ports(2);
-    let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
-    cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + 1));
-    let p = KvEventPublisher::start(cfg, 1, 2).await.unwrap();
+    let p = publisher_with_replay(1, 2, |_| {}).await;
     let cache = RadixCache::builder()
         .page_size(2)
         .eviction_policy(radixkv::EvictionPolicy::Lru)
@@ -374,12 +384,11 @@ async fn removals_after_splits_name_the_blocks_that_left() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_replay_buffer_is_bounded_in_batches_and_in_bytes() {
     for (batches, bytes, kept) in [(2, usize::MAX, 2), (10_000, 1, 1)] {
-        let port = free_ports(2);
-        let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
-        cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + 1));
-        cfg.replay_buffer = batches;
-        cfg.replay_bytes = bytes;
-        let p = KvEventPublisher::start(cfg, 1, 2).await.unwrap();
+        let p = publisher_with_replay(1, 2, |cfg| {
+            cfg.replay_buffer = batches;
+            cfg.replay_bytes = bytes;
+        })
+        .await;
         let cache = RadixCache::builder()
             .page_size(2)
             .listener(p.listener())
@@ -418,10 +427,7 @@ async fn concurrent_changes_replay_to_what_the_cache_holds() {
     use std::collections::HashSet;
     use std::sync::{Arc, Mutex};
     const PS: usize = 2;
-    let port = free_ports(4);
-    let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
-    cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + 2));
-    let p = KvEventPublisher::start(cfg, 2, PS).await.unwrap();
+    let p = publisher_with_replay(2, PS, |_| {}).await;
     let cache = Arc::new(
         RadixCache::builder()
             .page_size(PS)
@@ -556,10 +562,7 @@ fn blocks_held(
 /// blocks, on both sockets, and leaves the other cache's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_cache_retracts_its_blocks_and_no_other() {
-    let port = free_ports(4);
-    let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
-    cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + 2));
-    let p = KvEventPublisher::start(cfg, 2, 2).await.unwrap();
+    let p = publisher_with_replay(2, 2, |_| {}).await;
     let caches: Vec<RadixCache> = (0..2)
         .map(|d| {
             RadixCache::builder()
@@ -605,11 +608,10 @@ async fn a_dropped_cache_retracts_its_blocks_and_no_other() {
 /// is queued before the first is taken, however threads are scheduled.
 #[tokio::test(flavor = "current_thread")]
 async fn a_full_queue_drops_whole_events_and_counts_them() {
-    let port = free_ports(2);
-    let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
-    cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + 1));
-    cfg.max_pending = 3;
-    let p = KvEventPublisher::start(cfg, 1, 2).await.unwrap();
+    let p = publisher_with_replay(1, 2, |cfg| {
+        cfg.max_pending = 3;
+    })
+    .await;
     let cache = RadixCache::builder()
         .page_size(2)
         .listener(p.listener())
