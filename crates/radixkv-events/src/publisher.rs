@@ -222,10 +222,22 @@ enum Op {
     Forget,
 }
 
-impl Op {
+impl Kind {
     /// Whether subscribers see it (counted as queued, sent or dropped).
     fn is_event(self) -> bool {
-        matches!(self, Op::Stored { .. } | Op::Removed | Op::Cleared)
+        matches!(self, Kind::Stored | Kind::Removed | Kind::Cleared)
+    }
+}
+
+impl Op {
+    fn kind(self) -> Kind {
+        match self {
+            Op::Stored { .. } => Kind::Stored,
+            Op::Removed => Kind::Removed,
+            Op::Split { .. } => Kind::Split,
+            Op::Cleared => Kind::Cleared,
+            Op::Forget => Kind::Forget,
+        }
     }
 }
 
@@ -312,17 +324,11 @@ impl Changes {
                 self.namespaces.len() as u32
             }
         };
-        let (kind, other, len, at_root) = match op {
-            Op::Stored { parent } => (
-                Kind::Stored,
-                parent.unwrap_or(0),
-                pages.len() as u32,
-                parent.is_none(),
-            ),
-            Op::Removed => (Kind::Removed, 0, 0, false),
-            Op::Split { prefix, moved } => (Kind::Split, prefix, moved, false),
-            Op::Cleared => (Kind::Cleared, 0, 0, false),
-            Op::Forget => (Kind::Forget, 0, 0, false),
+        let kind = op.kind();
+        let (other, len, at_root) = match op {
+            Op::Stored { parent } => (parent.unwrap_or(0), pages.len() as u32, parent.is_none()),
+            Op::Split { prefix, moved } => (prefix, moved, false),
+            Op::Removed | Op::Cleared | Op::Forget => (0, 0, false),
         };
         if kind == Kind::Stored {
             self.tokens.extend_from_slice(pages);
@@ -464,7 +470,7 @@ impl Shared {
         let Some(q) = self.queues.get(device) else {
             return;
         };
-        let event = op.is_event();
+        let event = op.kind().is_event();
         // Counted under the queue's lock, with no atomic of their own (an
         // atomic read-modify-write per event waits for the event's writes
         // to leave the core): the task adds them to the socket's counters
@@ -1039,7 +1045,8 @@ async fn publish_loop(
             continue;
         }
         idle = 0;
-        let n = spare.heads.iter().filter(|h| h.op().is_event()).count();
+        // Event heads queued (those dropped at the push have none).
+        let n = (spare.events - spare.dropped) as usize;
         // Room for the tokens (at most 5 bytes each) and the ids (9 each,
         // one per page).
         let pages = spare.tokens.len() / shared.page_size.max(1);
@@ -1057,7 +1064,7 @@ async fn publish_loop(
                 &[]
             };
             let written = shared.encode(&mut b, (h, pages), &spare, &mut mem, &mut ids);
-            if h.op().is_event() {
+            if h.kind.is_event() {
                 lost += usize::from(written == 0);
                 extra += written.saturating_sub(1);
             }

@@ -196,13 +196,8 @@ fn next_id(parent: u64, page: &[u32]) -> u64 {
 /// ```
 pub fn block_ids(ns: Option<&str>, path: &[u32], page_size: usize) -> Vec<u64> {
     let mut out = Vec::with_capacity(path.len() / page_size.max(1));
-    block_ids_into(ns, path, page_size, &mut out);
+    chain_ids_into(None, ns, path, page_size, &mut out);
     out
-}
-
-/// [`block_ids`] into `out` (cleared first), to reuse its allocation.
-pub fn block_ids_into(ns: Option<&str>, path: &[u32], page_size: usize, out: &mut Vec<u64>) {
-    chain_ids_into(None, ns, path, page_size, out);
 }
 
 /// The ids of the full pages of `pages`, chained from `before` (the id of
