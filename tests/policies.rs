@@ -283,12 +283,11 @@ fn a_policy_switch_at_run_time_re_ranks_the_candidates() {
     c.match_prefix(key(&[1, 1]), d).unwrap();
     // The heap holds both under LRU keys (an eviction of nothing files them).
     c.evict(d, 0).unwrap();
-    c.set_eviction_policy(radixkv::EvictionPolicy::Fifo)
-        .unwrap();
+    c.set_eviction_policy(radixkv::EvictionPolicy::Fifo);
     assert_eq!(c.eviction_policy(), radixkv::EvictionPolicy::Fifo);
     let ev = c.evict(d, 1).unwrap();
     assert_eq!(ev.values, vec![1, 1], "FIFO evicts the oldest leaf");
-    c.set_eviction_policy(radixkv::EvictionPolicy::Lru).unwrap();
+    c.set_eviction_policy(radixkv::EvictionPolicy::Lru);
     c.insert(key(&[3, 3]), d, &[3, 3], 0).unwrap();
     c.match_prefix(key(&[2, 2]), d).unwrap();
     assert_eq!(c.evict(d, 1).unwrap().values, vec![3, 3], "LRU again");
@@ -297,10 +296,10 @@ fn a_policy_switch_at_run_time_re_ranks_the_candidates() {
     c.insert(key(&[4, 4]), d, &[4, 4], 0).unwrap();
     c.insert(key(&[5, 5]), d, &[5, 5], 0).unwrap();
     c.match_prefix(key(&[4, 4]), d).unwrap();
-    c.set_eviction_policy(radixkv::EvictionPolicy::Mru).unwrap();
+    c.set_eviction_policy(radixkv::EvictionPolicy::Mru);
     assert_eq!(c.evict(d, 1).unwrap().values, vec![4, 4], "MRU");
     c.insert(key(&[6, 6]), d, &[6, 6], 0).unwrap();
-    c.set_eviction_policy(radixkv::EvictionPolicy::Lru).unwrap();
+    c.set_eviction_policy(radixkv::EvictionPolicy::Lru);
     c.match_prefix(key(&[5, 5]), d).unwrap();
     let order: Vec<Vec<u32>> = (0..3).map(|_| c.evict(d, 1).unwrap().values).collect();
     assert_eq!(
@@ -322,7 +321,7 @@ fn a_cache_built_with_a_scan_policy_switches_to_a_heap_policy() {
     c.insert(key(&[1, 1]), d, &[1, 1], 0).unwrap();
     c.insert(key(&[2, 2]), d, &[2, 2], 0).unwrap();
     c.match_prefix(key(&[1, 1]), d).unwrap();
-    c.set_eviction_policy(radixkv::EvictionPolicy::Lru).unwrap();
+    c.set_eviction_policy(radixkv::EvictionPolicy::Lru);
     // Noted from now on.
     c.insert(key(&[3, 3]), d, &[3, 3], 0).unwrap();
     let order: Vec<Vec<u32>> = (0..3).map(|_| c.evict(d, 1).unwrap().values).collect();

@@ -779,7 +779,7 @@ fn model23_policy_switch_vs_insert() {
         let t = thread::spawn(move || {
             c1.insert(key(&[1]), D0, &[10], 0).unwrap();
         });
-        c.set_eviction_policy(radixkv::EvictionPolicy::Lru).unwrap();
+        c.set_eviction_policy(radixkv::EvictionPolicy::Lru);
         t.join().unwrap();
         assert_eq!(
             c.evict(D0, 1).unwrap().tokens,

@@ -182,13 +182,16 @@ impl RadixCache {
         // drops notes: see `set_eviction_policy`); then the lock goes, so
         // that scan-ranked evictions run side by side as before.
         self.tree.drain_leaves(d, drop);
+        // Read under the lock too: the whole call ranks by it, even if a
+        // switch comes while it runs.
+        let policy = self.eviction_policy();
         drop(c);
         let mut nodes: Vec<&Node> = self.tree.leaves(d, &guard);
         out.examined = nodes.len();
         let mut heap: BinaryHeap<_> = nodes
             .iter()
             .enumerate()
-            .map(|(i, n)| Reverse((self.key_of(n, d), i)))
+            .map(|(i, n)| Reverse((self.key_of(policy, n, d), i)))
             .collect();
         while out.tokens < tokens {
             let Some(Reverse((_, i))) = heap.pop() else {
@@ -207,7 +210,7 @@ impl RadixCache {
                 ev.parent.dev(d).hits_base.store(hits, Ordering::Relaxed);
             }
             if is_candidate(ev.parent, d) {
-                heap.push(Reverse((self.key_of(ev.parent, d), nodes.len())));
+                heap.push(Reverse((self.key_of(policy, ev.parent, d), nodes.len())));
                 nodes.push(ev.parent);
             }
         }
@@ -459,7 +462,7 @@ impl RadixCache {
                 }
                 return Some((stored, n));
             }
-            let now = self.key_of(&n, d);
+            let now = self.key_of(self.eviction_policy(), &n, d);
             if now != stored {
                 // Keys only grow, so every other entry's node ranks at or
                 // above its entry's key: if none of those is below `now`,
@@ -498,7 +501,7 @@ impl RadixCache {
     /// sieve its place relative to the hand (this round if the hand has not
     /// passed its creation stamp yet, otherwise the next).
     fn entry_key(&self, hand: (u64, u64), n: &Node, d: usize) -> policy::EvictionKey {
-        self.ranked(hand, self.key_of(n, d))
+        self.ranked(hand, self.key_of(self.eviction_policy(), n, d))
     }
 
     /// A heap entry's key from a leaf's policy key (Sieve places it
@@ -512,9 +515,11 @@ impl RadixCache {
         policy::EvictionKey::sieve(round, created, seen, k.id())
     }
 
-    fn key_of(&self, n: &Node, d: usize) -> policy::EvictionKey {
+    /// `n`'s key on `d` under `policy` (the caller reads the policy under
+    /// the device's eviction lock: one policy for a whole eviction).
+    fn key_of(&self, policy: EvictionPolicy, n: &Node, d: usize) -> policy::EvictionKey {
         let s = &n.dev(d);
-        self.eviction_policy().key(&LeafStats {
+        policy.key(&LeafStats {
             last_access: s.last_access.load(Ordering::Relaxed),
             created: s.created.load(Ordering::Relaxed),
             hits: s.hits.load(Ordering::Relaxed),

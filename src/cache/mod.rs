@@ -399,9 +399,9 @@ impl RadixCache {
     /// device's eviction lock is held for the switch, so no eviction runs
     /// half under one order and half under the other (one ranked by a scan
     /// that started before the switch finishes in its own order). The
-    /// policies that
-    /// rank leaves in a heap (lru, lfu, fifo, priority, slru, sieve) keep
-    /// one per device, fed by the note each insert leaves of a new leaf;
+    /// policies that rank leaves in a heap (lru, lfu, fifo, priority, slru,
+    /// sieve) keep one per device, fed by the note each insert leaves of a
+    /// new leaf;
     /// mru and filo rank by a scan of the tree at each eviction instead
     /// (their keys can fall as well as rise, which a lazily revalidated heap
     /// cannot follow) and drop the notes. A switch into the heap kind scans
@@ -411,12 +411,12 @@ impl RadixCache {
     /// ```
     /// use radixkv::{EvictionPolicy, RadixCache};
     /// let c = RadixCache::builder().build().unwrap();
-    /// c.set_eviction_policy(EvictionPolicy::Lfu).unwrap();
+    /// c.set_eviction_policy(EvictionPolicy::Lfu);
     /// assert_eq!(c.eviction_policy(), EvictionPolicy::Lfu);
-    /// c.set_eviction_policy(EvictionPolicy::Mru).unwrap();
+    /// c.set_eviction_policy(EvictionPolicy::Mru);
     /// assert_eq!(c.eviction_policy(), EvictionPolicy::Mru);
     /// ```
-    pub fn set_eviction_policy(&self, p: EvictionPolicy) -> Result<(), CacheError> {
+    pub fn set_eviction_policy(&self, p: EvictionPolicy) {
         // Every device's lock, in index order (evictions take one at a time).
         let mut held: Vec<_> = self
             .candidates
@@ -441,7 +441,6 @@ impl RadixCache {
                 c.clear();
             }
         }
-        Ok(())
     }
 
     /// The watermarks now, in free pages per device (none without).

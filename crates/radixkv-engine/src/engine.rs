@@ -775,11 +775,10 @@ impl Engine {
 
     /// Switches every cache's eviction policy at run time (see
     /// [`RadixCache::set_eviction_policy`]).
-    pub fn set_eviction_policy(&self, p: EvictionPolicy) -> Result<(), EngineError> {
+    pub fn set_eviction_policy(&self, p: EvictionPolicy) {
         for c in &self.caches {
-            c.set_eviction_policy(p)?;
+            c.set_eviction_policy(p);
         }
-        Ok(())
     }
 
     /// The eviction policy now.

@@ -74,8 +74,7 @@ pub(crate) fn apply(e: &Engine, body: &[u8]) -> Result<Value, ApiError> {
             let p: EvictionPolicy = p
                 .parse()
                 .map_err(|err| ApiError::BadRequest(format!("`eviction_policy`: {err}")))?;
-            e.set_eviction_policy(p)
-                .map_err(|err| bad("eviction_policy", err))?;
+            e.set_eviction_policy(p);
         }
         Some(_) => {
             return Err(ApiError::BadRequest(
