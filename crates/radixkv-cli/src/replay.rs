@@ -29,6 +29,12 @@ pub struct ReplayArgs {
     /// arrival times; `inf` sends everything at once.
     #[arg(long)]
     request_rate: Option<f64>,
+    /// At most this many requests outstanding at once: a request is sent
+    /// at its arrival time or when an earlier one finishes, whichever is
+    /// later (as in SGLang's and vLLM's serving benchmarks). `1` replays
+    /// one request at a time, the same way on every machine.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_concurrency: Option<u64>,
     /// Run the workload under several routers and print them side by side
     /// (default when given without a list: all four).
     #[arg(long, value_delimiter = ',', num_args = 0.., default_missing_value = "cache-aware,round-robin,least-loaded,private")]
@@ -134,6 +140,9 @@ pub fn run(a: ReplayArgs) -> CmdResult {
         speedup: a.speedup,
         request_rate: a.request_rate,
         seed: a.workload.seed,
+        max_concurrency: a
+            .max_concurrency
+            .map(|c| usize::try_from(c).unwrap_or(usize::MAX)),
         progress: !a.quiet,
         ..ReplayConfig::default()
     };

@@ -11,7 +11,9 @@
 //! per device. The cache-aware router calls the load imbalanced when
 //! `max > balance_abs` and `max > min · balance_rel` (sgl-router's rule and
 //! defaults: 32 requests, 1.5×); ties between devices with equally long
-//! prefixes go to the less loaded.
+//! prefixes go to the less loaded, then to the one caching fewer tokens
+//! ([`RadixCache::resident_tokens`]; sgl-router sends a prefix no worker
+//! has to its smallest tree).
 
 use arc_swap::ArcSwap;
 use radixkv::cache::{RadixCache, TokenKey};
@@ -415,9 +417,31 @@ impl Router {
         } else {
             usize::MAX
         };
+        // Ties (equal prefix and load) go to the device caching the least
+        // (sgl-router's rule for a prefix no device has: the smallest
+        // tree), so that new prefixes spread over the devices even when
+        // they come one at a time.
+        let resident: Vec<usize> = (0..n)
+            .map(|d| {
+                cache
+                    .and_then(|c| {
+                        u32::try_from(d)
+                            .ok()
+                            .and_then(|d| c.resident_tokens(radixkv::DeviceId(d)).ok())
+                    })
+                    .unwrap_or(0)
+            })
+            .collect();
         let device = (0..n)
             .filter(|&d| load[d] <= slack)
-            .max_by_key(|&d| (best[d], std::cmp::Reverse(load[d]), std::cmp::Reverse(d)))
+            .max_by_key(|&d| {
+                (
+                    best[d],
+                    std::cmp::Reverse(load[d]),
+                    std::cmp::Reverse(resident[d]),
+                    std::cmp::Reverse(d),
+                )
+            })
             .unwrap_or(0);
         Route {
             device,

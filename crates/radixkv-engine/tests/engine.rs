@@ -54,6 +54,9 @@ fn replay_cfg(kind: RouterKind, devices: usize) -> ReplayConfig {
             ..EngineConfig::default()
         },
         speedup: 50.0,
+        // One request at a time: every request sees the cache as all
+        // earlier ones left it, on any machine and under any load.
+        max_concurrency: Some(1),
         ..ReplayConfig::default()
     }
 }
@@ -68,13 +71,15 @@ fn cache_aware_routing_reaches_the_infinite_cache_hit_rate_and_private_does_not(
     let inf = ca.infinite_cache_hit_rate;
     // 7 of 8 prompts per group reuse 512 of 544 tokens.
     assert!((inf - 7.0 * 512.0 / (8.0 * 544.0)).abs() < 1e-9);
+    // One request at a time, each finds its group's prompt on the device
+    // that computed it: exactly the ceiling.
     assert!(
-        ca.hit_rate >= 0.95 * inf,
+        (ca.hit_rate - inf).abs() < 1e-9,
         "cache-aware {} vs {inf}",
         ca.hit_rate
     );
     // Private round-robin spreads each group over the 4 trees: the first
-    // request of a group on each device misses. The best it can do:
+    // request of a group on each device misses, the later ones hit:
     let mut seen = std::collections::HashSet::new();
     let hits: usize = w
         .requests
@@ -84,7 +89,7 @@ fn cache_aware_routing_reaches_the_infinite_cache_hit_rate_and_private_does_not(
         .count();
     let best_private = hits as f64 * 512.0 / (128.0 * 544.0);
     assert!(
-        pr.hit_rate <= best_private + 1e-9 && pr.hit_rate >= 0.95 * best_private,
+        (pr.hit_rate - best_private).abs() < 1e-9,
         "private {} vs {best_private}",
         pr.hit_rate
     );
@@ -309,7 +314,7 @@ fn streaming_delivers_every_token_then_done_and_cancel_releases_everything() {
         .submit_streaming(EngineRequest::new(vec![9; 100], 2000))
         .unwrap();
     assert!(matches!(
-        rx.recv_timeout(Duration::from_secs(10)),
+        rx.recv_timeout(Duration::from_secs(60)),
         Ok(StreamEvent::Token(_))
     ));
     slow.cancel(id);

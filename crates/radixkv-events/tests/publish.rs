@@ -121,6 +121,28 @@ async fn events_reach_subscribers_and_replays_in_vllm_format() {
             }
         }
     }
+    // A probe's batch may have come late, after its removal and the next
+    // probe were queued: read up to a marker, so that the latency loop
+    // below sees only its own inserts.
+    let marker = [80u32, 81];
+    cache
+        .insert(TokenKey::new(&marker), DeviceId(0), &[1, 2], 0)
+        .unwrap();
+    probes += 1;
+    loop {
+        let b = tokio::time::timeout(Duration::from_secs(5), live0.recv())
+            .await
+            .expect("the marker within 5 s")
+            .unwrap();
+        let (_, evs, _) = decode(&b.payload);
+        let is_marker = |e: &Value| {
+            field(e, "type").as_str() == Some("BlockStored")
+                && ids(field(e, "block_hashes")) == block_ids(None, &marker, 2)
+        };
+        if evs.iter().any(is_marker) {
+            break;
+        }
+    }
     // Latency at idle: one insert, then the batch that reports it.
     let mut lat = Vec::new();
     for i in 0..20u32 {

@@ -50,9 +50,12 @@ impl CancelGuard {
 impl Drop for CancelGuard {
     fn drop(&mut self) {
         if self.armed {
-            self.state.engine().cancel(self.id);
-            // Relaxed: a statistic.
+            // Counted before the cancel: whoever sees the request gone
+            // (through the engine's own synchronization, which orders the
+            // cancel after this increment) sees it counted. Relaxed
+            // suffices for that: the engine's release-acquire carries it.
             self.state.stats.disconnects.fetch_add(1, Ordering::Relaxed);
+            self.state.engine().cancel(self.id);
         }
     }
 }
