@@ -352,7 +352,7 @@ impl RadixCache {
         c.heap.extend(fresh);
         let replicas = self.replica_aware && self.devices() > 1;
         while out.tokens < tokens {
-            let Some(first) = self.next_candidate(c, d, out) else {
+            let Some(first) = self.next_candidate(c, d, out, guard) else {
                 break;
             };
             let (stored, n) = if replicas && !self.replicated(&first.1, d) {
@@ -360,7 +360,7 @@ impl RadixCache {
                 // others go back unchanged (they were just validated).
                 let mut window = vec![first];
                 while window.len() < REPLICA_WINDOW {
-                    let Some(next) = self.next_candidate(c, d, out) else {
+                    let Some(next) = self.next_candidate(c, d, out, guard) else {
                         break;
                     };
                     let found = self.replicated(&next.1, d);
@@ -437,10 +437,20 @@ impl RadixCache {
         c: &mut Candidates,
         d: usize,
         out: &mut Evicted,
+        guard: &Guard,
     ) -> Option<(policy::EvictionKey, Arc<Node>)> {
         loop {
             let Reverse((stored, ByAddr(n))) = c.heap.pop()?;
             out.examined += 1;
+            // The next candidates' lines start loading while this one is
+            // validated and evicted (a cold node is a chain of misses: the
+            // node, its slot, its image): the next top, whose node lines
+            // were asked for one pop ago, in depth; its two children in the
+            // heap, the likely ones after it, shallow.
+            let next = c.heap.as_slice();
+            for (i, Reverse((_, ByAddr(m)))) in next.iter().take(3).enumerate() {
+                crate::tree::prefetch_node(m, d, i == 0, guard);
+            }
             if !is_leaf_on(&n, d) {
                 continue; // stale: evicted, unlinked or no longer a leaf
             }

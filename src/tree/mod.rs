@@ -289,6 +289,35 @@ fn prefetch_line(p: *const u8) {
     let _ = p;
 }
 
+/// Asks the CPU to start loading what validating and evicting the leaf `n`
+/// on `d` reads first (a hint, for a candidate that is about to be taken):
+/// the node's two lines and, with `deep`, its slot for `d` and the first
+/// two lines of its image (the head, and the first page of the key that
+/// files it in its parent). `deep` reads the node itself (the slot array's
+/// and the image's addresses), so it is meant for a node whose lines were
+/// asked for earlier. A no-op under loom, where the reads would add
+/// scheduling points to the models for no behaviour.
+#[inline]
+pub(crate) fn prefetch_node(n: &Node, d: usize, deep: bool, guard: &Guard) {
+    #[cfg(not(loom))]
+    {
+        let at = (n as *const Node).cast::<u8>();
+        prefetch_line(at);
+        prefetch_line(at.wrapping_add(64));
+        if deep {
+            prefetch_line((n.dev(d) as *const node::DevSlot).cast());
+            // Relaxed: only the address is used, as a hint; a stale one
+            // prefetches a line nobody reads, which is harmless.
+            let img = node::image_addr(n.image.load(std::sync::atomic::Ordering::Relaxed, guard))
+                as *const u8;
+            prefetch_line(img);
+            prefetch_line(img.wrapping_add(64));
+        }
+    }
+    #[cfg(loom)]
+    let _ = (n, d, deep, guard);
+}
+
 /// The tree.
 #[derive(Debug)]
 pub(crate) struct Tree {
