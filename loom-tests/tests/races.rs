@@ -660,6 +660,21 @@ impl radixkv::events::CacheListener for EventOrder {
     }
 }
 
+/// A one-device cache that tells `listener` of its changes, under Mru: its
+/// evictor finds leaves by a scan of the tree, so it can meet a leaf as
+/// soon as it is published (the event models race exactly that).
+fn mru_cache_telling(
+    listener: Arc<impl radixkv::events::CacheListener + 'static>,
+) -> Arc<RadixCache> {
+    Arc::new(
+        RadixCache::builder()
+            .listener(listener)
+            .eviction_policy(radixkv::EvictionPolicy::Mru)
+            .build()
+            .unwrap(),
+    )
+}
+
 /// Model 21, a store racing the removal of the same page: an insert
 /// attaches a leaf while an evictor takes it. Protecting step: the store is
 /// reported inside the attach's locked section, before the leaf is
@@ -671,13 +686,7 @@ impl radixkv::events::CacheListener for EventOrder {
 fn model21_store_event_vs_evict() {
     model(|| {
         let log = Arc::new(EventOrder::default());
-        let c = Arc::new(
-            RadixCache::builder()
-                .listener(log.clone())
-                .eviction_policy(radixkv::EvictionPolicy::Mru)
-                .build()
-                .unwrap(),
-        );
+        let c = mru_cache_telling(log.clone());
         let c1 = Arc::clone(&c);
         let t = thread::spawn(move || {
             c1.insert(key(&[1]), D0, &[10], 0).unwrap();
@@ -736,13 +745,7 @@ impl radixkv::events::CacheListener for NodeFollower {
 fn model22_split_event_vs_evict() {
     model(|| {
         let log = Arc::new(NodeFollower::default());
-        let c = Arc::new(
-            RadixCache::builder()
-                .listener(log.clone())
-                .eviction_policy(radixkv::EvictionPolicy::Mru)
-                .build()
-                .unwrap(),
-        );
+        let c = mru_cache_telling(log.clone());
         c.insert(key(&[1, 2]), D0, &[10, 11], 0).unwrap();
         let c1 = Arc::clone(&c);
         let t = thread::spawn(move || {

@@ -33,8 +33,8 @@ pub struct ReplayArgs {
     /// at its arrival time or when an earlier one finishes, whichever is
     /// later (as in SGLang's and vLLM's serving benchmarks). `1` replays
     /// one request at a time, the same way on every machine.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    max_concurrency: Option<u64>,
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_concurrency: Option<usize>,
     /// Run the workload under several routers and print them side by side
     /// (default when given without a list: all four).
     #[arg(long, value_delimiter = ',', num_args = 0.., default_missing_value = "cache-aware,round-robin,least-loaded,private")]
@@ -140,9 +140,7 @@ pub fn run(a: ReplayArgs) -> CmdResult {
         speedup: a.speedup,
         request_rate: a.request_rate,
         seed: a.workload.seed,
-        max_concurrency: a
-            .max_concurrency
-            .map(|c| usize::try_from(c).unwrap_or(usize::MAX)),
+        max_concurrency: a.max_concurrency,
         progress: !a.quiet,
         ..ReplayConfig::default()
     };

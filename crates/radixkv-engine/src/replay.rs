@@ -344,7 +344,8 @@ pub fn replay(
     let mut done = 0usize;
     let mut interrupted = false;
     let scale = |d: Duration| d.mul_f64(cfg.speedup);
-    let cap = cfg.max_concurrency.map_or(usize::MAX, |c| c.max(1));
+    let max_concurrency = cfg.max_concurrency.map(|c| c.max(1));
+    let cap = max_concurrency.unwrap_or(usize::MAX);
     let mut last_done = wall;
     let mut record =
         |c: crate::sched::scheduler::Completion, done: &mut usize, progress: &mut Progress| {
@@ -530,7 +531,7 @@ pub fn replay(
             .map(|d| ratio(d.used_pages, d.pool_pages))
             .collect(),
         wall_s: wall.elapsed().as_secs_f64(),
-        max_concurrency: cfg.max_concurrency.map(|c| c.max(1)),
+        max_concurrency,
         verified_requests: verification.verified,
         mismatches: verification.mismatches,
     })

@@ -421,24 +421,20 @@ impl Router {
         // (sgl-router's rule for a prefix no device has: the smallest
         // tree), so that new prefixes spread over the devices even when
         // they come one at a time.
-        let resident: Vec<usize> = (0..n)
-            .map(|d| {
-                cache
-                    .and_then(|c| {
-                        u32::try_from(d)
-                            .ok()
-                            .and_then(|d| c.resident_tokens(radixkv::DeviceId(d)).ok())
-                    })
-                    .unwrap_or(0)
-            })
-            .collect();
+        // Read once per device (`max_by_key` keys each element once), with
+        // no vector per route. `d < n`, the engine's device count, a u32.
+        let resident = |d: usize| {
+            cache
+                .and_then(|c| c.resident_tokens(radixkv::DeviceId(d as u32)).ok())
+                .unwrap_or(0)
+        };
         let device = (0..n)
             .filter(|&d| load[d] <= slack)
             .max_by_key(|&d| {
                 (
                     best[d],
                     std::cmp::Reverse(load[d]),
-                    std::cmp::Reverse(resident[d]),
+                    std::cmp::Reverse(resident(d)),
                     std::cmp::Reverse(d),
                 )
             })

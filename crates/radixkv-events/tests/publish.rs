@@ -46,6 +46,15 @@ async fn publisher_with_replay(
         .unwrap()
 }
 
+/// A one-device cache at page size 2 that publishes through `p`.
+fn cache_on(p: &KvEventPublisher) -> RadixCache {
+    RadixCache::builder()
+        .page_size(2)
+        .listener(p.listener())
+        .build()
+        .unwrap()
+}
+
 fn decode(payload: &[u8]) -> (f64, Vec<Value>, Option<u64>) {
     let v = rmpv::decode::read_value(&mut &payload[..]).unwrap();
     let a = v.as_array().expect("a batch is an array").clone();
@@ -284,11 +293,7 @@ async fn the_array_encoding_carries_the_salt_in_extra_keys() {
         cfg.encoding = Encoding::Array;
     })
     .await;
-    let cache = RadixCache::builder()
-        .page_size(2)
-        .listener(p.listener())
-        .build()
-        .unwrap();
+    let cache = cache_on(&p);
     cache
         .insert(
             TokenKey::new(&[1, 2, 3, 4]).in_namespace(Some("s")),
@@ -411,11 +416,7 @@ async fn the_replay_buffer_is_bounded_in_batches_and_in_bytes() {
             cfg.replay_bytes = bytes;
         })
         .await;
-        let cache = RadixCache::builder()
-            .page_size(2)
-            .listener(p.listener())
-            .build()
-            .unwrap();
+        let cache = cache_on(&p);
         for i in 0..5u32 {
             cache
                 .insert(TokenKey::new(&[i, i]), DeviceId(0), &[1, 2], 0)
@@ -634,11 +635,7 @@ async fn a_full_queue_drops_whole_events_and_counts_them() {
         cfg.max_pending = 3;
     })
     .await;
-    let cache = RadixCache::builder()
-        .page_size(2)
-        .listener(p.listener())
-        .build()
-        .unwrap();
+    let cache = cache_on(&p);
     let d = DeviceId(0);
     // A chain: each key extends the previous one by a page, so each store
     // is the previous one's child.
