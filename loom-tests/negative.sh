@@ -30,7 +30,7 @@ pairs=(
   "model12_pinned_insert_vs_evict|born_pinned|the committed chunk must stay the request's"
   "model13_split_vs_reader_pages|reader_parent_check|the whole key stayed cached (page size 2)"
   "model14_wide_children_concurrent_insert|attach_recheck|under a wide node: exactly one insert must own it"
-  "model14_wide_children_concurrent_insert|chunk_retire|use after free: a reader still holds a children chunk that was freed"
+  "model14_wide_children_concurrent_insert|table_retire|use after free: a reader still holds a children table that was freed"
   "model15_alloc_two_claimers_and_a_free|claim_cas|a page was handed to two spans;;is both held and free"
   "model16_pin_vs_evictor_candidates|evict_pin_check|was freed while a lease on it was live"
   "model17_namespace_root_reclaimed_vs_insert|root_obsolete_check|the insert into a reclaimed namespace must not be lost"
@@ -40,6 +40,7 @@ pairs=(
   "model21_store_event_vs_evict|event_in_lock|a removal came before its store"
   "model22_split_event_vs_evict|split_event_in_lock|a removal's pages differ from what the node's store and splits left"
   "model23_policy_switch_vs_insert|switch_without_scan|a leaf inserted during a switch to a heap policy must be a candidate"
+  "model24_table_removal_vs_reader|table_tomb|a child filed behind a removed one must stay findable"
 )
 
 failed_as_expected=0

@@ -58,9 +58,9 @@ pub fn spin_wait() {
 }
 
 /// Under loom only: a registry of live key/value images and children
-/// chunks, so the epoch models (race 7, model 14) can tell a reader that
+/// tables, so the epoch models (race 7, model 14) can tell a reader that
 /// dereferences a freed one without reading freed memory. Addresses are
-/// registered when an image is boxed (a chunk allocated) and removed when it
+/// registered when an image is boxed (a table allocated) and removed when it
 /// is dropped (freed).
 #[cfg(loom)]
 pub mod probe {
@@ -68,7 +68,7 @@ pub mod probe {
     use std::sync::Mutex;
 
     const IMAGE: u8 = 0;
-    const CHUNK: u8 = 1;
+    const TABLE: u8 = 1;
 
     static LIVE: Mutex<Option<HashSet<(u8, usize)>>> = Mutex::new(None);
 
@@ -90,21 +90,21 @@ pub mod probe {
         with(|s| s.remove(&(IMAGE, addr)));
     }
 
-    /// Records that a children chunk now lives at `addr`.
-    pub fn chunk_born(addr: usize) {
-        with(|s| s.insert((CHUNK, addr)));
+    /// Records that a children table now lives at `addr`.
+    pub fn table_born(addr: usize) {
+        with(|s| s.insert((TABLE, addr)));
     }
 
-    /// Records that the children chunk at `addr` was freed.
-    pub fn chunk_died(addr: usize) {
-        with(|s| s.remove(&(CHUNK, addr)));
+    /// Records that the children table at `addr` was freed.
+    pub fn table_died(addr: usize) {
+        with(|s| s.remove(&(TABLE, addr)));
     }
 
-    /// Panics if the children chunk at `addr` was freed.
-    pub fn assert_chunk_live(addr: usize) {
+    /// Panics if the children table at `addr` was freed.
+    pub fn assert_table_live(addr: usize) {
         assert!(
-            with(|s| s.contains(&(CHUNK, addr))),
-            "use after free: a reader still holds a children chunk that was freed"
+            with(|s| s.contains(&(TABLE, addr))),
+            "use after free: a reader still holds a children table that was freed"
         );
     }
 

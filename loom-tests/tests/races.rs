@@ -380,22 +380,23 @@ fn model13_split_vs_reader_pages() {
     });
 }
 
-/// Race 5 under a wide node: the root has more than 64 children, so its
-/// array is chunked (copy-on-write per chunk), and two inserts of the same
-/// new first token race. Protecting step: the attach re-check under the
-/// parent's lock, on the chunked array. Control: `attach_recheck`.
+/// Race 5 under a wide node: the root has more children than a flat array
+/// holds (4 under loom), so they are a table changed in place, and two
+/// inserts of the same new first token race. Protecting step: the attach
+/// re-check under the parent's lock, on the table. Control:
+/// `attach_recheck`.
 ///
-/// The same model checks chunk reclamation: the insert that publishes
-/// first replaces the chunk the other may still be reading (the chunks are
-/// shared between versions and owned by the newest, see `Chunk`); the
-/// protecting step is retiring the replaced chunk with the old version, so
-/// it is freed only after the grace period. Control: `chunk_retire` frees it
-/// at once, and the chunk probe reports the use after free.
+/// The same model checks table reclamation: the root's table is full
+/// (eight children in eleven slots), so the insert that locks first
+/// builds a bigger table and publishes it while the other may still be
+/// probing the old one; the protecting step is retiring the old table
+/// with the grace period. Control: `table_retire` frees it at once, and
+/// the table probe reports the use after free.
 #[test]
 fn model14_wide_children_concurrent_insert() {
     model_with_branches(200_000, || {
         let c = cache(1);
-        for k in 100..166u32 {
+        for k in 100..108u32 {
             c.insert(key(&[k]), D0, &[k], 0).unwrap();
         }
         let c1 = Arc::clone(&c);
@@ -410,7 +411,7 @@ fn model14_wide_children_concurrent_insert() {
                 "token {j} under a wide node: exactly one insert must own it"
             );
         }
-        assert_eq!(c.peek(key(&[150])), vec![1], "the other children stay");
+        assert_eq!(c.peek(key(&[105])), vec![1], "the other children stay");
         c.audit();
     });
 }
@@ -789,6 +790,40 @@ fn model23_policy_switch_vs_insert() {
             1,
             "a leaf inserted during a switch to a heap policy must be a candidate"
         );
+        c.audit();
+    });
+}
+
+/// Model 24, the removal of a wide node's child racing a reader of a child
+/// filed behind it: the root's children 2, 5, 7, 10 and 13 are a table of
+/// eleven slots where 5 and 13 share a home slot, 13 filed four slots
+/// after 5 (tokens chosen for it). The evictor removes 5 (the least
+/// recently used) while a reader looks up 13, which stays cached
+/// throughout. Protecting step: a removal leaves its slot filled (a
+/// tombstone pointer, the tag kept), so a probe never ends there. Control:
+/// `table_tomb` empties the slot, and the reader stops before 13.
+#[test]
+fn model24_table_removal_vs_reader() {
+    model_with_branches(20_000, || {
+        let c = cache(1);
+        for k in [5u32, 2, 7, 10, 13] {
+            c.insert(key(&[k]), D0, &[k], 0).unwrap();
+        }
+        let c1 = Arc::clone(&c);
+        let t = thread::spawn(move || c1.evict(D0, 1).unwrap().tokens);
+        let seen = c.peek(key(&[13]));
+        assert_eq!(t.join().unwrap(), 1);
+        assert_eq!(
+            seen,
+            vec![1],
+            "a child filed behind a removed one must stay findable"
+        );
+        assert_eq!(
+            c.peek(key(&[13])),
+            vec![1],
+            "a child filed behind a removed one must stay findable"
+        );
+        assert_eq!(c.peek(key(&[5])), vec![0], "the least recently used went");
         c.audit();
     });
 }

@@ -1,10 +1,10 @@
-//! Children arrays: [`Children`], the immutable, hash-sorted array of a
-//! node's children that is replaced copy-on-write (flat up to `FLAT_MAX`
-//! entries, sorted chunks shared between versions beyond), and
-//! [`page_hash`], the hash a child is filed under.
+//! Children of a node: [`Children`], either a flat sorted array replaced
+//! copy-on-write (up to `FLAT_MAX` entries) or, for a wide node (a system
+//! prompt with thousands of continuations), an open-addressing [`Table`]
+//! changed in place; and [`page_hash`], the hash a child is filed under.
 
 use super::node::{Node, NodePtr};
-use smallvec::SmallVec;
+use crate::sync::{AtomicU32, AtomicUsize, Ordering};
 
 /// The hash a child is filed under: its first token at page size 1, a
 /// 64-bit mix of its first page otherwise. Equal hashes are resolved by
@@ -70,98 +70,235 @@ fn partition_near<T>(s: &[T], guess: usize, p: impl Fn(&T) -> bool) -> usize {
     lo + s[lo..hi].partition_point(&p)
 }
 
-/// One child entry: the hash of the child's first page, and the child.
+/// One entry of a flat array: the hash of the child's first page, and the
+/// child.
 pub(crate) type ChildEntry = (u64, NodePtr);
 
-/// Children arrays up to this size are one flat array.
+/// Children arrays up to this size are one flat array; a node with more
+/// has a [`Table`].
+#[cfg(not(loom))]
 const FLAT_MAX: usize = 64;
-/// Chunks of a wide node's array split when they grow past this.
-const CHUNK_MAX: usize = 48;
+/// Under loom a table comes early, so that a model reaches one with a few
+/// nodes (each slot is a pair of loom atomics, each access a scheduling
+/// point).
+#[cfg(loom)]
+const FLAT_MAX: usize = 4;
+/// The smallest table.
+const MIN_CAP: usize = 8;
 
-/// One sorted chunk of a wide node's array: immutable, shared by the
-/// versions of the array that did not change it, and owned by no reference
-/// count. Ownership follows the newest version: the array a node currently
-/// publishes owns every chunk it holds; a version built from it hands the
-/// chunks it keeps to the new version, and the chunks it replaces are
-/// retired with the old version when the new one is published
-/// ([`Children::settle`]), so each chunk is freed exactly once, after every
-/// reader that could hold an array naming it. Copying an array therefore
-/// copies plain pointers: no reference count is touched on a cold chunk when
-/// a child is added, nor when the old array is freed.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Chunk(*const [ChildEntry]);
+/// What a slot's tag is before the slot is first filled.
+const NEVER: u32 = 0;
+/// What a slot's pointer becomes when its child is removed (never a
+/// node's address: nodes are aligned to 8 bytes).
+const TOMB: usize = 1;
 
-// SAFETY: a chunk is an immutable boxed slice of `ChildEntry` (itself
-// `Send + Sync`); it is read through arrays under epoch guards and freed
-// once, by its owner (see above).
-unsafe impl Send for Chunk {}
-// SAFETY: as above; never mutated after construction.
-unsafe impl Sync for Chunk {}
-
-impl Chunk {
-    fn new(entries: &[ChildEntry]) -> Chunk {
-        let c = Chunk(Box::into_raw(Box::<[ChildEntry]>::from(entries)));
-        #[cfg(loom)]
-        crate::sync::probe::chunk_born(c.0.cast::<u8>() as usize);
-        c
-    }
-
-    /// The chunk's entries, for as long as the array holding it is borrowed.
-    fn entries(&self) -> &[ChildEntry] {
-        #[cfg(loom)]
-        crate::sync::probe::assert_chunk_live(self.0.cast::<u8>() as usize);
-        // SAFETY: a chunk named by an array is freed only after that array
-        // can no longer be read: a replaced chunk is retired together with
-        // the version that named it (after the grace period of every guard
-        // that could load it), and the chunks of a current array are freed
-        // only when its node is gone or the tree is torn down, with no
-        // reader left. `self` is borrowed from such an array.
-        unsafe { &*self.0 }
-    }
-
-    /// Frees the chunk.
-    ///
-    /// # Safety
-    /// Called once per chunk, by its owner, when no array that a reader can
-    /// still hold names it.
-    pub(crate) unsafe fn free(self) {
-        #[cfg(loom)]
-        crate::sync::probe::chunk_died(self.0.cast::<u8>() as usize);
-        // SAFETY: the caller's contract; the pointer came from
-        // `Box::into_raw`.
-        drop(unsafe { Box::from_raw(self.0.cast_mut()) });
-    }
+/// A child's tag in a [`Table`]: 32 bits of a multiplicative mix of its page
+/// hash (page hashes at page size 1 are token ids: small, consecutive
+/// numbers), with the low bit set so that no tag is [`NEVER`].
+fn tag_of(hash: u64) -> u32 {
+    ((hash.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as u32) | 1
 }
 
-/// A wide node's array: sorted chunks, each with its first hash.
-#[derive(Debug)]
-pub(crate) struct Chunked {
-    /// Non-empty sorted chunks, each after its first hash (one index: a
-    /// lookup finds the chunk and its pointer on the same line); every hash
-    /// of chunk i is <= every hash of chunk i + 1.
-    index: Vec<(u64, Chunk)>,
-    /// Chunks of the version this one was built from that it no longer
-    /// holds: retired when this version is published.
-    replaced: SmallVec<[Chunk; 2]>,
-}
-
-/// An immutable array of children sorted by [`page_hash`], replaced
-/// copy-on-write. A node without children holds no array at all; up to
-/// `FLAT_MAX` children are one flat array (16 bytes each); wider nodes (a
-/// system prompt with thousands of continuations) keep sorted chunks of at
-/// most `CHUNK_MAX`, shared between versions (see [`Chunk`]), so adding or
-/// removing a child copies one chunk and the chunk index rather than the
-/// whole array.
+/// A wide node's children: an open-addressing hash table (linear probing)
+/// changed in place under the node's lock and read without one. Adding or
+/// removing a child writes one slot: no array is copied, allocated or
+/// retired, whatever the node's fan-out (a copy-on-write array of 1,000
+/// children cost an insert two allocations, a copy and two retirements,
+/// and an eviction as much again).
 ///
-/// Dropping an array frees its own allocation only, never a chunk: an old
-/// version shares its chunks with the current one. The chunks of a current
-/// array are freed by [`Children::free_chunks`] (node drop, teardown).
+/// The protocol (all accesses are atomic, so a reader racing a writer
+/// reads each word whole):
+/// * Slot `i` is a tag (`tags[i]`: [`NEVER`], or the child's [`tag_of`])
+///   and a pointer (`ptrs[i]`: the child's address, or [`TOMB`]).
+/// * A slot is filled once: its pointer is stored, then its tag. A reader
+///   loads the tag, then the pointer, so a reader that sees a tag also sees
+///   that pointer or a later one.
+/// * A filled slot is never emptied, and its tag never changes: a removal
+///   stores [`TOMB`] in its pointer; a split stores the new prefix node,
+///   which starts with the same page, so the same tag fits it. A reader
+///   stops at the first never-filled slot of its probe; since no slot
+///   goes back to never-filled, it misses only children added after it
+///   looked at that slot (a lookup is linearizable at that moment).
+/// * Writers never let the filled slots (live and removed) pass three
+///   quarters of the capacity: before that, and when live children fall
+///   below a fifth of it, the writer builds a new table of the live
+///   children and publishes it copy-on-write, like a flat array; the old
+///   table is never written again and is freed after the grace period of
+///   every reader that could hold it (loom model 14 checks it).
+/// * Equal tags are resolved by the reader, which compares the child's
+///   first page (as equal hashes are in a flat array).
+pub(crate) struct Table {
+    tags: Box<[AtomicU32]>,
+    ptrs: Box<[AtomicUsize]>,
+    /// Children in the table. Written under the node's lock only.
+    live: AtomicUsize,
+    /// Slots ever filled (live and removed). Written under the node's lock
+    /// only.
+    used: AtomicUsize,
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("capacity", &self.cap())
+            .field("live", &self.live.load(Ordering::SeqCst))
+            .field("used", &self.used.load(Ordering::SeqCst))
+            .finish()
+    }
+}
+
+#[cfg(loom)]
+impl Drop for Table {
+    fn drop(&mut self) {
+        crate::sync::probe::table_died(self.tags.as_ptr() as usize);
+    }
+}
+
+impl Table {
+    /// An empty table of `cap` slots.
+    fn with_capacity(cap: usize) -> Table {
+        let t = Table {
+            tags: (0..cap).map(|_| AtomicU32::new(NEVER)).collect(),
+            ptrs: (0..cap).map(|_| AtomicUsize::new(0)).collect(),
+            live: AtomicUsize::new(0),
+            used: AtomicUsize::new(0),
+        };
+        #[cfg(loom)]
+        crate::sync::probe::table_born(t.tags.as_ptr() as usize);
+        t
+    }
+
+    /// A table of `entries` (tag, address): the live ones at about three
+    /// fifths of its capacity.
+    fn of(entries: impl ExactSizeIterator<Item = (u32, usize)>) -> Table {
+        let t = Table::with_capacity((entries.len() * 2 + 1).max(MIN_CAP));
+        for (tag, p) in entries {
+            t.place(tag, p);
+        }
+        t
+    }
+
+    fn cap(&self) -> usize {
+        self.tags.len()
+    }
+
+    /// Where `tag`'s probe starts.
+    fn home(&self, tag: u32) -> usize {
+        ((u64::from(tag) * self.cap() as u64) >> 32) as usize
+    }
+
+    /// The slots holding `tag` (filled with it, live or removed), in probe
+    /// order from its home, up to the first never-filled slot.
+    fn probe(&self, tag: u32) -> impl Iterator<Item = usize> + '_ {
+        let cap = self.cap();
+        let mut i = self.home(tag);
+        let mut left = cap;
+        std::iter::from_fn(move || {
+            while left > 0 {
+                left -= 1;
+                let t = self.tags[i].load(Ordering::SeqCst);
+                // Under loom, after the load (a scheduling point: another
+                // thread may have freed the table meanwhile).
+                #[cfg(loom)]
+                crate::sync::probe::assert_table_live(self.tags.as_ptr() as usize);
+                if t == NEVER {
+                    left = 0;
+                    return None;
+                }
+                let at = i;
+                i = if i + 1 == cap { 0 } else { i + 1 };
+                if t == tag {
+                    return Some(at);
+                }
+            }
+            None
+        })
+    }
+
+    /// The child in slot `i`, if live.
+    fn child(&self, i: usize) -> Option<&Node> {
+        let p = self.ptrs[i].load(Ordering::SeqCst);
+        #[cfg(loom)]
+        crate::sync::probe::assert_table_live(self.tags.as_ptr() as usize);
+        // SAFETY: a live slot holds the address of a linked node (stored
+        // before its tag, see the protocol); it was linked when loaded here,
+        // and an unlinked node's tree reference is released only after the
+        // grace period of every guard that could have loaded this table,
+        // which outlives `&self` (tables are read through
+        // `children_ref(guard)`).
+        (p > TOMB).then(|| unsafe { &*(p as *const Node) })
+    }
+
+    /// Files `p` under `tag` in the first never-filled slot of its probe.
+    /// The caller is the only writer and has checked there is room.
+    fn place(&self, tag: u32, p: usize) {
+        let cap = self.cap();
+        let mut i = self.home(tag);
+        for _ in 0..cap {
+            if self.tags[i].load(Ordering::SeqCst) == NEVER {
+                // The pointer first, then the tag (see the protocol).
+                self.ptrs[i].store(p, Ordering::SeqCst);
+                self.tags[i].store(tag, Ordering::SeqCst);
+                self.used.fetch_add(1, Ordering::SeqCst);
+                self.live.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+            i = if i + 1 == cap { 0 } else { i + 1 };
+        }
+        debug_assert!(false, "a full table");
+    }
+
+    /// The negative control of model 14: marks the table freed for the
+    /// loom probe and clobbers its tags (as a reuse of its memory would),
+    /// so that a reader's loads conflict with it and loom orders them after.
+    #[cfg(all(loom, radixkv_negative = "table_retire"))]
+    pub(crate) fn clobber_as_freed(&self) {
+        crate::sync::probe::table_died(self.tags.as_ptr() as usize);
+        for t in self.tags.iter() {
+            t.store(NEVER, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether one more child fits before the table must be rebuilt.
+    fn has_room(&self) -> bool {
+        (self.used.load(Ordering::SeqCst) + 1) * 4 <= self.cap() * 3
+    }
+
+    /// The slot of `old` (filed under `hash`), if it is there.
+    fn slot_of(&self, hash: u64, old: &Node) -> Option<usize> {
+        let addr = old as *const Node as usize;
+        self.probe(tag_of(hash))
+            .find(|&i| self.ptrs[i].load(Ordering::SeqCst) == addr)
+    }
+
+    /// The live entries, as (tag, address).
+    fn entries(&self) -> impl ExactSizeIterator<Item = (u32, usize)> + '_ {
+        let live: Vec<(u32, usize)> = (0..self.cap())
+            .filter_map(|i| {
+                let p = self.ptrs[i].load(Ordering::SeqCst);
+                (p > TOMB).then(|| (self.tags[i].load(Ordering::SeqCst), p))
+            })
+            .collect();
+        live.into_iter()
+    }
+}
+
+/// The children of a node, replaced copy-on-write when flat and changed
+/// in place when a [`Table`]. A node without children holds no array at
+/// all; up to `FLAT_MAX` children are one flat array sorted by
+/// [`page_hash`] (16 bytes each); wider nodes have a table (12 bytes a
+/// slot, live children at three fifths to three quarters of the slots).
+/// A node that became wide keeps a table (shrunk as children go) until it
+/// has no child left.
+///
+/// Dropping children frees their own allocations only, never a node (the
+/// tree releases its references to nodes itself).
 #[derive(Debug)]
 pub(crate) enum Children {
-    /// Up to `FLAT_MAX` entries.
+    /// Up to `FLAT_MAX` entries, sorted by hash.
     Flat(Vec<ChildEntry>),
-    /// Sorted chunks.
-    Chunked(Chunked),
+    /// A wide node's table.
+    Table(Table),
 }
 
 impl Default for Children {
@@ -183,222 +320,208 @@ impl Children {
     pub(crate) fn is_empty(&self) -> bool {
         match self {
             Children::Flat(v) => v.is_empty(),
-            Children::Chunked(c) => c.index.is_empty(),
+            Children::Table(t) => t.live.load(Ordering::SeqCst) == 0,
         }
     }
 
-    fn index(&self) -> &[(u64, Chunk)] {
-        match self {
-            Children::Flat(_) => &[],
-            Children::Chunked(c) => &c.index,
-        }
-    }
-
-    /// Every entry, in hash order.
-    pub(crate) fn iter(&self) -> impl DoubleEndedIterator<Item = &ChildEntry> {
-        let flat: &[ChildEntry] = match self {
-            Children::Flat(v) => v,
-            Children::Chunked(_) => &[],
-        };
-        flat.iter()
-            .chain(self.index().iter().flat_map(|(_, c)| c.entries().iter()))
-    }
-
-    /// The children filed under `hash` (usually one), in order.
+    /// The children that may be filed under `hash` (usually one): every
+    /// child whose page hash is `hash`, and in a table possibly others
+    /// with the same tag. The caller compares each one's first page.
     ///
-    /// The searches start where a uniformly distributed hash would be
-    /// (page hashes are 64-bit mixes) and widen from there, so a lookup in
-    /// a wide node touches a line or two of the chunk index and of the
-    /// chunk instead of a binary search's chain of misses; other
-    /// distributions (token ids at page size 1) cost a binary search.
+    /// A flat array's search starts where a uniformly distributed hash
+    /// would be (page hashes are 64-bit mixes) and widens from there; a
+    /// table's is one probe from the tag's home.
     pub(crate) fn with_hash(&self, hash: u64) -> impl Iterator<Item = &Node> {
-        type Found<'a> = (&'a [ChildEntry], &'a [(u64, Chunk)], (u64, u64));
-        let (flat, chunks, bounds): Found<'_> = match self {
-            Children::Flat(v) => (v, &[], (0, u64::MAX)),
-            Children::Chunked(c) => {
-                // The first chunk that can hold `hash`: the one before the
-                // first chunk starting above it, or an earlier one that ends
-                // with it (equal hashes may straddle a boundary).
-                let at = Children::first_chunk_for(&c.index, hash);
-                let hi = c.index.get(at + 1).map_or(u64::MAX, |e| e.0);
-                (&[], &c.index[at..], (c.index[at].0, hi))
-            }
+        let (flat, table): (&[ChildEntry], Option<&Table>) = match self {
+            Children::Flat(v) => (v, None),
+            Children::Table(t) => (&[], Some(t)),
         };
-        let lo = partition_near(flat, guess(hash, bounds, flat.len()), |(h, _)| *h < hash);
-        let mut first = Some(bounds);
+        let lo = partition_near(flat, guess(hash, (0, u64::MAX), flat.len()), |(h, _)| {
+            *h < hash
+        });
         flat[lo..]
             .iter()
-            .chain(chunks.iter().flat_map(move |(_, ch)| {
-                let ch = ch.entries();
-                // The bounds are known for the first chunk only (the one
-                // the hash falls in); a run of equal hashes continues at the
-                // start of the next ones.
-                let g = first.take().map_or(0, |b| guess(hash, b, ch.len()));
-                let lo = partition_near(ch, g, |(h, _)| *h < hash);
-                ch[lo..].iter()
-            }))
-            .skip_while(move |(h, _)| *h < hash)
             .take_while(move |(h, _)| *h == hash)
             // SAFETY: the entries are this array's, and arrays are read only
             // through `children_ref(guard)`, whose borrow (and so this
             // iterator's) the guard outlives.
             .map(|(_, c)| unsafe { c.node_unchecked() })
+            .chain(
+                table
+                    .into_iter()
+                    .flat_map(move |t| t.probe(tag_of(hash)).filter_map(|i| t.child(i))),
+            )
     }
 
-    /// Every child with the hash it is filed under, in hash order.
-    pub(crate) fn nodes(&self) -> impl DoubleEndedIterator<Item = (u64, &Node)> {
-        // SAFETY: as in `with_hash`: the references live no longer than this
-        // array's borrow, which its guard outlives.
-        self.iter()
-            .map(|(h, c)| (*h, unsafe { c.node_unchecked() }))
-    }
-
-    /// Chunked children from an index of non-empty sorted chunks with their
-    /// first hashes (kept by the caller: recomputing them would touch every
-    /// chunk, a cache miss each on a wide node).
-    fn chunked(index: Vec<(u64, Chunk)>, replaced: SmallVec<[Chunk; 2]>) -> Children {
-        Children::Chunked(Chunked { index, replaced })
-    }
-
-    /// The first chunk of `c` that can hold `hash` (see `with_hash`).
-    fn first_chunk_for(index: &[(u64, Chunk)], hash: u64) -> usize {
-        let g = guess(hash, (0, u64::MAX), index.len());
-        let mut at = partition_near(index, g, |e| e.0 <= hash).saturating_sub(1);
-        while at > 0 && index[at].0 == hash {
-            at -= 1;
+    /// Every child (a flat array's in hash order).
+    pub(crate) fn nodes(&self) -> impl DoubleEndedIterator<Item = &Node> {
+        let (flat, table): (&[ChildEntry], Option<&Table>) = match self {
+            Children::Flat(v) => (v, None),
+            Children::Table(t) => (&[], Some(t)),
+        };
+        #[cfg(loom)]
+        if let Some(t) = table {
+            crate::sync::probe::assert_table_live(t.tags.as_ptr() as usize);
         }
-        at
+        let slots = table.map_or(0, Table::cap);
+        flat.iter()
+            // SAFETY: as in `with_hash`: the references live no longer than
+            // this array's borrow, which its guard outlives.
+            .map(|(_, c)| unsafe { c.node_unchecked() })
+            .chain((0..slots).filter_map(move |i| table.and_then(|t| t.child(i))))
     }
 
-    /// A copy with `child` added under `hash`.
-    pub(crate) fn with_added(&self, hash: u64, child: NodePtr) -> Children {
+    /// Checks the filing of every child against `hash_of` (its page hash):
+    /// a flat array sorted and filed under the hashes, a table's children
+    /// each found by its own probe, its counts right.
+    pub(crate) fn check(&self, hash_of: impl Fn(&Node) -> u64) -> Result<(), String> {
         match self {
             Children::Flat(v) => {
+                for (i, (h, c)) in v.iter().enumerate() {
+                    // SAFETY: as in `with_hash`.
+                    let n = unsafe { c.node_unchecked() };
+                    if hash_of(n) != *h {
+                        return Err(format!("node {} is filed under another page", n.id));
+                    }
+                    if i > 0 && v[i - 1].0 > *h {
+                        return Err("children are not sorted by page hash".into());
+                    }
+                }
+            }
+            Children::Table(t) => {
+                let mut live = 0;
+                let mut used = 0;
+                for i in 0..t.cap() {
+                    let tag = t.tags[i].load(Ordering::SeqCst);
+                    used += usize::from(tag != NEVER);
+                    let Some(n) = t.child(i) else {
+                        continue;
+                    };
+                    live += 1;
+                    let h = hash_of(n);
+                    if tag != tag_of(h) || t.slot_of(h, n) != Some(i) {
+                        return Err(format!("node {} is filed under another page", n.id));
+                    }
+                }
+                if live != t.live.load(Ordering::SeqCst) || used != t.used.load(Ordering::SeqCst) {
+                    return Err(format!(
+                        "a table counts wrong: {t:?}, {live} live, {used} used"
+                    ));
+                }
+                if used * 4 > t.cap() * 3 {
+                    return Err(format!("a table is too full: {t:?}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds `child` under `hash`: in place in a table with room (`None`),
+    /// otherwise the successor to publish. Only under the node's lock
+    /// ([`super::node::Locked`]), with no child filed under that page yet.
+    pub(super) fn add(&self, hash: u64, child: NodePtr) -> Option<Children> {
+        match self {
+            Children::Flat(v) if v.len() < FLAT_MAX => {
                 let mut entries = Vec::with_capacity(v.len() + 1);
                 let at = v.partition_point(|(h, _)| *h <= hash);
                 entries.extend_from_slice(&v[..at]);
                 entries.push((hash, child));
                 entries.extend_from_slice(&v[at..]);
-                if entries.len() <= FLAT_MAX {
-                    Children::Flat(entries)
-                } else {
-                    let index = entries
-                        .chunks(CHUNK_MAX / 2)
-                        .map(|p| (p[0].0, Chunk::new(p)))
-                        .collect();
-                    Children::chunked(index, SmallVec::new())
-                }
+                Some(Children::Flat(entries))
             }
-            Children::Chunked(ch) => {
-                let c = ch.index.partition_point(|e| e.0 <= hash).saturating_sub(1);
-                let old = ch.index[c].1.entries();
-                let at = old.partition_point(|(h, _)| *h <= hash);
-                let mut grown = Vec::with_capacity(old.len() + 1);
-                grown.extend_from_slice(&old[..at]);
-                grown.push((hash, child));
-                grown.extend_from_slice(&old[at..]);
-                let mut out = Vec::with_capacity(ch.index.len() + 1);
-                out.extend_from_slice(&ch.index[..c]);
-                if grown.len() > CHUNK_MAX {
-                    let half = grown.len() / 2;
-                    out.push((grown[0].0, Chunk::new(&grown[..half])));
-                    out.push((grown[half].0, Chunk::new(&grown[half..])));
-                } else {
-                    out.push((grown[0].0, Chunk::new(&grown)));
-                }
-                out.extend_from_slice(&ch.index[c + 1..]);
-                Children::chunked(out, smallvec::smallvec![ch.index[c].1])
+            Children::Flat(v) => {
+                let entries = v.iter().map(|&(h, c)| (tag_of(h), c.0 as usize));
+                let t = Table::of(
+                    entries
+                        .chain([(tag_of(hash), child.0 as usize)])
+                        .collect::<Vec<_>>()
+                        .into_iter(),
+                );
+                Some(Children::Table(t))
+            }
+            Children::Table(t) if t.has_room() => {
+                t.place(tag_of(hash), child.0 as usize);
+                None
+            }
+            Children::Table(t) => {
+                let entries = t.entries().chain([(tag_of(hash), child.0 as usize)]);
+                Some(Children::Table(Table::of(
+                    entries.collect::<Vec<_>>().into_iter(),
+                )))
             }
         }
     }
 
-    /// A copy in which the entry of `old` (filed under `hash`) is replaced by
-    /// `new`, or, with `new` = `None`, removed.
-    pub(crate) fn with_changed(&self, hash: u64, old: &Node, new: Option<NodePtr>) -> Children {
-        let change = |v: &[ChildEntry]| -> Vec<ChildEntry> {
-            let mut out = Vec::with_capacity(v.len());
-            for &(h, c) in v {
-                if h == hash && std::ptr::eq(c.0, old) {
-                    if let Some(n) = new {
-                        out.push((h, n));
-                    }
-                } else {
-                    out.push((h, c));
-                }
-            }
-            out
-        };
+    /// Replaces the entry of `old` (filed under `hash`) by `new`, filed
+    /// under the same page (a split's prefix node): in place in a table
+    /// (`None`), otherwise the successor to publish. Only under the node's
+    /// lock.
+    pub(super) fn replace(&self, hash: u64, old: &Node, new: NodePtr) -> Option<Children> {
         match self {
-            Children::Flat(v) => Children::Flat(change(v)),
-            Children::Chunked(chunked) => {
-                let n = chunked.index.len();
-                let mut out: Vec<(u64, Chunk)> = Vec::with_capacity(n);
-                let mut replaced = SmallVec::new();
-                // Only the chunks that can hold `hash` are looked into (a
-                // run of equal hashes may span several); the others are
-                // kept without being touched.
-                let from = Children::first_chunk_for(&chunked.index, hash);
-                out.extend_from_slice(&chunked.index[..from]);
-                let mut i = from;
-                while i < n && chunked.index[i].0 <= hash {
-                    let (first, chunk) = chunked.index[i];
-                    let ch = chunk.entries();
-                    if ch.iter().any(|(h, c)| *h == hash && std::ptr::eq(c.0, old)) {
-                        let v = change(ch);
-                        if let Some(e) = v.first() {
-                            out.push((e.0, Chunk::new(&v)));
+            Children::Flat(v) => Some(Children::Flat(
+                v.iter()
+                    .map(|&(h, c)| {
+                        if h == hash && std::ptr::eq(c.0, old) {
+                            (h, new)
+                        } else {
+                            (h, c)
                         }
-                        replaced.push(chunk);
-                    } else {
-                        out.push((first, chunk));
-                    }
-                    i += 1;
+                    })
+                    .collect(),
+            )),
+            Children::Table(t) => {
+                match t.slot_of(hash, old) {
+                    Some(i) => t.ptrs[i].store(new.0 as usize, Ordering::SeqCst),
+                    None => debug_assert!(false, "replacing a child that is not there"),
                 }
-                out.extend_from_slice(&chunked.index[i..]);
-                Children::chunked(out, replaced)
+                None
             }
         }
     }
 
-    /// Called when this version is published in place of the one it was
-    /// built from: hands over the chunks it replaced, which the caller
-    /// retires with the old version (they are freed after its grace period).
-    pub(crate) fn settle(&mut self) -> SmallVec<[Chunk; 2]> {
+    /// Removes the entry of `old` (filed under `hash`): in place in a table
+    /// (`None`), otherwise the successor to publish (empty when `old` was
+    /// the last child, or a smaller table). Only under the node's lock.
+    pub(super) fn remove(&self, hash: u64, old: &Node) -> Option<Children> {
         match self {
-            Children::Flat(_) => SmallVec::new(),
-            Children::Chunked(c) => std::mem::take(&mut c.replaced),
-        }
-    }
-
-    /// Frees the chunks of this array, the current one of a node that no
-    /// reader can reach any more.
-    ///
-    /// # Safety
-    /// This array is (or was, until just now) the current array of its node,
-    /// it was settled, and no reader can hold it or any older version.
-    pub(crate) unsafe fn free_chunks(&mut self) {
-        if let Children::Chunked(c) = self {
-            debug_assert!(c.replaced.is_empty(), "an unsettled version");
-            for (_, chunk) in c.index.drain(..) {
-                // SAFETY: the current array owns its chunks (see `Chunk`);
-                // the caller's contract says no reader remains.
-                unsafe { chunk.free() };
+            Children::Flat(v) => Some(Children::Flat(
+                v.iter()
+                    .filter(|&&(h, c)| !(h == hash && std::ptr::eq(c.0, old)))
+                    .copied()
+                    .collect(),
+            )),
+            Children::Table(t) => {
+                let Some(i) = t.slot_of(hash, old) else {
+                    debug_assert!(false, "removing a child that is not there");
+                    return None;
+                };
+                // The protecting step of model 24: the slot stays filled (a
+                // tombstone), so probes for children filed behind it go on.
+                t.ptrs[i].store(TOMB, Ordering::SeqCst);
+                // The control empties it instead.
+                #[cfg(radixkv_negative = "table_tomb")]
+                t.tags[i].store(NEVER, Ordering::SeqCst);
+                let live = t.live.fetch_sub(1, Ordering::SeqCst) - 1;
+                if live == 0 {
+                    Some(Children::default())
+                } else if live * 5 < t.cap() && t.cap() > MIN_CAP {
+                    Some(Children::Table(Table::of(t.entries())))
+                } else {
+                    None
+                }
             }
         }
     }
 
-    /// All entries, for teardown: frees the chunks.
-    ///
-    /// # Safety
-    /// As for [`free_chunks`](Self::free_chunks).
-    pub(crate) unsafe fn into_entries(mut self) -> Vec<ChildEntry> {
-        let entries = match &self {
-            Children::Flat(v) => v.clone(),
-            Children::Chunked(_) => self.iter().copied().collect(),
-        };
-        // SAFETY: the caller's contract.
-        unsafe { self.free_chunks() };
-        entries
+    /// Every child, for teardown.
+    pub(crate) fn into_nodes(self) -> Vec<NodePtr> {
+        match &self {
+            Children::Flat(v) => v.iter().map(|&(_, c)| c).collect(),
+            Children::Table(t) => t
+                .entries()
+                .map(|(_, p)| NodePtr(p as *const Node))
+                .collect(),
+        }
     }
 }
 
@@ -430,80 +553,128 @@ mod tests {
         ))
     }
 
-    /// The kept first hashes are the chunks' first hashes.
-    fn assert_firsts(c: &Children) {
-        if let Children::Chunked(ch) = c {
-            for (first, chunk) in &ch.index {
-                assert!(!chunk.entries().is_empty());
-                assert_eq!(*first, chunk.entries()[0].0);
-            }
+    /// What publishing does, without readers: a successor replaces the
+    /// current children at once.
+    fn apply(c: &mut Children, next: Option<Children>) {
+        if let Some(n) = next {
+            *c = n;
         }
-    }
-
-    /// What publishing does, without readers: the replaced chunks are
-    /// freed at once.
-    fn settled(mut c: Children) -> Children {
-        for chunk in c.settle() {
-            // SAFETY: no reader in this test; each replaced chunk was owned
-            // by the version just dropped and is named by no other.
-            unsafe { chunk.free() };
-        }
-        c
     }
 
     #[test]
-    fn wide_children_stay_sorted_and_findable() {
+    fn wide_children_stay_findable_through_adds_replacements_and_removals() {
         let mut c = Children::default();
         let mut all = Vec::new();
         // 600 entries with colliding hashes every 7th, in scrambled order.
         for i in 0..600u64 {
             let h = (i * 7919) % 613 / 7 * 7;
             let n = leaf(i);
-            c = settled(c.with_added(h, n));
+            let next = c.add(h, n);
+            apply(&mut c, next);
             all.push((h, n));
         }
-        assert!(matches!(c, Children::Chunked(..)));
-        assert_firsts(&c);
-        let hashes: Vec<u64> = c.iter().map(|e| e.0).collect();
-        assert!(hashes.windows(2).all(|w| w[0] <= w[1]), "sorted by hash");
-        assert_eq!(hashes.len(), 600);
+        assert!(matches!(c, Children::Table(..)));
+        assert_eq!(c.nodes().count(), 600);
+        let hash_of = |n: &Node| all.iter().find(|(_, m)| std::ptr::eq(m.0, n)).unwrap().0;
+        c.check(hash_of).unwrap();
         for (h, n) in &all {
             assert!(
                 c.with_hash(*h).any(|x| std::ptr::eq(x, n.0)),
                 "entry {} under {h}",
                 node(n).id
             );
-            assert!(c
-                .with_hash(*h)
-                .all(|x| all.iter().any(|(h2, y)| h2 == h && std::ptr::eq(x, y.0))));
         }
         // Remove every other entry, replace the rest.
         let mut fresh = Vec::new();
         for (i, (h, n)) in all.iter().enumerate() {
-            c = if i % 2 == 0 {
-                settled(c.with_changed(*h, node(n), None))
+            let next = if i % 2 == 0 {
+                c.remove(*h, node(n))
             } else {
                 let f = leaf(10_000 + i as u64);
-                fresh.push(f);
-                settled(c.with_changed(*h, node(n), Some(f)))
+                fresh.push((*h, f));
+                c.replace(*h, node(n), f)
             };
+            apply(&mut c, next);
         }
-        assert_eq!(c.iter().count(), 300);
-        assert_firsts(&c);
-        assert!(c.iter().all(|(_, n)| node(n).id >= 10_000));
-        let hashes: Vec<u64> = c.iter().map(|e| e.0).collect();
-        assert!(hashes.windows(2).all(|w| w[0] <= w[1]));
-        for (i, (h, _)) in all.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
-            assert!(c.with_hash(*h).any(|x| x.id == 10_000 + i as u64));
+        assert_eq!(c.nodes().count(), 300);
+        assert!(c.nodes().all(|n| n.id >= 10_000));
+        let hash_of = |n: &Node| fresh.iter().find(|(_, m)| std::ptr::eq(m.0, n)).unwrap().0;
+        c.check(hash_of).unwrap();
+        for (h, f) in &fresh {
+            assert!(c.with_hash(*h).any(|x| std::ptr::eq(x, f.0)));
         }
-        // SAFETY: the test's current array; no reader.
-        unsafe { c.free_chunks() };
-        for (_, n) in all {
+        // Down to none: the table shrinks, then goes.
+        for (h, f) in &fresh {
+            let next = c.remove(*h, node(f));
+            apply(&mut c, next);
+            if let Children::Table(t) = &c {
+                assert!(t.live.load(Ordering::SeqCst) * 5 >= t.cap() || t.cap() == MIN_CAP);
+            }
+        }
+        assert!(c.is_empty());
+        assert!(matches!(c, Children::Flat(ref v) if v.is_empty()));
+        for (_, n) in all.into_iter().chain(fresh) {
             // SAFETY: linked once above, released once, not used after.
             unsafe { n.release() };
         }
-        for n in fresh {
-            // SAFETY: as above.
+    }
+
+    #[test]
+    fn a_removed_slot_keeps_later_entries_of_its_probe_findable() {
+        // Random hashes (runs of occupied slots form), every third removed:
+        // a removal in the middle of a run must not end later probes there.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let hashes: Vec<u64> = (0..80)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            })
+            .collect();
+        let mut c = Children::default();
+        let nodes: Vec<NodePtr> = (0..80).map(leaf).collect();
+        for (i, n) in nodes.iter().enumerate() {
+            let next = c.add(hashes[i], *n);
+            apply(&mut c, next);
+        }
+        let Children::Table(t) = &c else {
+            panic!("80 children are a table")
+        };
+        let used = t.used.load(Ordering::SeqCst);
+        for (i, n) in nodes.iter().enumerate().step_by(3) {
+            let next = c.remove(hashes[i], node(n));
+            assert!(next.is_none(), "removed in place");
+        }
+        if let Children::Table(t) = &c {
+            assert_eq!(t.used.load(Ordering::SeqCst), used, "slots stay filled");
+        }
+        for (i, n) in nodes.iter().enumerate() {
+            let found = c.with_hash(hashes[i]).any(|x| std::ptr::eq(x, n.0));
+            assert_eq!(found, i % 3 != 0, "entry {i}");
+        }
+        // The case the test is about occurs: a live entry whose probe
+        // passes a removed slot.
+        let Children::Table(t) = &c else {
+            panic!("still a table")
+        };
+        let behind_a_removal = (0..80usize)
+            .filter(|i| i % 3 != 0)
+            .filter(|&i| {
+                let tag = tag_of(hashes[i]);
+                let at = t.slot_of(hashes[i], node(&nodes[i])).unwrap();
+                let mut j = t.home(tag);
+                let mut passed = false;
+                while j != at {
+                    passed |= t.ptrs[j].load(Ordering::SeqCst) == TOMB;
+                    j = (j + 1) % t.cap();
+                }
+                passed
+            })
+            .count();
+        assert!(behind_a_removal > 0);
+        for n in nodes {
+            // SAFETY: linked once above, released once, not used after.
             unsafe { n.release() };
         }
     }

@@ -111,7 +111,7 @@ impl LeafInbox {
         return crate::sync::lock(&self.q).pop();
     }
 }
-use children::{page_hash, ChildEntry, Children};
+use children::{page_hash, Children};
 use crossbeam_utils::CachePadded;
 use node::{Expect, Image, ImageParts, LockFailed, Locked, Locking, Node, NodePtr, ParentPtr};
 use reclaim::{Reclaimer, Retired};
@@ -122,7 +122,7 @@ use values::{DeviceValues, Values};
 /// (normally the evictor does, so that matches never pay for it)...
 const RECLAIM_AT: usize = 1024;
 /// ...a small share each ([`Reclaimer::reclaim_some`]): an insert retires
-/// about two objects (its parent's old children array and chunk), so
+/// about one object (its parent's old children array, when flat), so
 /// freeing twice that per insert drains the backlog, and spreads the work
 /// evenly: no insert pays for thousands (a millisecond outlier) or even for
 /// dozens (a step in the insert's p99).
@@ -634,8 +634,10 @@ impl Tree {
         // SAFETY: images are never null and are retired with defer_destroy;
         // `img` was loaded under `guard`.
         let r = unsafe { img.deref() };
+        // Candidates share the hash (or, in a table, a 32-bit tag) of the
+        // first page; the page itself decides.
         let ps = self.page_size;
-        if ps > 1 && r.key.get(..ps) != Some(&rest[..ps]) {
+        if r.key.get(..ps) != Some(&rest[..ps]) {
             return None;
         }
         Some(Step::Found(child, img, common_prefix(&r.key, rest, ps)))
@@ -1107,10 +1109,7 @@ impl Tree {
         #[cfg(all(feature = "testing", not(loom)))]
         crate::pause::at(crate::pause::Point::Split);
         let hash = page_hash(&img.key[..ps]);
-        let new_children = parent
-            .children_ref(guard)
-            .with_changed(hash, child, Some(prefix));
-        locked.publish_parent_children(new_children, guard, &mut retired);
+        locked.replace_parent_child(hash, child, prefix, guard, &mut retired);
         self.count_node(fresh.unwrap_or(0), true);
         self.reclaimer.retire(retired, guard);
         #[cfg(radixkv_negative = "split_event_in_lock")]
@@ -1172,11 +1171,11 @@ impl Tree {
         // a namespace root, the same check refuses a root that was reclaimed
         // (the namespace model; its control skips it for roots).
         let locked = Locked::parent(parent, Some(d), Locking::Wait).map_err(|_| Conflict)?;
-        let children = parent.children_ref(guard);
         // The protecting step of race 5: under the parent's lock, re-check
         // that nobody attached this first page meanwhile.
         #[cfg(not(radixkv_negative = "attach_recheck"))]
-        if children
+        if parent
+            .children_ref(guard)
             .with_hash(hash)
             .any(|c| c.image_ref(guard).key[..ps] == tokens[..ps])
         {
@@ -1192,7 +1191,7 @@ impl Tree {
         self.report_stored(d, at, leaf.id, parent.id);
         let leaf = NodePtr::link(leaf);
         let mut retired = Retired::default();
-        locked.publish_parent_children(children.with_added(hash, leaf), guard, &mut retired);
+        locked.add_parent_child(hash, leaf, guard, &mut retired);
         parent
             .dev(d)
             .resident_children
@@ -1342,9 +1341,7 @@ impl Tree {
             locked.mark_child_obsolete();
             #[cfg(all(feature = "testing", not(loom)))]
             crate::pause::at(crate::pause::Point::Unlink);
-            let rest = parent.children_ref(guard).with_changed(hash, node, None);
-            let parent_empty = rest.is_empty();
-            locked.publish_parent_children(rest, guard, &mut retired);
+            let parent_empty = locked.remove_parent_child(hash, node, guard, &mut retired);
             // The tree's one reference goes once no reader can hold the
             // node: it is unreachable from the current arrays now.
             retired.node(NodePtr(node));
@@ -1368,14 +1365,14 @@ impl Tree {
         let mut out = Vec::new();
         let mut stack: Vec<(&'g Node, Option<usize>)> = Vec::new();
         for (_, root) in self.roots.roots(guard) {
-            for (_, c) in root.children_ref(guard).nodes().rev() {
+            for c in root.children_ref(guard).nodes().rev() {
                 stack.push((c, None));
             }
         }
         while let Some((n, p)) = stack.pop() {
             let i = out.len();
             out.push((n, p));
-            for (_, c) in n.children_ref(guard).nodes().rev() {
+            for c in n.children_ref(guard).nodes().rev() {
                 stack.push((c, Some(i)));
             }
         }
@@ -1398,7 +1395,7 @@ impl Tree {
                 out.push(n);
                 continue;
             }
-            for (_, c) in n.children_ref(guard).nodes() {
+            for c in n.children_ref(guard).nodes() {
                 if c.resident(d) {
                     stack.push(c);
                 }
@@ -1521,13 +1518,13 @@ impl Drop for Tree {
         // any more.
         let mut stack: Vec<NodePtr> = Vec::new();
         for root in self.roots.take_all() {
-            stack.extend(detach_children(&root).into_iter().map(|(_, c)| c));
+            stack.extend(detach_children(&root));
         }
         while let Some(n) = stack.pop() {
             // SAFETY: teardown with exclusive access (`&mut self`); `n` is
             // released only below, after its children are taken.
             let node = unsafe { n.node_unchecked() };
-            stack.extend(detach_children(node).into_iter().map(|(_, c)| c));
+            stack.extend(detach_children(node));
             // SAFETY: each linked node appears in exactly one current array,
             // so this releases the tree's one reference exactly once; no
             // reader exists (`&mut self`). A handle or lease may keep the
@@ -1538,7 +1535,7 @@ impl Drop for Tree {
 }
 
 /// Takes a node's children out during teardown.
-fn detach_children(n: &Node) -> Vec<ChildEntry> {
+fn detach_children(n: &Node) -> Vec<NodePtr> {
     // SAFETY: only called from `Tree::drop`, which has exclusive access to
     // the tree: no reader can be traversing it, and leases and handles never
     // read children arrays, so the old array is ours alone.
@@ -1548,8 +1545,5 @@ fn detach_children(n: &Node) -> Vec<ChildEntry> {
         return Vec::new();
     }
     // SAFETY: as above; checked non-null.
-    let owned = unsafe { old.into_owned() }.into_box();
-    // SAFETY: the node's current array, settled when published; no reader
-    // exists during teardown.
-    unsafe { owned.into_entries() }
+    unsafe { old.into_owned() }.into_box().into_nodes()
 }

@@ -7,8 +7,10 @@
 //!   device the values of those tokens), replaced copy-on-write whenever the
 //!   node is split or a residency is added or removed. Key, values and
 //!   parent therefore always agree with each other.
-//! * `children`: an immutable sorted [`Children`] array, replaced
-//!   copy-on-write when a child is attached, replaced by a split, or removed.
+//! * `children`: the node's [`Children`]: a flat sorted array replaced
+//!   copy-on-write when a child is attached, replaced by a split, or
+//!   removed, or for a wide node a table changed in place (and rebuilt
+//!   copy-on-write when it fills).
 //! * per device, a [`Residency`] state word and the stamps of that device.
 //!
 //! Every replacement happens under the node's `lock` *and* its parent's lock
@@ -486,27 +488,46 @@ impl Node {
         }
     }
 
-    /// Publishes new children and retires the old array into `retired`.
+    /// Publishes new children and retires the old ones into `retired`.
     /// Only through [`Locked`], which holds this node's lock.
-    fn publish_children(&self, mut children: Children, guard: &Guard, retired: &mut Retired) {
-        // The chunks the new version no longer holds go with the old one:
-        // freed after the grace period of every reader that may still hold
-        // the old version (model 14 checks it).
-        #[cfg(not(radixkv_negative = "chunk_retire"))]
-        retired.chunks(children.settle());
-        // The negative control frees them at once instead.
-        #[cfg(radixkv_negative = "chunk_retire")]
-        for c in children.settle() {
-            // SAFETY: deliberately unsound: a reader may still hold the old
-            // version, which names this chunk; the loom model must catch it.
-            unsafe { c.free() };
-        }
+    fn publish_children(&self, children: Children, guard: &Guard, retired: &mut Retired) {
         let new = if children.is_empty() {
             Shared::null()
         } else {
             Owned::new(children).into_shared(guard)
         };
-        retired.children(self.children.swap(new, Ordering::SeqCst, guard));
+        let old = self.children.swap(new, Ordering::SeqCst, guard);
+        // The old children (an array, or a table rebuilt into a new one)
+        // are freed after the grace period of every reader that may still
+        // hold them: model 14 checks it for tables.
+        #[cfg(not(radixkv_negative = "table_retire"))]
+        retired.children(old);
+        // The negative control ends a replaced table's life at once instead:
+        // it is marked freed for the loom probe and its slots clobbered (as a
+        // reuse of its memory would), while a reader may still hold it. (Its
+        // memory is leaked rather than freed, so that the model reports the
+        // use instead of reading freed memory.)
+        #[cfg(radixkv_negative = "table_retire")]
+        {
+            // SAFETY: `old` was this node's children, loaded under `guard`.
+            match unsafe { old.as_ref() } {
+                Some(Children::Table(t)) => t.clobber_as_freed(),
+                _ => retired.children(old),
+            }
+        }
+    }
+
+    /// Applies a change to this node's children: in place (a table), or by
+    /// publishing the successor it returns. Only through [`Locked`].
+    fn change_children(
+        &self,
+        change: impl FnOnce(&Children) -> Option<Children>,
+        guard: &Guard,
+        retired: &mut Retired,
+    ) {
+        if let Some(next) = change(self.children_ref(guard)) {
+            self.publish_children(next, guard, retired);
+        }
     }
 
     /// Whether this node holds values on `d` (roots count as resident).
@@ -558,11 +579,7 @@ impl Drop for Node {
             }
             let ch = self.children.load(Ordering::Relaxed, guard);
             if !ch.is_null() {
-                let mut owned = ch.into_owned();
-                // The node's current array owns its chunks; no reader can
-                // reach it (see above), and it was settled when published.
-                owned.free_chunks();
-                drop(owned);
+                drop(ch.into_owned());
             }
         }
     }
@@ -728,15 +745,47 @@ impl<'a> Locked<'a> {
         child.publish_image(image, guard, retired);
     }
 
-    /// Publishes the parent's new children (its lock held), retiring the
-    /// old array.
-    pub(crate) fn publish_parent_children(
+    /// Files `child` under `hash` among the parent's children (its lock
+    /// held): in place in a table, otherwise by publishing a new array
+    /// and retiring the old. The caller checked, under this lock, that no
+    /// child starts with that page.
+    pub(crate) fn add_parent_child(
         &self,
-        children: Children,
+        hash: u64,
+        child: NodePtr,
         guard: &Guard,
         retired: &mut Retired,
     ) {
-        self.parent.publish_children(children, guard, retired);
+        self.parent
+            .change_children(|c| c.add(hash, child), guard, retired);
+    }
+
+    /// Replaces the parent's child `old` (filed under `hash`) by `new`,
+    /// which starts with the same page (a split's prefix node).
+    pub(crate) fn replace_parent_child(
+        &self,
+        hash: u64,
+        old: &Node,
+        new: NodePtr,
+        guard: &Guard,
+        retired: &mut Retired,
+    ) {
+        self.parent
+            .change_children(|c| c.replace(hash, old, new), guard, retired);
+    }
+
+    /// Removes the parent's child `old` (filed under `hash`); returns
+    /// whether the parent has no child left.
+    pub(crate) fn remove_parent_child(
+        &self,
+        hash: u64,
+        old: &Node,
+        guard: &Guard,
+        retired: &mut Retired,
+    ) -> bool {
+        self.parent
+            .change_children(|c| c.remove(hash, old), guard, retired);
+        self.parent.children_ref(guard).is_empty()
     }
 
     /// Marks the child unlinked (both locks held).

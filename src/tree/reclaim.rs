@@ -19,7 +19,6 @@
 //! loom does check); its counter is std's, not the `sync` shim's, for the
 //! same reason.
 
-use super::children::Chunk;
 use super::namespaces::{Entry, Table};
 use super::node::{image_addr, Children, Image, NodePtr};
 use crossbeam_epoch::{Guard, Owned, Pointer, Shared};
@@ -33,7 +32,6 @@ enum Garbage {
     /// An image, by its thin address (`node::image_addr`).
     Image(usize),
     Children(*mut Children),
-    Chunk(Chunk),
     Node(NodePtr),
     /// A namespace entry removed from the table (it drops its root).
     NsEntry(*mut Entry),
@@ -42,8 +40,8 @@ enum Garbage {
 }
 
 /// Objects unlinked by one structural change: a few, kept inline (an
-/// insert retires an array and a chunk, an eviction an image, an array, a
-/// chunk and a node), so gathering them allocates nothing.
+/// insert below a flat array retires the array, an eviction an image, a
+/// node and perhaps an array), so gathering them allocates nothing.
 #[derive(Default)]
 pub(crate) struct Retired {
     items: SmallVec<[Garbage; 4]>,
@@ -52,7 +50,7 @@ pub(crate) struct Retired {
     expired: bool,
 }
 
-// SAFETY: the pointers are owned boxes (from `Owned`), chunks and tree
+// SAFETY: the pointers are owned boxes (from `Owned`) and tree
 // references of nodes that no thread can reach any more; they are only
 // dereferenced, to free them, after the grace period, by whichever thread
 // holds the batch.
@@ -72,12 +70,6 @@ impl Retired {
             self.items
                 .push(Garbage::Children(old.as_raw() as *mut Children));
         }
-    }
-
-    /// Chunks a newly published children array replaced (see [`Chunk`]):
-    /// freed with the array they belonged to.
-    pub(crate) fn chunks(&mut self, replaced: impl IntoIterator<Item = Chunk>) {
-        self.items.extend(replaced.into_iter().map(Garbage::Chunk));
     }
 
     /// The tree's reference to a node that was just unlinked.
@@ -121,13 +113,8 @@ impl Drop for Retired {
                 // passed: no reader holds it, and this is its only release.
                 Garbage::Image(p) => drop(unsafe { Owned::<Image>::from_usize(p) }),
                 // SAFETY: as for images, for an `Owned<Children>` (dropping
-                // an array frees none of its chunks).
+                // children frees no node).
                 Garbage::Children(p) => drop(unsafe { Owned::from_raw(p) }),
-                // SAFETY: a chunk replaced when a new array was published:
-                // no current array names it, and the grace period of every
-                // guard that could have loaded an older array naming it has
-                // passed; it is in this one batch only.
-                Garbage::Chunk(c) => unsafe { c.free() },
                 // SAFETY: the node was unlinked once, its one tree reference
                 // retired once, and the grace period has passed.
                 Garbage::Node(n) => unsafe { n.release() },
