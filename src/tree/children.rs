@@ -168,8 +168,10 @@ impl Table {
         t
     }
 
-    /// A table of `entries` (tag, address): the live ones at about three
-    /// fifths of its capacity.
+    /// A table of `entries` (tag, address), filling about half of it (so
+    /// that it takes as many again before its next rebuild: measured, a
+    /// rebuild every quarter of growth put the rebuilds in the insert's
+    /// p99).
     fn of(entries: impl ExactSizeIterator<Item = (u32, usize)>) -> Table {
         let t = Table::with_capacity((entries.len() * 2 + 1).max(MIN_CAP));
         for (tag, p) in entries {
@@ -287,7 +289,8 @@ impl Table {
 /// in place when a [`Table`]. A node without children holds no array at
 /// all; up to `FLAT_MAX` children are one flat array sorted by
 /// [`page_hash`] (16 bytes each); wider nodes have a table (12 bytes a
-/// slot, live children at three fifths to three quarters of the slots).
+/// slot, live children at a half to three quarters of the slots: a rebuild
+/// leaves half the slots free, so few inserts pay for one).
 /// A node that became wide keeps a table (shrunk as children go) until it
 /// has no child left.
 ///
