@@ -110,6 +110,14 @@ impl LeafInbox {
         #[cfg(loom)]
         return crate::sync::lock(&self.q).pop();
     }
+
+    /// Notes waiting (a hint: pushes may come meanwhile).
+    fn len(&self) -> usize {
+        #[cfg(not(loom))]
+        return self.q.len();
+        #[cfg(loom)]
+        return crate::sync::lock(&self.q).len();
+    }
 }
 use children::{page_hash, Children};
 use crossbeam_utils::CachePadded;
@@ -518,6 +526,12 @@ impl Tree {
             last_access: s.last_access.load(Ordering::Relaxed),
         };
         self.inbox[d].push(note);
+    }
+
+    /// How many nodes were noted on `d` since the last drain (a hint for
+    /// sizing: more may be noted while it is read).
+    pub(crate) fn noted_leaves(&self, d: usize) -> usize {
+        self.inbox[d].len()
     }
 
     /// Hands every node noted since the last call to `f`.
@@ -1322,22 +1336,32 @@ impl Tree {
         let key_len = key.len();
         let hash = page_hash(&key[..self.page_size]);
         let mut retired = Retired::default();
-        locked.publish_child_image(
-            ImageParts {
-                parent: pp,
-                key,
-                values: vals,
-            },
-            guard,
-            &mut retired,
-        );
+        let unlink = !resident_elsewhere && node.children_ref(guard).is_empty();
+        // A node that leaves the tree keeps its last image: no new one is
+        // built for it (an allocation and a copy of its key per evicted
+        // leaf, a fifth of an eviction). Its residency on `d` is already
+        // gone from the state word (`try_evict` above), which is what pins
+        // go by, and values are read only after a pin (race 8); a `peek`
+        // that reached the node before it leaves may still count it, as it
+        // would had it read the image a moment earlier.
+        if !unlink {
+            locked.publish_child_image(
+                ImageParts {
+                    parent: pp,
+                    key,
+                    values: vals,
+                },
+                guard,
+                &mut retired,
+            );
+        }
         parent
             .dev(d)
             .resident_children
             .fetch_sub(1, Ordering::SeqCst);
         self.resident_tokens[d].fetch_sub(key_len as u64, Ordering::SeqCst);
         debug_assert_eq!(resident_elsewhere, node.resident_anywhere());
-        if !resident_elsewhere && node.children_ref(guard).is_empty() {
+        if unlink {
             locked.mark_child_obsolete();
             #[cfg(all(feature = "testing", not(loom)))]
             crate::pause::at(crate::pause::Point::Unlink);
