@@ -680,8 +680,15 @@ impl Tree {
                 Step::None => break,
                 Step::Found(c, i, k) => (c, i, k),
             };
+            // A reader may be preempted between loading an image and
+            // reading it; loom preempts only at atomic operations, so the
+            // model gets a scheduling point here (race 7: a replaced image
+            // must outlive the reader that loaded it).
             #[cfg(loom)]
-            crate::sync::probe::assert_live(node::image_addr(img));
+            {
+                crate::sync::thread::yield_now();
+                crate::sync::probe::assert_live(node::image_addr(img));
+            }
             // SAFETY: loaded under `guard`, retired with defer_destroy.
             let r = unsafe { img.deref() };
             let mut any = false;
