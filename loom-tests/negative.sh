@@ -41,6 +41,7 @@ pairs=(
   "model22_split_event_vs_evict|split_event_in_lock|a removal's pages differ from what the node's store and splits left"
   "model23_policy_switch_vs_insert|switch_without_scan|a leaf inserted during a switch to a heap policy must be a candidate"
   "model24_table_removal_vs_reader|table_tomb|a child filed behind a removed one must stay findable"
+  "model25_split_below_a_table_vs_reader|reader_parent_check|the whole key stayed cached (below a table)"
 )
 
 failed_as_expected=0

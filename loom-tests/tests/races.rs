@@ -831,3 +831,30 @@ fn model24_table_removal_vs_reader() {
         c.audit();
     });
 }
+
+/// Model 25, race 4 below a wide node: the root's children are a table
+/// (five of them; four fit a flat array under loom), and a match splits
+/// one of them while a reader walks it. The split puts the new prefix node
+/// in the child's slot in place (same first page, same tag), so a reader
+/// finds either the old child (and climbs to the prefix node) or the
+/// prefix node. Protecting step: as race 4, the reader's climb. Control:
+/// `reader_parent_check`.
+#[test]
+fn model25_split_below_a_table_vs_reader() {
+    model_with_branches(20_000, || {
+        let c = cache(1);
+        for k in [5u32, 6, 7, 8] {
+            c.insert(key(&[k]), D0, &[k], 0).unwrap();
+        }
+        c.insert(key(&[1, 2, 3]), D0, &[10, 11, 12], 0).unwrap();
+        let c1 = Arc::clone(&c);
+        let t = thread::spawn(move || c1.peek(key(&[1, 2, 3])));
+        c.match_prefix(key(&[1]), D0).unwrap();
+        assert_eq!(
+            t.join().unwrap(),
+            vec![3],
+            "the whole key stayed cached (below a table)"
+        );
+        c.audit();
+    });
+}

@@ -69,6 +69,15 @@ pub(super) struct Candidates {
 /// host tier and returns the tokens written.
 type WriteBackHook<'a> = &'a mut dyn FnMut(&Node, &Guard) -> usize;
 
+/// `out` with its values' room given back if far more was reserved than
+/// used (fewer tokens were evictable than asked for: pinned leaves).
+fn fitted(mut out: Evicted) -> Evicted {
+    if out.values.capacity() > 2 * out.values.len() + 4096 {
+        out.values.shrink_to_fit();
+    }
+    out
+}
+
 /// Replica-aware eviction looks at this many candidates in policy order
 /// and takes the first one also resident on another device.
 const REPLICA_WINDOW: usize = 8;
@@ -183,7 +192,7 @@ impl RadixCache {
             self.evict_tracked(&mut c, d, tokens, &mut out, &mut hook, &guard);
             c.metrics
                 .record_evict(out.leaves, out.tokens, out.pages, start.elapsed());
-            return Ok(out);
+            return Ok(fitted(out));
         }
         // Ranked by a scan: the notes inserts leave are not needed (they
         // would only pile up). Dropped under the lock, while the policy is
@@ -229,7 +238,7 @@ impl RadixCache {
             out.pages,
             start.elapsed(),
         );
-        Ok(out)
+        Ok(fitted(out))
     }
 
     /// What eviction did on `device` since the cache was built: calls,

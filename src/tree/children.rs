@@ -121,7 +121,8 @@ fn tag_of(hash: u64) -> u32 {
 ///   looked at that slot (a lookup is linearizable at that moment).
 /// * Writers never let the filled slots (live and removed) pass three
 ///   quarters of the capacity: before that, and when live children fall
-///   below a fifth of it, the writer builds a new table of the live
+///   below a fifth of it (unless it has `MIN_CAP` slots already), the
+///   writer builds a new table of the live
 ///   children and publishes it copy-on-write, like a flat array; the old
 ///   table is never written again and is freed after the grace period of
 ///   every reader that could hold it (loom model 14 checks it).
@@ -222,12 +223,15 @@ impl Table {
         let p = self.ptrs[i].load(Ordering::SeqCst);
         #[cfg(loom)]
         crate::sync::probe::assert_table_live(self.tags.as_ptr() as usize);
-        // SAFETY: a live slot holds the address of a linked node (stored
-        // before its tag, see the protocol); it was linked when loaded here,
-        // and an unlinked node's tree reference is released only after the
-        // grace period of every guard that could have loaded this table,
-        // which outlives `&self` (tables are read through
-        // `children_ref(guard)`).
+        // SAFETY: a live slot holds the address of a node that was linked
+        // while this table was its parent's current one (stored before its
+        // tag, see the protocol). The reader loaded this table while it
+        // was current, under a guard that `&self` does not outlive (tables
+        // are read through `children_ref(guard)`); a node is unlinked (its
+        // slot tombstoned, in this table or a later one) before its tree
+        // reference is retired, so its release waits for that guard even
+        // if the slot is read after the unlink (a retired table keeps the
+        // address).
         (p > TOMB).then(|| unsafe { &*(p as *const Node) })
     }
 
@@ -285,12 +289,18 @@ impl Table {
     }
 }
 
+/// A removal found no such child (see [`Children::remove`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NotAChild;
+
 /// The children of a node, replaced copy-on-write when flat and changed
 /// in place when a [`Table`]. A node without children holds no array at
 /// all; up to `FLAT_MAX` children are one flat array sorted by
 /// [`page_hash`] (16 bytes each); wider nodes have a table (12 bytes a
-/// slot, live children at a half to three quarters of the slots: a rebuild
-/// leaves half the slots free, so few inserts pay for one).
+/// slot; a rebuild leaves a little over half the slots free, so few
+/// inserts pay for one; at most three quarters are ever used, and a table
+/// whose live children fall below a fifth of it shrinks, down to `MIN_CAP`
+/// slots).
 /// A node that became wide keeps a table (shrunk as children go) until it
 /// has no child left.
 ///
@@ -483,21 +493,22 @@ impl Children {
     }
 
     /// Removes the entry of `old` (filed under `hash`): in place in a table
-    /// (`None`), otherwise the successor to publish (empty when `old` was
-    /// the last child, or a smaller table). Only under the node's lock.
-    pub(super) fn remove(&self, hash: u64, old: &Node) -> Option<Children> {
+    /// (`Ok(None)`), otherwise the successor to publish (empty when `old`
+    /// was the last child, or a smaller table); `Err` if `old` is not
+    /// there. Only under the node's lock.
+    pub(super) fn remove(&self, hash: u64, old: &Node) -> Result<Option<Children>, NotAChild> {
         match self {
-            Children::Flat(v) => Some(Children::Flat(
-                v.iter()
-                    .filter(|&&(h, c)| !(h == hash && std::ptr::eq(c.0, old)))
-                    .copied()
-                    .collect(),
-            )),
+            Children::Flat(v) => {
+                let at = v
+                    .iter()
+                    .position(|&(h, c)| h == hash && std::ptr::eq(c.0, old))
+                    .ok_or(NotAChild)?;
+                let mut rest = v.clone();
+                rest.remove(at);
+                Ok(Some(Children::Flat(rest)))
+            }
             Children::Table(t) => {
-                let Some(i) = t.slot_of(hash, old) else {
-                    debug_assert!(false, "removing a child that is not there");
-                    return None;
-                };
+                let i = t.slot_of(hash, old).ok_or(NotAChild)?;
                 // The protecting step of model 24: the slot stays filled (a
                 // tombstone), so probes for children filed behind it go on.
                 t.ptrs[i].store(TOMB, Ordering::SeqCst);
@@ -505,13 +516,13 @@ impl Children {
                 #[cfg(radixkv_negative = "table_tomb")]
                 t.tags[i].store(NEVER, Ordering::SeqCst);
                 let live = t.live.fetch_sub(1, Ordering::SeqCst) - 1;
-                if live == 0 {
+                Ok(if live == 0 {
                     Some(Children::default())
                 } else if live * 5 < t.cap() && t.cap() > MIN_CAP {
                     Some(Children::Table(Table::of(t.entries())))
                 } else {
                     None
-                }
+                })
             }
         }
     }
@@ -591,7 +602,7 @@ mod tests {
         let mut fresh = Vec::new();
         for (i, (h, n)) in all.iter().enumerate() {
             let next = if i % 2 == 0 {
-                c.remove(*h, node(n))
+                c.remove(*h, node(n)).expect("a child")
             } else {
                 let f = leaf(10_000 + i as u64);
                 fresh.push((*h, f));
@@ -608,7 +619,7 @@ mod tests {
         }
         // Down to none: the table shrinks, then goes.
         for (h, f) in &fresh {
-            let next = c.remove(*h, node(f));
+            let next = c.remove(*h, node(f)).expect("a child");
             apply(&mut c, next);
             if let Children::Table(t) = &c {
                 assert!(t.live.load(Ordering::SeqCst) * 5 >= t.cap() || t.cap() == MIN_CAP);
@@ -616,6 +627,8 @@ mod tests {
         }
         assert!(c.is_empty());
         assert!(matches!(c, Children::Flat(ref v) if v.is_empty()));
+        let (h, f) = fresh[0];
+        assert_eq!(c.remove(h, node(&f)).err(), Some(NotAChild), "gone already");
         for (_, n) in all.into_iter().chain(fresh) {
             // SAFETY: linked once above, released once, not used after.
             unsafe { n.release() };
@@ -646,7 +659,7 @@ mod tests {
         };
         let used = t.used.load(Ordering::SeqCst);
         for (i, n) in nodes.iter().enumerate().step_by(3) {
-            let next = c.remove(hashes[i], node(n));
+            let next = c.remove(hashes[i], node(n)).expect("a child");
             assert!(next.is_none(), "removed in place");
         }
         if let Children::Table(t) = &c {

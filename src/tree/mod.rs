@@ -47,11 +47,13 @@
 //!
 //! # Reclamation
 //!
-//! Children arrays hold the only long-lived strong references (`Arc`) to
-//! nodes; parent links are raw pointers. Replaced images and arrays are
-//! retired with `defer_destroy`, so a reader that reached a node through an
-//! array under its guard keeps that node (and, transitively, its parent at
-//! that moment) alive until the guard drops (race 7). Handles and leases
+//! The tree holds one strong reference (`Arc`) to each linked node, named
+//! by its parent's children (arrays and tables hold plain addresses);
+//! parent links are raw pointers. An unlinked node's reference, replaced
+//! images, arrays and tables are retired through the epoch (`reclaim`), so
+//! a reader that reached a node under its guard keeps that node (and,
+//! transitively, its parent at that moment) alive until the guard drops
+//! (race 7). Handles and leases
 //! hold an `Arc` to their node but never follow its parent pointer unless a
 //! pin proves the node is still linked.
 
@@ -698,7 +700,9 @@ impl Tree {
             // rather than one state word per device, each on a line of its
             // own): it agrees with the state words whenever no change of
             // this node is in flight, and during one it is either side of
-            // the change, which a routing answer may be.
+            // the change, which a routing answer may be. A leaf that left
+            // the tree keeps its last image: a reader that reached it
+            // before it left counts it, as had it read a moment earlier.
             for (e, _) in r.values.iter() {
                 if let Some(o) = out.get_mut(e) {
                     if *o == pos {
@@ -1372,9 +1376,18 @@ impl Tree {
             locked.mark_child_obsolete();
             #[cfg(all(feature = "testing", not(loom)))]
             crate::pause::at(crate::pause::Point::Unlink);
-            let parent_empty = locked.remove_parent_child(hash, node, guard, &mut retired);
+            let Some(parent_empty) = locked.remove_parent_child(hash, node, guard, &mut retired)
+            else {
+                // Not among its parent's children: the locks and the
+                // parent check above rule it out. Were it so, the node is
+                // left alone (a leak) rather than released while it may be
+                // filed somewhere.
+                debug_assert!(false, "an evicted leaf missing from its parent");
+                self.reclaimer.retire(retired, guard);
+                return Some(EvictedLeaf { values, parent });
+            };
             // The tree's one reference goes once no reader can hold the
-            // node: it is unreachable from the current arrays now.
+            // node: it is unreachable from the current children now.
             retired.node(NodePtr(node));
             self.count_node(d, false);
             if parent.is_root && parent_empty {

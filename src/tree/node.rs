@@ -775,17 +775,20 @@ impl<'a> Locked<'a> {
     }
 
     /// Removes the parent's child `old` (filed under `hash`); returns
-    /// whether the parent has no child left.
+    /// whether the parent has no child left, or `None` (nothing changed)
+    /// if `old` is not among its children.
     pub(crate) fn remove_parent_child(
         &self,
         hash: u64,
         old: &Node,
         guard: &Guard,
         retired: &mut Retired,
-    ) -> bool {
-        self.parent
-            .change_children(|c| c.remove(hash, old), guard, retired);
-        self.parent.children_ref(guard).is_empty()
+    ) -> Option<bool> {
+        let next = self.parent.children_ref(guard).remove(hash, old).ok()?;
+        if let Some(next) = next {
+            self.parent.publish_children(next, guard, retired);
+        }
+        Some(self.parent.children_ref(guard).is_empty())
     }
 
     /// Marks the child unlinked (both locks held).
