@@ -151,7 +151,7 @@ impl std::fmt::Debug for Table {
 #[cfg(loom)]
 impl Drop for Table {
     fn drop(&mut self) {
-        crate::sync::probe::table_died(self.tags.as_ptr() as usize);
+        crate::sync::probe::table_died(self.addr());
     }
 }
 
@@ -165,7 +165,7 @@ impl Table {
             used: AtomicUsize::new(0),
         };
         #[cfg(loom)]
-        crate::sync::probe::table_born(t.tags.as_ptr() as usize);
+        crate::sync::probe::table_born(t.addr());
         t
     }
 
@@ -173,7 +173,7 @@ impl Table {
     /// that it takes as many again before its next rebuild: measured, a
     /// rebuild every quarter of growth put the rebuilds in the insert's
     /// p99).
-    fn of(entries: impl ExactSizeIterator<Item = (u32, usize)>) -> Table {
+    fn of(entries: Vec<(u32, usize)>) -> Table {
         let t = Table::with_capacity((entries.len() * 2 + 1).max(MIN_CAP));
         for (tag, p) in entries {
             t.place(tag, p);
@@ -181,8 +181,28 @@ impl Table {
         t
     }
 
+    /// The table's identity for the loom probe.
+    #[cfg(loom)]
+    fn addr(&self) -> usize {
+        self.tags.as_ptr() as usize
+    }
+
     fn cap(&self) -> usize {
         self.tags.len()
+    }
+
+    /// The most slots that may ever be filled (three quarters).
+    fn max_used(&self) -> usize {
+        self.cap() * 3 / 4
+    }
+
+    /// The slot after `i`, wrapping around.
+    fn after(&self, i: usize) -> usize {
+        if i + 1 == self.cap() {
+            0
+        } else {
+            i + 1
+        }
     }
 
     /// Where `tag`'s probe starts.
@@ -193,9 +213,8 @@ impl Table {
     /// The slots holding `tag` (filled with it, live or removed), in probe
     /// order from its home, up to the first never-filled slot.
     fn probe(&self, tag: u32) -> impl Iterator<Item = usize> + '_ {
-        let cap = self.cap();
         let mut i = self.home(tag);
-        let mut left = cap;
+        let mut left = self.cap();
         std::iter::from_fn(move || {
             while left > 0 {
                 left -= 1;
@@ -203,13 +222,13 @@ impl Table {
                 // Under loom, after the load (a scheduling point: another
                 // thread may have freed the table meanwhile).
                 #[cfg(loom)]
-                crate::sync::probe::assert_table_live(self.tags.as_ptr() as usize);
+                crate::sync::probe::assert_table_live(self.addr());
                 if t == NEVER {
                     left = 0;
                     return None;
                 }
                 let at = i;
-                i = if i + 1 == cap { 0 } else { i + 1 };
+                i = self.after(i);
                 if t == tag {
                     return Some(at);
                 }
@@ -222,7 +241,7 @@ impl Table {
     fn child(&self, i: usize) -> Option<&Node> {
         let p = self.ptrs[i].load(Ordering::SeqCst);
         #[cfg(loom)]
-        crate::sync::probe::assert_table_live(self.tags.as_ptr() as usize);
+        crate::sync::probe::assert_table_live(self.addr());
         // SAFETY: a live slot holds the address of a node that was linked
         // while this table was its parent's current one (stored before its
         // tag, see the protocol). The reader loaded this table while it
@@ -238,9 +257,8 @@ impl Table {
     /// Files `p` under `tag` in the first never-filled slot of its probe.
     /// The caller is the only writer and has checked there is room.
     fn place(&self, tag: u32, p: usize) {
-        let cap = self.cap();
         let mut i = self.home(tag);
-        for _ in 0..cap {
+        for _ in 0..self.cap() {
             if self.tags[i].load(Ordering::SeqCst) == NEVER {
                 // The pointer first, then the tag (see the protocol).
                 self.ptrs[i].store(p, Ordering::SeqCst);
@@ -249,7 +267,7 @@ impl Table {
                 self.live.fetch_add(1, Ordering::SeqCst);
                 return;
             }
-            i = if i + 1 == cap { 0 } else { i + 1 };
+            i = self.after(i);
         }
         debug_assert!(false, "a full table");
     }
@@ -259,7 +277,7 @@ impl Table {
     /// so that a reader's loads conflict with it and loom orders them after.
     #[cfg(all(loom, radixkv_negative = "table_retire"))]
     pub(crate) fn clobber_as_freed(&self) {
-        crate::sync::probe::table_died(self.tags.as_ptr() as usize);
+        crate::sync::probe::table_died(self.addr());
         for t in self.tags.iter() {
             t.store(NEVER, Ordering::SeqCst);
         }
@@ -267,7 +285,7 @@ impl Table {
 
     /// Whether one more child fits before the table must be rebuilt.
     fn has_room(&self) -> bool {
-        (self.used.load(Ordering::SeqCst) + 1) * 4 <= self.cap() * 3
+        self.used.load(Ordering::SeqCst) < self.max_used()
     }
 
     /// The slot of `old` (filed under `hash`), if it is there.
@@ -277,15 +295,14 @@ impl Table {
             .find(|&i| self.ptrs[i].load(Ordering::SeqCst) == addr)
     }
 
-    /// The live entries, as (tag, address).
-    fn entries(&self) -> impl ExactSizeIterator<Item = (u32, usize)> + '_ {
-        let live: Vec<(u32, usize)> = (0..self.cap())
-            .filter_map(|i| {
-                let p = self.ptrs[i].load(Ordering::SeqCst);
-                (p > TOMB).then(|| (self.tags[i].load(Ordering::SeqCst), p))
-            })
-            .collect();
-        live.into_iter()
+    /// The live entries, as (tag, address), with room for one more.
+    fn entries(&self) -> Vec<(u32, usize)> {
+        let mut live = Vec::with_capacity(self.live.load(Ordering::SeqCst) + 1);
+        live.extend((0..self.cap()).filter_map(|i| {
+            let p = self.ptrs[i].load(Ordering::SeqCst);
+            (p > TOMB).then(|| (self.tags[i].load(Ordering::SeqCst), p))
+        }));
+        live
     }
 }
 
@@ -374,7 +391,7 @@ impl Children {
         };
         #[cfg(loom)]
         if let Some(t) = table {
-            crate::sync::probe::assert_table_live(t.tags.as_ptr() as usize);
+            crate::sync::probe::assert_table_live(t.addr());
         }
         let slots = table.map_or(0, Table::cap);
         flat.iter()
@@ -421,7 +438,7 @@ impl Children {
                         "a table counts wrong: {t:?}, {live} live, {used} used"
                     ));
                 }
-                if used * 4 > t.cap() * 3 {
+                if used > t.max_used() {
                     return Err(format!("a table is too full: {t:?}"));
                 }
             }
@@ -444,23 +461,17 @@ impl Children {
             }
             Children::Flat(v) => {
                 let entries = v.iter().map(|&(h, c)| (tag_of(h), c.0 as usize));
-                let t = Table::of(
-                    entries
-                        .chain([(tag_of(hash), child.0 as usize)])
-                        .collect::<Vec<_>>()
-                        .into_iter(),
-                );
-                Some(Children::Table(t))
+                let new = (tag_of(hash), child.0 as usize);
+                Some(Children::Table(Table::of(entries.chain([new]).collect())))
             }
             Children::Table(t) if t.has_room() => {
                 t.place(tag_of(hash), child.0 as usize);
                 None
             }
             Children::Table(t) => {
-                let entries = t.entries().chain([(tag_of(hash), child.0 as usize)]);
-                Some(Children::Table(Table::of(
-                    entries.collect::<Vec<_>>().into_iter(),
-                )))
+                let mut entries = t.entries();
+                entries.push((tag_of(hash), child.0 as usize));
+                Some(Children::Table(Table::of(entries)))
             }
         }
     }
@@ -533,6 +544,7 @@ impl Children {
             Children::Flat(v) => v.iter().map(|&(_, c)| c).collect(),
             Children::Table(t) => t
                 .entries()
+                .into_iter()
                 .map(|(_, p)| NodePtr(p as *const Node))
                 .collect(),
         }

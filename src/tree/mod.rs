@@ -1337,12 +1337,11 @@ impl Tree {
         if let Some(l) = &self.listener {
             self.report_removed(l, node, parent, d, guard);
         }
-        let vals = img.values.without(d);
         // Under the node's lock, the image's values and the devices' RESIDENT
         // bits agree (both change only under it, values published first): no
-        // values left means resident nowhere, without reading every
-        // device's slot (a line each).
-        let resident_elsewhere = !vals.is_empty();
+        // values on another device means resident nowhere else, without
+        // reading every device's slot (a line each).
+        let resident_elsewhere = img.values.iter().any(|(e, _)| e != d);
         let key = &img.key;
         let key_len = key.len();
         let hash = page_hash(&key[..self.page_size]);
@@ -1360,7 +1359,7 @@ impl Tree {
                 ImageParts {
                     parent: pp,
                     key,
-                    values: vals,
+                    values: img.values.without(d),
                 },
                 guard,
                 &mut retired,

@@ -228,7 +228,9 @@ fn shard() -> usize {
     })
 }
 
-fn lock_vec(m: &std::sync::Mutex<Vec<Retired>>) -> std::sync::MutexGuard<'_, Vec<Retired>> {
+/// Locks one of the std mutexes here (staging, and under loom the queue
+/// and the spare buffers), poisoning ignored: they only move ownership.
+fn lock_vec<T>(m: &std::sync::Mutex<Vec<T>>) -> std::sync::MutexGuard<'_, Vec<T>> {
     match m.lock() {
         Ok(g) => g,
         Err(p) => p.into_inner(),
@@ -291,10 +293,7 @@ impl Reclaimer {
         #[cfg(not(loom))]
         let spare = self.spare.pop();
         #[cfg(loom)]
-        let spare = match self.spare.lock() {
-            Ok(mut s) => s.pop(),
-            Err(p) => p.into_inner().pop(),
-        };
+        let spare = lock_vec(&self.spare).pop();
         spare.unwrap_or_else(|| Vec::with_capacity(STAGE))
     }
 
@@ -308,10 +307,7 @@ impl Reclaimer {
         #[cfg(not(loom))]
         drop(self.spare.push(buffer));
         #[cfg(loom)]
-        match self.spare.lock() {
-            Ok(mut s) => s.push(buffer),
-            Err(p) => p.into_inner().push(buffer),
-        }
+        lock_vec(&self.spare).push(buffer);
     }
 
     /// Defers every staged batch now (before a reclaim that should see them).
@@ -333,10 +329,7 @@ impl Reclaimer {
         #[cfg(not(loom))]
         self.queue.push(batch);
         #[cfg(loom)]
-        match self.queue.lock() {
-            Ok(mut q) => q.push(batch),
-            Err(p) => p.into_inner().push(batch),
-        }
+        lock_vec(&self.queue).push(batch);
     }
 
     /// Takes one batch handed over, if any.
@@ -344,10 +337,7 @@ impl Reclaimer {
         #[cfg(not(loom))]
         return self.queue.pop();
         #[cfg(loom)]
-        return match self.queue.lock() {
-            Ok(mut q) => q.pop(),
-            Err(p) => p.into_inner().pop(),
-        };
+        return lock_vec(&self.queue).pop();
     }
 
     /// Objects waiting to be freed.

@@ -345,11 +345,6 @@ impl DeviceValues {
         self.iter().find(|(e, _)| *e == d).map(|(_, v)| v)
     }
 
-    /// Whether the node is resident nowhere.
-    pub(crate) fn is_empty(&self) -> bool {
-        matches!(self, DeviceValues::Nowhere)
-    }
-
     /// Whether there are values on `d`.
     pub(crate) fn is_present(&self, d: usize) -> bool {
         self.iter().any(|(e, _)| e == d)
