@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# CUDA checks on a GPU machine, in well under 5 minutes: the KV pool round
-# trip, page copies each way, and page-copy bandwidth (host <-> GPU and
-# between two pools on one GPU); then the tiny transformer's reuse proof
-# with its KV pools in GPU memory (prefix reuse through the cache, page
-# sizes 1 and 16, evictions, two devices: logits match a dense reference).
+# CUDA checks on a GPU machine, in well under 5 minutes: the GPU and pinned
+# host KV pools' round trips, run copies each way (one memcpy per run,
+# layer and K/V; pageable and pinned host <-> GPU, GPU <-> GPU, checked
+# against the same copies between host pools), and copy bandwidth: pageable
+# and pinned host -> GPU, GPU -> pinned host, GPU -> GPU between two pools
+# on one GPU, GPU 0 <-> GPU 1 when there are two GPUs (else a line saying
+# peer bandwidth is unmeasured), and one memcpy per page for contrast; then
+# the tiny transformer's reuse proof with its KV pools in GPU memory and
+# its host tier in pinned memory (prefix reuse through the cache, page
+# sizes 1 and 16, evictions, two devices, KV copied between devices and
+# loaded from the host tier: logits match a dense reference).
 #
 # The GPU machine needs no Rust toolchain: build the test binaries beforehand
 #   cargo test --release -p radixkv-engine --features cuda --test kvpool --test tiny --no-run
@@ -48,5 +54,5 @@ if ! "$tiny" --list 2>/dev/null | grep -q '^cuda::'; then
   echo "gpu-check: $tiny was built without --features cuda; rebuild: cargo test --release -p radixkv-engine --features cuda --test tiny --no-run" >&2
   exit 2
 fi
-timeout 180 "$bin" --include-ignored --nocapture --test-threads=1 cuda
-timeout 100 "$tiny" --include-ignored --nocapture --test-threads=1 cuda
+timeout 120 "$bin" --include-ignored --nocapture --test-threads=1 cuda
+timeout 150 "$tiny" --include-ignored --nocapture --test-threads=1 cuda

@@ -350,6 +350,17 @@ impl SchedulerEvents for Shared {
             .map(|(e, &l)| (DeviceId(e as u32), l))
     }
 
+    fn computing_here(&self, key: TokenKey<'_>, device: DeviceId) -> usize {
+        self.computing
+            .as_ref()
+            .and_then(|c| {
+                c.longest(key.tokens(), key.namespace())
+                    .get(device.index())
+                    .copied()
+            })
+            .unwrap_or(0)
+    }
+
     fn cache_op(&self, device: DeviceId, op: CacheOp, took: std::time::Duration) {
         if let Some(Ok(mut l)) = self.live.get(device.index()).map(|m| m.lock()) {
             match op {

@@ -104,8 +104,9 @@ pub struct RouterConfig {
     pub copies: bool,
     /// With `copies`: how many more outstanding requests than the least
     /// loaded device a device may have and still win on its prefix
-    /// (default 0: among the least loaded devices, the longest prefix; on
-    /// GSP's all-at-once arrival 0–8 give a TTFT p99 of 4.1–4.8 s, 16
+    /// (default 2: among the devices at most 2 requests busier than the
+    /// least loaded, the longest prefix; on GSP's all-at-once arrival 2
+    /// gives a TTFT p99 of 3.78–3.98 s against 3.84–4.14 s with 0, and 16
     /// gives 12 s; BENCHMARKS.md).
     pub copy_slack: usize,
     /// With `copies`: the slack for a request whose longest cached prefix
@@ -126,7 +127,7 @@ impl Default for RouterConfig {
             balance_abs: 32,
             balance_rel: 1.5,
             copies: false,
-            copy_slack: 0,
+            copy_slack: 2,
             copy_slack_long: 16,
             long_prefix_tokens: usize::MAX,
         }

@@ -4,11 +4,16 @@
 //! after the other (each completes before the next is sent), so every
 //! assertion holds whatever the threads' interleaving.
 
+use radixkv::{DeviceId, RadixCache, TokenKey};
 use radixkv_engine::backend::{CostModel, SimulatedBackend};
-use radixkv_engine::router::{RouterConfig, RouterKind};
-use radixkv_engine::sched::scheduler::Completion;
+use radixkv_engine::router::{PendingIndex, RouterConfig, RouterKind};
+use radixkv_engine::sched::policy::{PolicyConfig, SchedulePolicy};
+use radixkv_engine::sched::scheduler::{
+    Completion, Inbox, Job, Scheduler, SchedulerConfig, SchedulerEvents,
+};
 use radixkv_engine::tiers::{CopyPolicy, CopySource, Link, ModelShape, TierConfig, WritePolicy};
 use radixkv_engine::{Engine, EngineConfig, EngineError, EngineRequest};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -266,4 +271,86 @@ fn bad_tier_settings_are_clear_errors() {
         "write_through_selective".parse::<WritePolicy>().unwrap(),
         WritePolicy::WriteThroughSelective
     );
+}
+
+/// The scheduler's events for one device, with the registry of prompts it
+/// is computing (as the engine keeps it when peer copies are on), or
+/// without it (`tracked: false`: the scheduler cannot tell).
+struct OneDevice {
+    computing: PendingIndex,
+    tracked: bool,
+}
+
+impl SchedulerEvents for OneDevice {
+    fn prompt_settled(&self, _: &Job, _: DeviceId) {}
+    fn completed(&self, _: &Job, _: Completion) {}
+    fn computing(&self, key: TokenKey<'_>, device: DeviceId) {
+        self.computing
+            .add(key.tokens(), key.namespace(), device.index());
+    }
+    fn computed(&self, key: TokenKey<'_>, device: DeviceId) {
+        self.computing
+            .remove(key.tokens(), key.namespace(), device.index());
+    }
+    fn computing_here(&self, key: TokenKey<'_>, device: DeviceId) -> usize {
+        if !self.tracked {
+            return 0;
+        }
+        self.computing.longest(key.tokens(), key.namespace())[device.index()]
+    }
+}
+
+/// Two requests sharing a 512-token prefix reach one device's queue
+/// together (both are in its inbox before it runs: one thread, no
+/// interleaving). The first pass admits the first; the second waits for
+/// that pass and then hits the prefix instead of computing it in the same
+/// pass a second time (on GSP's all-at-once arrival this was most of the
+/// prompt tokens computed beyond the distinct ones). Without the registry
+/// it is computed twice.
+#[test]
+fn a_prefix_computed_in_this_pass_is_waited_for_not_computed_twice() {
+    let prefill_tokens = |tracked: bool| {
+        let cache = Arc::new(
+            RadixCache::builder()
+                .devices(1)
+                .page_size(16)
+                .pages_per_device(1024)
+                .build()
+                .unwrap(),
+        );
+        let events = Arc::new(OneDevice {
+            computing: PendingIndex::new(1, 16),
+            tracked,
+        });
+        // First come, first served: `lpm`'s own in-batch rule would defer
+        // the second request anyway (but it falls back to this order when
+        // more than 128 requests wait, as they do on GSP).
+        let cfg = SchedulerConfig {
+            policy: PolicyConfig::new(SchedulePolicy::Fcfs),
+            ..SchedulerConfig::default()
+        };
+        let sched = Scheduler::new(cfg, cache, DeviceId(0), backend(), events)
+            .with_tiers(TierConfig::default());
+        let (tx, rx) = std::sync::mpsc::channel();
+        for (id, q) in [(0u64, 1u32), (1, 2)] {
+            let tokens: Arc<[u32]> = prompt(7, q).into();
+            tx.send(Inbox::Job(Job {
+                id,
+                tokens,
+                namespace: None,
+                priority: 0,
+                output_len: 2,
+                output_tokens: None,
+                arrival: std::time::Instant::now(),
+                stream: None,
+            }))
+            .unwrap();
+        }
+        drop(tx);
+        let stats = sched.run(rx, &AtomicBool::new(false));
+        (stats.prefill_tokens, stats.waits_for_peers)
+    };
+    // 544 + 32 (the second hits 512 of its 544) against 2 · 544.
+    assert_eq!(prefill_tokens(true), (544 + 32, 1));
+    assert_eq!(prefill_tokens(false), (2 * 544, 0));
 }

@@ -746,6 +746,76 @@ mod cuda {
             assert_eq!((s.mismatches, s.stale_reads), (0, 0));
         }
     }
+
+    /// Copies (issue 16) with GPU pools: KV copied between two devices'
+    /// GPU pools (GPU to GPU) or loaded from the host tier, which is then
+    /// a pinned pool (host writes GPU to pinned, loads pinned to GPU),
+    /// gives the dense logits at page sizes 1 and 16; a corrupted copied
+    /// slot is caught (negative control).
+    #[test]
+    #[ignore = "needs a CUDA driver: scripts/gpu-check.sh runs it"]
+    fn cuda_copied_and_host_loaded_kv_match_dense_with_gpu_pools() {
+        use radixkv_engine::kvpool::PinnedKvPool;
+        for ps in [1usize, 16] {
+            for (copy, devices) in [(CopyPolicy::Peer, 2usize), (CopyPolicy::Host, 3)] {
+                let mut cfg = engine_cfg(devices, ps, 1024);
+                cfg.router.kind = RouterKind::RoundRobin;
+                cfg.tiers = TierConfig {
+                    host_pages: Some(2048 / ps + 1),
+                    copy,
+                    write: WritePolicy::WriteThrough,
+                    load_back_threshold: 1,
+                    ..TierConfig::default()
+                };
+                let backend = gpu_backend(&cfg);
+                let pinned = backend
+                    .with_pool(HOST_TIER, |p| p.as_any().is::<PinnedKvPool>())
+                    .unwrap();
+                assert!(pinned, "the host tier of GPU pools is pinned");
+                let engine = Engine::start(cfg, backend.clone()).unwrap();
+                let prompts = shared_prompts(1, 4, 48, 8);
+                let what = format!("GPU pools, page size {ps}, {copy}");
+                run_engine(&engine, &[vec![prompts[0].clone()]], 2);
+                run_engine(&engine, &[vec![prompts[1].clone()]], 2);
+                let m = &engine.metrics()[1];
+                let moved = m.peer_copied_tokens + m.host_loaded_tokens;
+                assert!(moved >= 48 / ps as u64 * ps as u64, "{what}: {m:?}");
+                let s = backend.stats();
+                assert!(s.copied_positions >= moved, "{what}: {s:?}");
+                assert_eq!((s.mismatches, s.stale_reads), (0, 0), "{what}: {s:?}");
+                let (cache, _) = engine.cache(0).unwrap();
+                let (tier, pool) = match copy {
+                    CopyPolicy::Peer => (DeviceId(1), DeviceId(1)),
+                    _ => (cache.host().unwrap(), HOST_TIER),
+                };
+                let held = cache
+                    .match_and_pin(TokenKey::new(&prompts[1][..48]), tier)
+                    .unwrap();
+                assert!(held.len >= 32, "{what}");
+                let slot = held.values[20];
+                drop(held);
+                backend
+                    .with_pool(pool, |p| {
+                        p.write_rows(0, Kv::V, &[slot], &vec![3.0; 128]).unwrap()
+                    })
+                    .unwrap();
+                let rest = match copy {
+                    CopyPolicy::Peer => vec![prompts[2].clone(), prompts[3].clone()],
+                    _ => vec![prompts[2].clone()],
+                };
+                for p in rest {
+                    run_engine(&engine, &[vec![p]], 2);
+                }
+                engine.shutdown();
+                let v = backend.verification().unwrap();
+                println!("{what}: moved {moved} tokens, {v:?}");
+                assert_eq!(
+                    v.mismatches, 1,
+                    "{what}: the request reading the corrupted copy"
+                );
+            }
+        }
+    }
 }
 
 /// A request's last output token never gets K/V (it is never fed back), so

@@ -8,7 +8,7 @@
 //! ```json
 //! {"eviction_policy": "lfu",
 //!  "watermarks": [256, 1024],
-//!  "router": {"balance_abs": 32, "balance_rel": 1.5, "copy_slack": 0, "copy_slack_long": 16}}
+//!  "router": {"balance_abs": 32, "balance_rel": 1.5, "copy_slack": 2, "copy_slack_long": 16}}
 //! ```
 //!
 //! `eviction_policy` switches to any policy

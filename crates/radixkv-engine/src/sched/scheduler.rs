@@ -222,8 +222,9 @@ pub trait SchedulerEvents: Send + Sync {
     /// A cache operation took `took` (default: ignored).
     fn cache_op(&self, _device: DeviceId, _op: CacheOp, _took: Duration) {}
     /// `device` starts computing `key`'s prompt (its prefill was admitted);
-    /// until [`computed`](Self::computed), other devices may wait for it
-    /// rather than compute it too (default: not tracked).
+    /// until [`computed`](Self::computed), later requests sharing a prefix
+    /// of it, on other devices or on this one, may wait for it rather than
+    /// compute that prefix too (default: not tracked).
     fn computing(&self, _key: TokenKey<'_>, _device: DeviceId) {}
     /// `device` is done computing `key`'s prompt: it is in the tree, or the
     /// request left (default: not tracked).
@@ -236,6 +237,11 @@ pub trait SchedulerEvents: Send + Sync {
         _device: DeviceId,
     ) -> Option<(DeviceId, usize)> {
         None
+    }
+    /// The longest prefix of `key` (whole pages) that `device` itself is
+    /// computing now, for a request admitted earlier (default: none).
+    fn computing_here(&self, _key: TokenKey<'_>, _device: DeviceId) -> usize {
+        0
     }
 }
 
@@ -816,19 +822,28 @@ impl Scheduler {
         Ok(admitted_any)
     }
 
-    /// Whether `req` should wait for a prefix another device is computing:
-    /// it covers at least the load-back threshold more than `req` has, peer
-    /// copies are on, and copying that part costs less than computing it.
+    /// Whether `req` should wait for a prefix being computed (peer copies
+    /// on): by this device, for a request admitted earlier, when it covers
+    /// at least the load-back threshold more than `req` has (it is then a
+    /// hit, no copy); by another device, when it covers at least that much
+    /// more and copying that part costs less than computing it.
     fn worth_waiting(&self, req: &Request) -> bool {
         if !self.tiers.copy.peer() {
             return false;
         }
         let cached = req.cached_len();
         let ps = self.cache.page_size();
-        let Some((e, len)) = self
+        let key = prompt_key(req, ps);
+        // This device computes it already (for a request admitted earlier,
+        // in this pass or a chunked one): it is a hit once that is done.
+        let here = self
             .events
-            .computing_elsewhere(prompt_key(req, ps), self.reported)
-        else {
+            .computing_here(key, self.reported)
+            .min(copy_cap(req, ps));
+        if here > cached && here - cached >= self.tiers.load_back_threshold.max(1) {
+            return true;
+        }
+        let Some((e, len)) = self.events.computing_elsewhere(key, self.reported) else {
             return false;
         };
         let len = len.min(copy_cap(req, ps));

@@ -1,12 +1,14 @@
 //! The tiny model as the engine's [`ModelBackend`]: [`TinyBackend`] (one KV
-//! pool per device, host or CUDA as [`PoolKind`] says, built from a
-//! [`TinyBackendConfig`]), its paged passes with slot provenance tags, the
-//! verification log it keeps, its counters ([`TinyStats`]) and the defaults
-//! of `radixkv replay --model tiny`.
+//! pool per device, host or CUDA as [`PoolKind`] says, and the host tier's
+//! pool, built from a [`TinyBackendConfig`]), its copies between pools (one
+//! memcpy per run, layer and K/V: [`copy_runs`](crate::kvpool::copy_runs)),
+//! its paged passes with slot provenance tags, the verification log it
+//! keeps, its counters ([`TinyStats`]) and the defaults of `radixkv replay
+//! --model tiny`.
 
 use super::verify::{argmax, Comparison, RequestLog};
 use super::{Logits, PagedSeq, TinyConfig, TinyError, TinyModel};
-use crate::kvpool::{HostKvPool, Kv, KvLayout, KvPool};
+use crate::kvpool::{HostKvPool, KvLayout, KvPool};
 use crate::sched::batch::{BackendError, Batch, ModelBackend, StepOutput, Verification};
 use crate::trace::Trace;
 use crate::EngineConfig;
@@ -23,8 +25,9 @@ pub enum PoolKind {
     #[default]
     Host,
     /// GPU memory (`CudaKvPool`, feature `cuda`): device `d`'s pool on GPU
-    /// `d % GPUs`. Without the feature, or without a CUDA driver, building
-    /// the backend is an error.
+    /// `d % GPUs` (with peer access on between the GPUs used), and the host
+    /// tier's pool in pinned host memory (`PinnedKvPool`). Without the
+    /// feature, or without a CUDA driver, building the backend is an error.
     Cuda,
 }
 
@@ -51,8 +54,9 @@ pub struct TinyBackendConfig {
     /// Slots per pool: the engine's pages per device × page size.
     pub slots_per_device: usize,
     /// Slots of the host tier's pool (0: none): the engine's host pages ×
-    /// page size. Always in host memory; copies between it and the
-    /// devices' pools are the engine's host loads and writes.
+    /// page size. Always in host memory (pinned with [`PoolKind::Cuda`]);
+    /// copies between it and the devices' pools are the engine's host
+    /// loads and writes.
     pub host_slots: usize,
     /// Host or GPU pools.
     pub pool: PoolKind,
@@ -188,22 +192,49 @@ impl std::fmt::Debug for TinyBackend {
 #[cfg(feature = "cuda")]
 fn cuda_pools(devices: usize, layout: KvLayout) -> Result<Vec<Box<dyn KvPool>>, TinyError> {
     use crate::kvpool::{CudaKvPool, KvPoolError};
-    let mut pools: Vec<Box<dyn KvPool>> = Vec::with_capacity(devices);
+    let mut pools = Vec::with_capacity(devices);
     // The first pool proves a driver is there (a typed error otherwise);
     // only then is the GPU count asked for.
-    pools.push(Box::new(CudaKvPool::new(0, layout)?));
+    pools.push(CudaKvPool::new(0, layout)?);
     let gpus = cudarc::driver::CudaContext::device_count()
         .map_err(|e| KvPoolError::Cuda(format!("{e:?}")))?
         .max(1) as usize;
     for d in 1..devices {
-        pools.push(Box::new(CudaKvPool::new(d % gpus, layout)?));
+        pools.push(CudaKvPool::new(d % gpus, layout)?);
     }
-    Ok(pools)
+    // Pools 0..min(devices, GPUs) are on distinct GPUs: peer access
+    // between each pair, so copies between devices go GPU to GPU.
+    let distinct = &pools[..devices.min(gpus)];
+    for (i, a) in distinct.iter().enumerate() {
+        for b in &distinct[i + 1..] {
+            a.enable_peer_access(b)?;
+        }
+    }
+    Ok(pools
+        .into_iter()
+        .map(|p| Box::new(p) as Box<dyn KvPool>)
+        .collect())
 }
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_pools(_devices: usize, _layout: KvLayout) -> Result<Vec<Box<dyn KvPool>>, TinyError> {
     Err(TinyError::CudaNotBuilt)
+}
+
+/// The host tier's pool: pinned host memory (allocated in GPU 0's
+/// context, usable from every GPU's) next to GPU pools, so host loads and
+/// writes run at the link's speed; a [`HostKvPool`] otherwise.
+#[cfg(feature = "cuda")]
+fn host_tier_pool(kind: PoolKind, layout: KvLayout) -> Result<Box<dyn KvPool>, TinyError> {
+    Ok(match kind {
+        PoolKind::Host => Box::new(HostKvPool::new(layout)),
+        PoolKind::Cuda => Box::new(crate::kvpool::PinnedKvPool::new(0, layout)?),
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn host_tier_pool(_kind: PoolKind, layout: KvLayout) -> Result<Box<dyn KvPool>, TinyError> {
+    Ok(Box::new(HostKvPool::new(layout)))
 }
 
 impl TinyBackend {
@@ -255,7 +286,7 @@ impl TinyBackend {
             )));
         } else {
             let layout = model.pool_layout(cfg.host_slots);
-            Some(state(Box::new(HostKvPool::new(layout)), cfg.host_slots))
+            Some(state(host_tier_pool(cfg.pool, layout)?, cfg.host_slots))
         };
         Ok(TinyBackend {
             model,
@@ -305,9 +336,10 @@ impl TinyBackend {
     }
 
     /// Copies the K/V of `runs` (every layer) from `from`'s pool to `to`'s,
-    /// one read and one write per run, layer and K or V, and the slots'
+    /// one memcpy per run, layer and K or V ([`crate::kvpool::copy_runs`]:
+    /// host to GPU, GPU to host, GPU to GPU, host to host), and the slots'
     /// provenance tags with them (so a copied slot is checked as its
-    /// source was).
+    /// source was). Runs outside either pool are an error and copy nothing.
     fn copy_runs(&self, from: DeviceId, to: DeviceId, runs: &[SlotRun]) -> Result<(), TinyError> {
         if from == to {
             return Err(TinyError::Input(format!("a copy from {from} to itself")));
@@ -328,22 +360,13 @@ impl TinyBackend {
         } else {
             (g2, g1)
         };
-        let layers = src.pool.layout().layers;
+        crate::kvpool::copy_runs(src.pool.as_ref(), dst.pool.as_mut(), runs)?;
         let mut copied = 0u64;
         for r in runs {
-            let from_slots: Vec<u32> = (r.src..r.src + r.len).collect();
-            let to_slots: Vec<u32> = (r.dst..r.dst + r.len).collect();
-            for layer in 0..layers {
-                for kv in [Kv::K, Kv::V] {
-                    let rows = src.pool.read_rows(layer, kv, &from_slots)?;
-                    dst.pool.write_rows(layer, kv, &to_slots, &rows)?;
-                }
-            }
-            for (&s, &d) in from_slots.iter().zip(&to_slots) {
-                let tag = src.tags.get(s as usize).copied().unwrap_or(0);
-                if let Some(t) = dst.tags.get_mut(d as usize) {
-                    *t = tag;
-                }
+            // In range of both pools: copy_runs checked it.
+            let (s, d, n) = (r.src as usize, r.dst as usize, r.len as usize);
+            for (i, t) in dst.tags.iter_mut().skip(d).take(n).enumerate() {
+                *t = src.tags.get(s + i).copied().unwrap_or(0);
             }
             copied += u64::from(r.len);
         }
