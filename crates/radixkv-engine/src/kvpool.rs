@@ -579,6 +579,11 @@ mod cuda {
                 // ALREADY_ENABLED, which is success here.
                 match unsafe { sys::cuCtxEnablePeerAccess(y.cu_ctx(), 0) } {
                     CUresult::CUDA_SUCCESS | CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {}
+                    // Refused (more than 8 peers, or a virtualised GPU that
+                    // said it could): copies still work, staged by the
+                    // driver.
+                    CUresult::CUDA_ERROR_TOO_MANY_PEERS
+                    | CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED => return Ok(false),
                     e => return Err(err(e)),
                 }
             }
@@ -748,8 +753,16 @@ mod cuda {
     /// and none may still be in flight when the borrow of the host memory
     /// it reads or writes ends (the caller could then write it, or drop
     /// and free it).
+    ///
+    /// cudarc's `synchronize` first returns (and clears) an error recorded
+    /// on the context while the copies were issued, *without* waiting; so
+    /// when it fails it is called once more, which then waits (unless the
+    /// context itself is broken, when the driver has stopped its copies).
     fn finish(stream: &CudaStream, issued: Result<(), KvPoolError>) -> Result<bool, KvPoolError> {
         let synced = stream.synchronize().map_err(err);
+        if synced.is_err() {
+            let _ = stream.synchronize();
+        }
         issued?;
         synced?;
         Ok(true)

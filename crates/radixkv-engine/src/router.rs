@@ -106,7 +106,7 @@ pub struct RouterConfig {
     /// loaded device a device may have and still win on its prefix
     /// (default 2: among the devices at most 2 requests busier than the
     /// least loaded, the longest prefix; on GSP's all-at-once arrival 2
-    /// gives a TTFT p99 of 3.78–3.98 s against 3.84–4.14 s with 0, and 16
+    /// gives a TTFT p99 of 3.78–3.98 s against 3.84–4.11 s with 0, and 16
     /// gives 12 s; BENCHMARKS.md).
     pub copy_slack: usize,
     /// With `copies`: the slack for a request whose longest cached prefix

@@ -347,8 +347,15 @@ fn a_prefix_computed_in_this_pass_is_waited_for_not_computed_twice() {
             .unwrap();
         }
         drop(tx);
-        let stats = sched.run(rx, &AtomicBool::new(false));
-        (stats.prefill_tokens, stats.waits_for_peers)
+        // On a thread of its own, so that a hang fails the test.
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let stats = sched.run(rx, &AtomicBool::new(false));
+            let _ = done_tx.send((stats.prefill_tokens, stats.waits_for_self));
+        });
+        done_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the scheduler finishes both requests within a minute")
     };
     // 544 + 32 (the second hits 512 of its 544) against 2 · 544.
     assert_eq!(prefill_tokens(true), (544 + 32, 1));

@@ -408,6 +408,18 @@ fn the_engine_verification_catches_a_corrupted_slot() {
 /// after the other, round-robin, so which device copies what is fixed.
 #[test]
 fn copied_and_host_loaded_kv_match_dense_and_a_corrupted_copy_is_caught() {
+    copies_match_dense_and_a_corrupted_copy_is_caught("host pools", &|cfg| tiny_backend(cfg, true));
+}
+
+/// The copy proof for pools built by `make` (host pools, or GPU pools in
+/// the `cuda` module): at page sizes 1 and 16, a prefix copied from
+/// another device's pool or loaded from the host tier gives the dense
+/// logits, and one corrupted copied slot makes exactly the request that
+/// reads it mismatch.
+fn copies_match_dense_and_a_corrupted_copy_is_caught(
+    label: &str,
+    make: &dyn Fn(&EngineConfig) -> Arc<TinyBackend>,
+) {
     for ps in [1usize, 16] {
         for (copy, devices) in [(CopyPolicy::Peer, 2usize), (CopyPolicy::Host, 3)] {
             let mut cfg = engine_cfg(devices, ps, 1024);
@@ -419,10 +431,10 @@ fn copied_and_host_loaded_kv_match_dense_and_a_corrupted_copy_is_caught() {
                 load_back_threshold: 1,
                 ..TierConfig::default()
             };
-            let backend = tiny_backend(&cfg, true);
+            let backend = make(&cfg);
             let engine = Engine::start(cfg, backend.clone()).unwrap();
             let prompts = shared_prompts(1, 4, 48, 8);
-            let what = format!("page size {ps}, {copy}");
+            let what = format!("{label}, page size {ps}, {copy}");
             // A on device 0 computes the prefix; B on device 1 copies it
             // (peer) or loads it (host, written through by A).
             run_engine(&engine, &[vec![prompts[0].clone()]], 2);
@@ -462,6 +474,7 @@ fn copied_and_host_loaded_kv_match_dense_and_a_corrupted_copy_is_caught() {
             }
             engine.shutdown();
             let v = backend.verification().unwrap();
+            println!("{what}: {v:?}");
             assert_eq!(
                 v.mismatches, 1,
                 "{what}: the request reading the corrupted copy"
@@ -756,65 +769,14 @@ mod cuda {
     #[ignore = "needs a CUDA driver: scripts/gpu-check.sh runs it"]
     fn cuda_copied_and_host_loaded_kv_match_dense_with_gpu_pools() {
         use radixkv_engine::kvpool::PinnedKvPool;
-        for ps in [1usize, 16] {
-            for (copy, devices) in [(CopyPolicy::Peer, 2usize), (CopyPolicy::Host, 3)] {
-                let mut cfg = engine_cfg(devices, ps, 1024);
-                cfg.router.kind = RouterKind::RoundRobin;
-                cfg.tiers = TierConfig {
-                    host_pages: Some(2048 / ps + 1),
-                    copy,
-                    write: WritePolicy::WriteThrough,
-                    load_back_threshold: 1,
-                    ..TierConfig::default()
-                };
-                let backend = gpu_backend(&cfg);
-                let pinned = backend
-                    .with_pool(HOST_TIER, |p| p.as_any().is::<PinnedKvPool>())
-                    .unwrap();
-                assert!(pinned, "the host tier of GPU pools is pinned");
-                let engine = Engine::start(cfg, backend.clone()).unwrap();
-                let prompts = shared_prompts(1, 4, 48, 8);
-                let what = format!("GPU pools, page size {ps}, {copy}");
-                run_engine(&engine, &[vec![prompts[0].clone()]], 2);
-                run_engine(&engine, &[vec![prompts[1].clone()]], 2);
-                let m = &engine.metrics()[1];
-                let moved = m.peer_copied_tokens + m.host_loaded_tokens;
-                assert!(moved >= 48 / ps as u64 * ps as u64, "{what}: {m:?}");
-                let s = backend.stats();
-                assert!(s.copied_positions >= moved, "{what}: {s:?}");
-                assert_eq!((s.mismatches, s.stale_reads), (0, 0), "{what}: {s:?}");
-                let (cache, _) = engine.cache(0).unwrap();
-                let (tier, pool) = match copy {
-                    CopyPolicy::Peer => (DeviceId(1), DeviceId(1)),
-                    _ => (cache.host().unwrap(), HOST_TIER),
-                };
-                let held = cache
-                    .match_and_pin(TokenKey::new(&prompts[1][..48]), tier)
-                    .unwrap();
-                assert!(held.len >= 32, "{what}");
-                let slot = held.values[20];
-                drop(held);
-                backend
-                    .with_pool(pool, |p| {
-                        p.write_rows(0, Kv::V, &[slot], &vec![3.0; 128]).unwrap()
-                    })
-                    .unwrap();
-                let rest = match copy {
-                    CopyPolicy::Peer => vec![prompts[2].clone(), prompts[3].clone()],
-                    _ => vec![prompts[2].clone()],
-                };
-                for p in rest {
-                    run_engine(&engine, &[vec![p]], 2);
-                }
-                engine.shutdown();
-                let v = backend.verification().unwrap();
-                println!("{what}: moved {moved} tokens, {v:?}");
-                assert_eq!(
-                    v.mismatches, 1,
-                    "{what}: the request reading the corrupted copy"
-                );
-            }
-        }
+        super::copies_match_dense_and_a_corrupted_copy_is_caught("GPU pools", &|cfg| {
+            let backend = gpu_backend(cfg);
+            let pinned = backend
+                .with_pool(HOST_TIER, |p| p.as_any().is::<PinnedKvPool>())
+                .unwrap();
+            assert!(pinned, "the host tier of GPU pools is pinned");
+            backend
+        });
     }
 }
 

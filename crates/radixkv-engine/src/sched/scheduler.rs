@@ -273,6 +273,9 @@ pub struct SchedulerStats {
     pub host_written_tokens: u64,
     /// Admissions postponed to copy a prefix another device was computing.
     pub waits_for_peers: u64,
+    /// Admissions postponed for a prefix this device was computing for a
+    /// request admitted before (it is then a hit, not computed twice).
+    pub waits_for_self: u64,
     /// Bytes of those writes.
     pub host_write_bytes: u64,
     /// Model time of those writes (on the copy engine, beside the passes).
@@ -759,6 +762,16 @@ impl Scheduler {
                 .cache_op(self.reported, CacheOp::Match, t.elapsed());
             let (w_id, w_len, w_max_new) = (w.id, w.tokens.len(), w.max_new_tokens);
             let device_hit = req.cached_len();
+            if self.computing_here(&req) {
+                // This device is computing more of this prompt for a
+                // request admitted before it (in this pass, or a chunked
+                // one): wait for that and hit it, rather than compute it
+                // twice (and before copying any of it from elsewhere).
+                drop(req);
+                parked.push(self.waiting.remove(0));
+                self.stats.waits_for_self += 1;
+                continue;
+            }
             let loaded = self.load_prefix(&mut req);
             if self.worth_waiting(&req) {
                 // Another device is computing more of this prompt right
@@ -766,6 +779,7 @@ impl Scheduler {
                 // a second time.
                 drop(req);
                 parked.push(self.waiting.remove(0));
+                self.stats.waits_for_peers += 1;
                 continue;
             }
             let extend = w_len - req.cached_len();
@@ -815,35 +829,44 @@ impl Scheduler {
             admitted_now = true;
         }
         if !parked.is_empty() {
-            self.stats.waits_for_peers += parked.len() as u64;
             self.waiting.splice(0..0, parked);
         }
         self.stats.max_running = self.stats.max_running.max(self.running.len());
         Ok(admitted_any)
     }
 
-    /// Whether `req` should wait for a prefix being computed (peer copies
-    /// on): by this device, for a request admitted earlier, when it covers
-    /// at least the load-back threshold more than `req` has (it is then a
-    /// hit, no copy); by another device, when it covers at least that much
-    /// more and copying that part costs less than computing it.
+    /// Whether this device is computing, for a request admitted before
+    /// `req`, at least the load-back threshold more of `req`'s prompt than
+    /// it has cached: then `req` waits and hits it. Known only while the
+    /// engine keeps its registry of prompts being computed, that is with
+    /// peer copies on and one shared tree (otherwise, as in SGLang, `lpm`'s
+    /// in-batch rule is the only guard).
+    fn computing_here(&self, req: &Request) -> bool {
+        if !self.tiers.copy.peer() {
+            return false;
+        }
+        let cached = req.cached_len();
+        let ps = self.cache.page_size();
+        let here = self
+            .events
+            .computing_here(prompt_key(req, ps), self.reported)
+            .min(copy_cap(req, ps));
+        here > cached && here - cached >= self.tiers.load_back_threshold.max(1)
+    }
+
+    /// Whether `req` should wait for a prefix another device is computing:
+    /// it covers at least the load-back threshold more than `req` has, peer
+    /// copies are on, and copying that part costs less than computing it.
     fn worth_waiting(&self, req: &Request) -> bool {
         if !self.tiers.copy.peer() {
             return false;
         }
         let cached = req.cached_len();
         let ps = self.cache.page_size();
-        let key = prompt_key(req, ps);
-        // This device computes it already (for a request admitted earlier,
-        // in this pass or a chunked one): it is a hit once that is done.
-        let here = self
+        let Some((e, len)) = self
             .events
-            .computing_here(key, self.reported)
-            .min(copy_cap(req, ps));
-        if here > cached && here - cached >= self.tiers.load_back_threshold.max(1) {
-            return true;
-        }
-        let Some((e, len)) = self.events.computing_elsewhere(key, self.reported) else {
+            .computing_elsewhere(prompt_key(req, ps), self.reported)
+        else {
             return false;
         };
         let len = len.min(copy_cap(req, ps));
