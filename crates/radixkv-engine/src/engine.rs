@@ -336,29 +336,11 @@ impl SchedulerEvents for Shared {
         }
     }
 
-    fn computing_elsewhere(
-        &self,
-        key: TokenKey<'_>,
-        device: DeviceId,
-    ) -> Option<(DeviceId, usize)> {
-        let c = self.computing.as_ref()?;
-        let lens = c.longest(key.tokens(), key.namespace());
-        lens.iter()
-            .enumerate()
-            .filter(|&(e, &l)| e != device.index() && l > 0)
-            .max_by_key(|&(e, &l)| (l, std::cmp::Reverse(e)))
-            .map(|(e, &l)| (DeviceId(e as u32), l))
-    }
-
-    fn computing_here(&self, key: TokenKey<'_>, device: DeviceId) -> usize {
+    fn computing_now(&self, key: TokenKey<'_>) -> Vec<usize> {
         self.computing
             .as_ref()
-            .and_then(|c| {
-                c.longest(key.tokens(), key.namespace())
-                    .get(device.index())
-                    .copied()
-            })
-            .unwrap_or(0)
+            .map(|c| c.longest(key.tokens(), key.namespace()))
+            .unwrap_or_default()
     }
 
     fn cache_op(&self, device: DeviceId, op: CacheOp, took: std::time::Duration) {

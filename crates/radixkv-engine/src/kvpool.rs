@@ -324,6 +324,17 @@ impl KvPool for HostKvPool {
     }
 }
 
+/// Whether a pool is in host memory (a [`HostKvPool`], or with feature
+/// `cuda` a `PinnedKvPool`): a type check, without reaching the memory
+/// (which for a pinned pool waits on its event).
+fn is_host(p: &dyn KvPool) -> bool {
+    #[cfg(feature = "cuda")]
+    if p.as_any().is::<PinnedKvPool>() {
+        return true;
+    }
+    p.as_any().is::<HostKvPool>()
+}
+
 /// The floats of a pool in host memory (a [`HostKvPool`], or with feature
 /// `cuda` a `PinnedKvPool`); `None` for other kinds.
 fn host_floats(p: &dyn KvPool) -> Option<Result<&[f32], KvPoolError>> {
@@ -427,8 +438,10 @@ pub fn copy_runs(
     if spans.is_empty() {
         return Ok(());
     }
-    if let Some(s) = host_floats(src) {
-        if let Some(d) = host_floats_mut(dst) {
+    // Both slices only when both pools are in host memory: a GPU copy
+    // reaches its host side itself.
+    if is_host(src) && is_host(dst) {
+        if let (Some(s), Some(d)) = (host_floats(src), host_floats_mut(dst)) {
             let (s, d) = (s?, d?);
             for sp in &spans {
                 let from = s.get(sp.src..sp.src + sp.len).ok_or_else(|| outside(sp))?;

@@ -343,9 +343,15 @@ mod cuda {
     /// exactly `NoCudaDriver`.
     #[test]
     fn cuda_pool_without_a_driver_is_a_typed_error() {
+        typed_without_a_driver(CudaKvPool::new(0, LAYOUT), "a pool");
+    }
+
+    /// A pool made on this machine: made only with a driver present, and
+    /// without one exactly `NoCudaDriver` (`what` names the pool).
+    fn typed_without_a_driver<P>(made: Result<P, KvPoolError>, what: &str) {
         let present = driver_present();
-        match CudaKvPool::new(0, LAYOUT) {
-            Ok(_) => assert!(present, "a pool without a driver"),
+        match made {
+            Ok(_) => assert!(present, "{what} without a driver"),
             Err(KvPoolError::NoCudaDriver) => assert!(!present, "a driver, yet NoCudaDriver"),
             Err(e) => assert!(
                 present,
@@ -357,15 +363,7 @@ mod cuda {
     /// The same for a pinned host pool (its memory comes from the driver).
     #[test]
     fn pinned_pool_without_a_driver_is_a_typed_error() {
-        let present = driver_present();
-        match PinnedKvPool::new(0, LAYOUT) {
-            Ok(_) => assert!(present, "a pinned pool without a driver"),
-            Err(KvPoolError::NoCudaDriver) => assert!(!present, "a driver, yet NoCudaDriver"),
-            Err(e) => assert!(
-                present,
-                "without a driver the error must be NoCudaDriver: {e}"
-            ),
-        }
+        typed_without_a_driver(PinnedKvPool::new(0, LAYOUT), "a pinned pool");
         // Too large to address: a typed error, driver or not.
         let huge = KvLayout {
             layers: usize::MAX / 4,

@@ -292,11 +292,11 @@ impl SchedulerEvents for OneDevice {
         self.computing
             .remove(key.tokens(), key.namespace(), device.index());
     }
-    fn computing_here(&self, key: TokenKey<'_>, device: DeviceId) -> usize {
+    fn computing_now(&self, key: TokenKey<'_>) -> Vec<usize> {
         if !self.tracked {
-            return 0;
+            return Vec::new();
         }
-        self.computing.longest(key.tokens(), key.namespace())[device.index()]
+        self.computing.longest(key.tokens(), key.namespace())
     }
 }
 

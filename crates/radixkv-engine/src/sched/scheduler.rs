@@ -229,19 +229,11 @@ pub trait SchedulerEvents: Send + Sync {
     /// `device` is done computing `key`'s prompt: it is in the tree, or the
     /// request left (default: not tracked).
     fn computed(&self, _key: TokenKey<'_>, _device: DeviceId) {}
-    /// The longest prefix of `key` (whole pages) that a device other than
-    /// `device` is computing now, and that device (default: none).
-    fn computing_elsewhere(
-        &self,
-        _key: TokenKey<'_>,
-        _device: DeviceId,
-    ) -> Option<(DeviceId, usize)> {
-        None
-    }
-    /// The longest prefix of `key` (whole pages) that `device` itself is
-    /// computing now, for a request admitted earlier (default: none).
-    fn computing_here(&self, _key: TokenKey<'_>, _device: DeviceId) -> usize {
-        0
+    /// Per device, the longest prefix of `key` (whole pages) that it is
+    /// computing now, for requests admitted earlier (the asking device's
+    /// own included); empty when not tracked (the default).
+    fn computing_now(&self, _key: TokenKey<'_>) -> Vec<usize> {
+        Vec::new()
     }
 }
 
@@ -762,7 +754,14 @@ impl Scheduler {
                 .cache_op(self.reported, CacheOp::Match, t.elapsed());
             let (w_id, w_len, w_max_new) = (w.id, w.tokens.len(), w.max_new_tokens);
             let device_hit = req.cached_len();
-            if self.computing_here(&req) {
+            // One look at the registry for both waits below.
+            let computing = if self.tiers.copy.peer() {
+                self.events
+                    .computing_now(prompt_key(&req, self.cache.page_size()))
+            } else {
+                Vec::new()
+            };
+            if self.computing_here(&req, &computing) {
                 // This device is computing more of this prompt for a
                 // request admitted before it (in this pass, or a chunked
                 // one): wait for that and hit it, rather than compute it
@@ -773,7 +772,7 @@ impl Scheduler {
                 continue;
             }
             let loaded = self.load_prefix(&mut req);
-            if self.worth_waiting(&req) {
+            if self.worth_waiting(&req, &computing) {
                 // Another device is computing more of this prompt right
                 // now: wait for it and copy it then, rather than compute it
                 // a second time.
@@ -837,46 +836,43 @@ impl Scheduler {
 
     /// Whether this device is computing, for a request admitted before
     /// `req`, at least the load-back threshold more of `req`'s prompt than
-    /// it has cached: then `req` waits and hits it. Known only while the
-    /// engine keeps its registry of prompts being computed, that is with
-    /// peer copies on and one shared tree (otherwise, as in SGLang, `lpm`'s
-    /// in-batch rule is the only guard).
-    fn computing_here(&self, req: &Request) -> bool {
-        if !self.tiers.copy.peer() {
-            return false;
-        }
+    /// it has cached (`computing`: [`SchedulerEvents::computing_now`]):
+    /// then `req` waits and hits it. Known only while the engine keeps its
+    /// registry of prompts being computed, that is with peer copies on and
+    /// one shared tree (otherwise, as in SGLang, `lpm`'s in-batch rule is
+    /// the only guard).
+    fn computing_here(&self, req: &Request, computing: &[usize]) -> bool {
         let cached = req.cached_len();
-        let ps = self.cache.page_size();
-        let here = self
-            .events
-            .computing_here(prompt_key(req, ps), self.reported)
-            .min(copy_cap(req, ps));
+        let here = computing
+            .get(self.reported.index())
+            .map_or(0, |&l| l.min(copy_cap(req, self.cache.page_size())));
         here > cached && here - cached >= self.tiers.load_back_threshold.max(1)
     }
 
-    /// Whether `req` should wait for a prefix another device is computing:
-    /// it covers at least the load-back threshold more than `req` has, peer
-    /// copies are on, and copying that part costs less than computing it.
-    fn worth_waiting(&self, req: &Request) -> bool {
-        if !self.tiers.copy.peer() {
-            return false;
-        }
-        let cached = req.cached_len();
-        let ps = self.cache.page_size();
-        let Some((e, len)) = self
-            .events
-            .computing_elsewhere(prompt_key(req, ps), self.reported)
+    /// Whether `req` should wait for a prefix another device is computing
+    /// (`computing`: [`SchedulerEvents::computing_now`]; the longest, the
+    /// lower device on a tie): it covers at least the load-back threshold
+    /// more than `req` has, and copying that part costs less than computing
+    /// it.
+    fn worth_waiting(&self, req: &Request, computing: &[usize]) -> bool {
+        let Some((e, &len)) = computing
+            .iter()
+            .enumerate()
+            .filter(|&(e, &l)| e != self.reported.index() && l > 0)
+            .max_by_key(|&(e, &l)| (l, std::cmp::Reverse(e)))
         else {
             return false;
         };
-        let len = len.min(copy_cap(req, ps));
+        let cached = req.cached_len();
+        let len = len.min(copy_cap(req, self.cache.page_size()));
         if len <= cached {
             return false;
         }
         let extra = len - cached;
         let recompute = self.backend.prefill_estimate(extra, cached);
+        // `e` indexes the engine's devices, a u32.
         self.tiers
-            .worth_copying(CopySource::Peer(e), extra, recompute)
+            .worth_copying(CopySource::Peer(DeviceId(e as u32)), extra, recompute)
     }
 
     /// Unregisters a request's prompt from the in-flight registry.
