@@ -1,12 +1,14 @@
 //! Turns `RADIXKV_NEGATIVE=<step>` into `--cfg radixkv_negative="<step>"`,
 //! in loom builds only: the negative controls of `loom-tests/negative.sh`
-//! remove one protecting step each. Passing the cfg this way (rather than
+//! remove one protecting step each. Each step is one function of the core
+//! named after it, which holds the step's one control cfg
+//! (`scripts/check-core-structure.sh` checks it). Passing the cfg this way (rather than
 //! through RUSTFLAGS) rebuilds only this crate, not every dependency.
 
 const STEPS: &[&str] = &[
     "evict_pin_check",
     "leaf_check",
-    "split_copies_pins",
+    "split_moves_no_pin",
     "reader_parent_check",
     "attach_recheck",
     "unlink_check",
@@ -18,18 +20,18 @@ const STEPS: &[&str] = &[
     "born_pinned",
     "claim_cas",
     "root_obsolete_check",
-    "reader_waits",
+    "reader_never_waits",
     "table_retire",
     "table_tomb",
     "copy_source_pin",
-    "copy_dups",
+    "copy_frees_dups",
     "event_in_lock",
     "split_event_in_lock",
-    "switch_without_scan",
+    "switch_rescans",
 ];
 
 /// Controls of ordinary (not loom) tests: `tests/parked_writer.rs`.
-const PLAIN_STEPS: &[&str] = &["reader_waits"];
+const PLAIN_STEPS: &[&str] = &["reader_never_waits"];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");

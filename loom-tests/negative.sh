@@ -11,46 +11,46 @@ export RUSTFLAGS="--cfg loom --cfg crossbeam_loom"
 export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
 target="${LOOM_TARGET_DIR:-target/loom}"
 
-# model | control step | the model's own assertion message it must fail with
+# the models' file | model | control step | the model's own assertion message it must fail with
 # (alternatives separated by ";;": a model with two assertions on the same
 # invariant may trip either first). A panic with any other message, a build
 # failure or an unwrap does not count as failing "as required".
 pairs=(
-  "race1_match_vs_evict|evict_pin_check|value 10 was evicted while a lease on it was live"
-  "race2_insert_below_evicted_node|leaf_check|I1: node 3 is resident on device 0 but its parent 2 is not"
-  "race3_split_vs_pin_counts|split_copies_pins|I6: device 0 has 1 live leases but 2 pins"
-  "race4_split_vs_reader|reader_parent_check|the whole key stayed cached"
-  "race5_concurrent_insert_same_prefix|attach_recheck|exactly one insert must own it"
-  "race6_unlink_vs_insert|unlink_check|the insert must not be lost"
-  "race7_epoch_reclamation|defer_destroy|use after free: a reader still holds an image that was freed"
-  "race8_residency_aba|pin_then_read|a lease returned values of an older residency"
-  "race9_split_vs_evict|split_recheck|radixkv audit failed: node gauge is 2, the tree has 1"
-  "model10_lease_drop_vs_evict|unpin_rmw|I6: device 0 has 1 live leases but 2 pins"
-  "model11_two_devices_shared_parent|parent_lock|no node may survive without residency"
-  "model12_pinned_insert_vs_evict|born_pinned|the committed chunk must stay the request's"
-  "model13_split_vs_reader_pages|reader_parent_check|the whole key stayed cached (page size 2)"
-  "model14_wide_children_concurrent_insert|attach_recheck|under a wide node: exactly one insert must own it"
-  "model14_wide_children_concurrent_insert|table_retire|use after free: a reader still holds a children table that was freed"
-  "model15_alloc_two_claimers_and_a_free|claim_cas|a page was handed to two spans;;is both held and free"
-  "model16_pin_vs_evictor_candidates|evict_pin_check|was freed while a lease on it was live"
-  "model17_namespace_root_reclaimed_vs_insert|root_obsolete_check|the insert into a reclaimed namespace must not be lost"
-  "model18_copy_vs_evict_source|copy_source_pin|was freed mid-copy"
-  "model19_copy_completion_vs_insert_on_dest|copy_dups|the duplicate pages of device 1 must go back;;I2: device 1"
-  "model20_write_back_vs_evict|copy_source_pin|the write-back read page"
-  "model21_store_event_vs_evict|event_in_lock|a removal came before its store"
-  "model22_split_event_vs_evict|split_event_in_lock|a removal's pages differ from what the node's store and splits left"
-  "model23_policy_switch_vs_insert|switch_without_scan|a leaf inserted during a switch to a heap policy must be a candidate"
-  "model24_table_removal_vs_reader|table_tomb|a child filed behind a removed one must stay findable"
-  "model25_split_below_a_table_vs_reader|reader_parent_check|the whole key stayed cached (below a table)"
+  "pins_and_eviction|match_vs_evict|evict_pin_check|value 10 was evicted while a lease on it was live"
+  "structure|insert_below_a_leaf_being_evicted|leaf_check|I1: node 3 is resident on device 0 but its parent 2 is not"
+  "structure|split_vs_pin_counts|split_moves_no_pin|I6: device 0 has 1 live leases but 2 pins"
+  "structure|split_vs_reader|reader_parent_check|the whole key stayed cached"
+  "structure|two_inserts_of_one_new_prefix|attach_recheck|exactly one insert must own it"
+  "structure|unlink_vs_adopting_insert|unlink_check|the insert must not be lost"
+  "structure|replaced_image_outlives_its_reader|defer_destroy|use after free: a reader still holds an image that was freed"
+  "pins_and_eviction|residency_aba|pin_then_read|a lease returned values of an older residency"
+  "structure|split_vs_evict|split_recheck|radixkv audit failed: node gauge is 2, the tree has 1"
+  "pins_and_eviction|lease_drop_vs_pin_and_evict|unpin_rmw|I6: device 0 has 1 live leases but 2 pins"
+  "structure|two_tiers_evict_below_one_parent|parent_lock|no node may survive without residency"
+  "pins_and_eviction|pinned_insert_vs_evict|born_pinned|the committed chunk must stay the request's"
+  "structure|split_vs_reader_at_page_size_two|reader_parent_check|the whole key stayed cached (page size 2)"
+  "structure|two_inserts_below_a_table_that_grows|attach_recheck|under a wide node: exactly one insert must own it"
+  "structure|two_inserts_below_a_table_that_grows|table_retire|use after free: a reader still holds a children table that was freed"
+  "allocator|two_claimers_and_a_free|claim_cas|a page was handed to two spans;;is both held and free"
+  "pins_and_eviction|pin_vs_evictor_candidates|evict_pin_check|was freed while a lease on it was live"
+  "namespaces|namespace_root_reclaimed_vs_insert|root_obsolete_check|the insert into a reclaimed namespace must not be lost"
+  "copies|copy_vs_evict_source|copy_source_pin|was freed mid-copy"
+  "copies|copy_completion_vs_insert_on_dest|copy_frees_dups|the duplicate pages of device 1 must go back;;I2: device 1"
+  "copies|write_back_vs_evict|copy_source_pin|the write-back read page"
+  "events|store_event_vs_evict|event_in_lock|a removal came before its store"
+  "events|split_event_vs_evict|split_event_in_lock|a removal's pages differ from what the node's store and splits left"
+  "pins_and_eviction|policy_switch_vs_insert|switch_rescans|a leaf inserted during a switch to a heap policy must be a candidate"
+  "structure|table_removal_vs_reader_behind_it|table_tomb|a child filed behind a removed one must stay findable"
+  "structure|split_below_a_table_vs_reader|reader_parent_check|the whole key stayed cached (below a table)"
 )
 
 failed_as_expected=0
 held=0
 for pair in "${pairs[@]}"; do
-  IFS='|' read -r model step want <<<"$pair"
+  IFS='|' read -r file model step want <<<"$pair"
   log=$(mktemp)
   RADIXKV_NEGATIVE="$step" cargo test -q -p loom-tests --release --target-dir "$target" \
-    --test races -- --exact "$model" >"$log" 2>&1
+    --test "$file" -- --exact "$model" >"$log" 2>&1
   rc=$?
   # The model's own assertion: the first panic message that is not loom's.
   why=$(grep -A1 "panicked at" "$log" | grep -v "panicked at\|^--\|loom-0\|scheduler" | head -n 1)
@@ -59,7 +59,7 @@ for pair in "${pairs[@]}"; do
     [ -n "$alt" ] && patterns+=(-e "$alt")
   done <<<"${want//;;/$'\n'}"
   if [ $rc -ne 0 ] && grep -qF "${patterns[@]}" "$log"; then
-    printf 'FAILS as required  %-36s without %-20s: %s\n' "$model" "$step" "$why"
+    printf 'FAILS as required  %-40s without %-20s: %s\n' "$model" "$step" "$why"
     failed_as_expected=$((failed_as_expected + 1))
   elif [ $rc -ne 0 ]; then
     printf 'FAILS, WRONG WHY   %-36s without %-20s: wanted "%s", got: %s\n' "$model" "$step" "$want" "$why"

@@ -14,6 +14,10 @@ cd "$(dirname "$0")/.."
 echo "== the core stays light (scripts/check-core-deps.sh)"
 bash scripts/check-core-deps.sh
 
+echo "== the core stays in rooms: files under 700 lines, no too_many_arguments, control cfgs only in their protecting functions (scripts/check-core-structure.sh, and its self-test)"
+bash scripts/check-core-structure.sh
+bash scripts/check-core-structure.sh --self-test
+
 traces="${RADIXKV_TRACES:-$(pwd)/../shared/workloads}"
 if [ -f "$traces/mooncake_synthetic_trace.jsonl.zst" ]; then
   echo "== shipped traces found in $traces: the trace tests read them"

@@ -15,6 +15,18 @@
 //! claim always finds enough set bits. The device's scheduler, the evictor
 //! and other schedulers may allocate and free concurrently; nothing locks.
 //!
+//! | atomic | ordering | the edge it carries |
+//! | --- | --- | --- |
+//! | `free` (reserve: `fetch_update`; free: `fetch_add`) | SeqCst | a free sets its bits, then raises the count; a claimer reserves from the count, then looks for bits: the RMWs on `free` carry the bits to the claimer (a release/acquire pair would) |
+//! | bitmap words (claim CAS, free `fetch_or`, loads) | SeqCst | a page is handed out once: the claim is a CAS from the word it read (`claim_cas`), a free a single RMW |
+//! | `cursor` | Relaxed | only where the next scan starts; a stale one only scans further |
+//! | `in_spans`, `double_frees` | SeqCst | counts read by the audit in quiescent state; no edge |
+//! | `low_watermark`, `below` | SeqCst | the watermark signal: `below`'s swap makes one signal per crossing whatever the interleaving; rare |
+//!
+//! On x86-64 the RMWs and loads compile to the same instructions at
+//! AcqRel or Acquire; only the rare stores of the watermark would change,
+//! so nothing here was weakened.
+//!
 //! # Reuse order
 //!
 //! Next fit: a claim scans from a rotating cursor (the word after the
@@ -27,6 +39,7 @@
 //! use radixkv::alloc::PageAllocator;
 //! use radixkv::DeviceId;
 //! let a = PageAllocator::new(DeviceId(0), 64, 16).unwrap();
+//! assert_eq!(a.tier(), DeviceId(0).into());
 //! assert_eq!(a.free_pages(), 63); // page 0 is reserved
 //! let span = a.alloc(40).unwrap(); // 40 tokens: 3 pages
 //! assert_eq!(span.len(), 3);
@@ -37,7 +50,7 @@
 //! assert!(a.alloc(64 * 16).is_err());
 //! ```
 
-use crate::device::DeviceId;
+use crate::device::Tier;
 use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::fmt;
 
@@ -46,10 +59,10 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AllocError {
     /// Not enough free pages.
-    #[error("{device}: {wanted} pages wanted, {free} free ({missing} missing)")]
+    #[error("{tier}: {wanted} pages wanted, {free} free ({missing} missing)")]
     OutOfPages {
-        /// The device.
-        device: DeviceId,
+        /// The tier.
+        tier: Tier,
         /// Pages asked for.
         wanted: usize,
         /// Pages free at the time.
@@ -62,13 +75,14 @@ pub enum AllocError {
     InvalidPool(String),
 }
 
-/// Called with the device and its free page count when the free count falls
+/// Called with the tier and its free page count when the free count falls
 /// below the low watermark (once per crossing).
-pub type WatermarkListener = Arc<dyn Fn(DeviceId, usize) + Send + Sync>;
+pub type WatermarkListener = Arc<dyn Fn(Tier, usize) + Send + Sync>;
 
-/// The page allocator of one device. Share it with `Arc`.
+/// The page allocator of one tier (a device, or the host tier). Share it
+/// with `Arc`.
 pub struct PageAllocator {
-    device: DeviceId,
+    tier: Tier,
     num_pages: usize,
     page_size: usize,
     words: Box<[AtomicU64]>,
@@ -84,7 +98,7 @@ pub struct PageAllocator {
 impl fmt::Debug for PageAllocator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PageAllocator")
-            .field("device", &self.device)
+            .field("tier", &self.tier)
             .field("num_pages", &self.num_pages)
             .field("page_size", &self.page_size)
             .field("free", &self.free_pages())
@@ -96,18 +110,18 @@ impl fmt::Debug for PageAllocator {
 impl PageAllocator {
     /// A pool of `num_pages` pages (page 0 reserved) of `page_size` slots.
     pub fn new(
-        device: DeviceId,
+        tier: impl Into<Tier>,
         num_pages: usize,
         page_size: usize,
     ) -> Result<Arc<Self>, AllocError> {
-        Self::with_watermark(device, num_pages, page_size, 0, None)
+        Self::with_watermark(tier, num_pages, page_size, 0, None)
     }
 
     /// Like [`new`](Self::new), calling `listener` whenever an allocation
     /// takes the free page count below `low_watermark` (edge-triggered: once
     /// per crossing; frees that bring it back re-arm it).
     pub fn with_watermark(
-        device: DeviceId,
+        tier: impl Into<Tier>,
         num_pages: usize,
         page_size: usize,
         low_watermark: usize,
@@ -143,7 +157,7 @@ impl PageAllocator {
             })
             .collect();
         Ok(Arc::new(PageAllocator {
-            device,
+            tier: tier.into(),
             num_pages,
             page_size,
             words,
@@ -157,9 +171,9 @@ impl PageAllocator {
         }))
     }
 
-    /// The device.
-    pub fn device(&self) -> DeviceId {
-        self.device
+    /// The tier whose pages these are.
+    pub fn tier(&self) -> Tier {
+        self.tier
     }
 
     /// Pages in the pool, page 0 included.
@@ -224,7 +238,7 @@ impl PageAllocator {
             Ok(before) => before,
             Err(free) => {
                 return Err(AllocError::OutOfPages {
-                    device: self.device,
+                    tier: self.tier,
                     wanted: n,
                     free,
                     missing: n - free,
@@ -248,17 +262,7 @@ impl PageAllocator {
                     mask |= low;
                     rest &= !low;
                 }
-                // The protecting step of the allocator model: the claim is a
-                // CAS, so two claimers that read the same word cannot both
-                // take a bit. The control stores blindly.
-                #[cfg(not(radixkv_negative = "claim_cas"))]
-                let claimed =
-                    word.compare_exchange(cur, cur & !mask, Ordering::SeqCst, Ordering::SeqCst);
-                #[cfg(radixkv_negative = "claim_cas")]
-                let claimed: Result<u64, u64> = {
-                    word.store(cur & !mask, Ordering::SeqCst);
-                    Ok(cur)
-                };
+                let claimed = claim_cas(word, cur, mask);
                 match claimed {
                     Ok(_) => {
                         let mut m = mask;
@@ -329,7 +333,7 @@ impl PageAllocator {
             && !self.below.swap(true, Ordering::SeqCst)
         {
             if let Some(l) = &self.listener {
-                l(self.device, free_now);
+                l(self.tier, free_now);
             }
         }
     }
@@ -350,16 +354,16 @@ pub struct PageSpan {
 impl fmt::Debug for PageSpan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PageSpan")
-            .field("device", &self.alloc.device)
+            .field("tier", &self.alloc.tier)
             .field("pages", &self.pages)
             .finish()
     }
 }
 
 impl PageSpan {
-    /// The device whose pages these are.
-    pub fn device(&self) -> DeviceId {
-        self.alloc.device
+    /// The tier whose pages these are.
+    pub fn tier(&self) -> Tier {
+        self.alloc.tier
     }
 
     /// The page ids, in order.
@@ -433,9 +437,22 @@ impl Drop for PageSpan {
     }
 }
 
+/// The protecting step `claim_cas` (model `two_claimers_and_a_free`): a
+/// claim of bits `mask` of a bitmap word read as `cur` is a CAS, so two
+/// claimers that read the same word cannot both take a bit. Its control
+/// stores blindly.
+fn claim_cas(word: &AtomicU64, cur: u64, mask: u64) -> Result<u64, u64> {
+    if cfg!(radixkv_negative = "claim_cas") {
+        word.store(cur & !mask, Ordering::SeqCst);
+        return Ok(cur);
+    }
+    word.compare_exchange(cur, cur & !mask, Ordering::SeqCst, Ordering::SeqCst)
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::device::DeviceId;
     use std::collections::HashSet;
 
     #[test]
@@ -452,7 +469,7 @@ mod tests {
         assert_eq!(
             err,
             AllocError::OutOfPages {
-                device: DeviceId(1),
+                tier: DeviceId(1).into(),
                 wanted: 30,
                 free: 29,
                 missing: 1

@@ -1,8 +1,10 @@
-//! Device identities.
+//! Where KV pages live: a device ([`DeviceId`], one GPU's KV memory), or
+//! the host tier shared by every device's scheduler; [`Tier`] names
+//! either.
 
 use std::fmt;
 
-/// A device (GPU, or a host tier) that can hold KV pages for cached tokens.
+/// A device (a GPU) whose KV memory holds pages for cached tokens.
 ///
 /// Devices are numbered `0..n` where `n` is fixed when the cache is built.
 ///
@@ -31,5 +33,62 @@ impl From<u32> for DeviceId {
 impl fmt::Display for DeviceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "device {}", self.0)
+    }
+}
+
+/// A tier of KV memory: a device, or the host tier (host memory shared by
+/// every device's scheduler, with
+/// [`RadixCacheBuilder::host_pages`](crate::RadixCacheBuilder::host_pages)).
+/// Every call that works on one tier (insert, match, pin, evict, sizes,
+/// pages, copies) takes `impl Into<Tier>`, so a [`DeviceId`] names a
+/// device's tier as it is.
+///
+/// ```
+/// use radixkv::{DeviceId, RadixCache, Tier, TokenKey};
+/// let c = RadixCache::builder().devices(2).host_pages(64).build().unwrap();
+/// c.insert(TokenKey::new(&[1, 2, 3]), Tier::Host, &[7, 8, 9], 0).unwrap();
+/// c.insert(TokenKey::new(&[1, 2]), DeviceId(0), &[4, 5], 0).unwrap();
+/// assert_eq!(c.resident_tokens(Tier::Host).unwrap(), 3);
+/// assert_eq!(Tier::from(DeviceId(1)).device(), Some(DeviceId(1)));
+/// assert_eq!(Tier::Host.to_string(), "the host tier");
+/// // Without a host tier, naming it is an error.
+/// let plain = RadixCache::builder().build().unwrap();
+/// assert!(plain.resident_tokens(Tier::Host).is_err());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tier {
+    /// A device's KV memory.
+    Device(DeviceId),
+    /// The host tier.
+    Host,
+}
+
+impl Tier {
+    /// The device, if this is a device's tier.
+    pub fn device(self) -> Option<DeviceId> {
+        match self {
+            Tier::Device(d) => Some(d),
+            Tier::Host => None,
+        }
+    }
+
+    /// Whether this is the host tier.
+    pub fn is_host(self) -> bool {
+        self == Tier::Host
+    }
+}
+
+impl From<DeviceId> for Tier {
+    fn from(d: DeviceId) -> Self {
+        Tier::Device(d)
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Tier::Device(d) => d.fmt(f),
+            Tier::Host => f.write_str("the host tier"),
+        }
     }
 }

@@ -51,8 +51,8 @@
 //!
 //! These hold for the order in which calls *enter* the listener, as long as
 //! the listener serialises them (a mutex or a queue: an unsynchronised
-//! listener sees calls from several threads at once). Loom models 21 (a store
-//! racing an eviction) and 22 (a split racing an eviction) and
+//! listener sees calls from several threads at once). The loom models
+//! `store_event_vs_evict` and `split_event_vs_evict` and
 //! `tests/events.rs` check them under concurrent inserts and evictions.
 //!
 //! # Cost
@@ -72,10 +72,10 @@
 //! struct Log(Mutex<Vec<String>>);
 //! impl CacheListener for Log {
 //!     fn stored(&self, e: &PageEvent<'_>) {
-//!         self.0.lock().unwrap().push(format!("+{} {:?}", e.device.0, e.pages()));
+//!         self.0.lock().unwrap().push(format!("+{} {:?}", e.tier, e.pages()));
 //!     }
 //!     fn removed(&self, e: &PageEvent<'_>) {
-//!         self.0.lock().unwrap().push(format!("-{} {:?}", e.device.0, e.pages()));
+//!         self.0.lock().unwrap().push(format!("-{} {:?}", e.tier, e.pages()));
 //!     }
 //! }
 //!
@@ -84,10 +84,13 @@
 //! cache.insert(TokenKey::new(&[1, 2, 3, 4]), DeviceId(0), &[5, 6, 7, 8], 0).unwrap();
 //! cache.insert(TokenKey::new(&[1, 2, 9, 9]), DeviceId(0), &[5, 6, 1, 2], 0).unwrap(); // splits: no event for [1, 2]
 //! cache.evict(DeviceId(0), 2).unwrap();
-//! assert_eq!(*log.0.lock().unwrap(), ["+0 [1, 2, 3, 4]", "+0 [9, 9]", "-0 [3, 4]"]);
+//! assert_eq!(
+//!     *log.0.lock().unwrap(),
+//!     ["+device 0 [1, 2, 3, 4]", "+device 0 [9, 9]", "-device 0 [3, 4]"]
+//! );
 //! ```
 
-use crate::device::DeviceId;
+use crate::device::Tier;
 use std::borrow::Cow;
 
 /// Where the changed pages sit: the namespace and every token from the
@@ -132,10 +135,8 @@ pub(crate) enum Locate<'a> {
 /// its removal without the path.
 #[derive(Clone, Copy)]
 pub struct PageEvent<'a> {
-    /// The tier: a device, or the host tier ([`RadixCache::host`](crate::RadixCache::host)).
-    pub device: DeviceId,
-    /// Whether `device` is the host tier.
-    pub host: bool,
+    /// The tier: a device, or the host tier.
+    pub tier: Tier,
     /// The id of the node whose pages these are.
     pub node: u64,
     /// The id of its parent node.
@@ -149,8 +150,7 @@ pub struct PageEvent<'a> {
 impl std::fmt::Debug for PageEvent<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PageEvent")
-            .field("device", &self.device)
-            .field("host", &self.host)
+            .field("tier", &self.tier)
             .field("node", &self.node)
             .field("parent", &self.parent)
             .field("at_root", &self.at_root)
@@ -161,16 +161,15 @@ impl std::fmt::Debug for PageEvent<'_> {
 
 impl<'a> PageEvent<'a> {
     /// An event of `pages` of node `ids.0` (parent `ids.1`, a root if
-    /// `ids.2`) on `device` (the host tier if `host`).
+    /// `ids.2`) on `tier`.
     pub(crate) fn new(
-        (device, host): (DeviceId, bool),
+        tier: Tier,
         (node, parent, at_root): (u64, u64, bool),
         pages: &'a [u32],
         locate: Locate<'a>,
     ) -> Self {
         PageEvent {
-            device,
-            host,
+            tier,
             node,
             parent,
             at_root,
@@ -210,9 +209,7 @@ impl<'a> PageEvent<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SplitEvent {
     /// The tier: a device, or the host tier.
-    pub device: DeviceId,
-    /// Whether `device` is the host tier.
-    pub host: bool,
+    pub tier: Tier,
     /// The node that was split (it keeps its last pages).
     pub node: u64,
     /// The id of the new node holding the first `moved` tokens.
@@ -225,11 +222,11 @@ pub struct SplitEvent {
 /// docs](self) for what and in which order). Called from whichever thread
 /// makes the change, inside the tree's locked section: queue and return.
 pub trait CacheListener: Send + Sync + 'static {
-    /// Pages became resident on `event.device`.
+    /// Pages became resident on `event.tier`.
     fn stored(&self, event: &PageEvent<'_>);
-    /// Pages left `event.device`.
+    /// Pages left `event.tier`.
     fn removed(&self, event: &PageEvent<'_>);
-    /// A node that `event.device` holds was split (no page changed
+    /// A node that `event.tier` holds was split (no page changed
     /// residency). Called once per tier holding the node. The default does
     /// nothing: only a listener that remembers something per node needs it.
     fn split(&self, event: &SplitEvent) {

@@ -93,11 +93,11 @@
 //! ## Tiers: the host tier and copies
 //!
 //! With [`RadixCacheBuilder::host_pages`] the tree has one more residency
-//! slot, a host tier shared by every device's scheduler, addressed by
-//! [`RadixCache::host`] (an id one past the last device that every
-//! per-device call accepts: its residency is prefix-closed, pinned by
-//! leases of its own, evicted leaves first by the cache's policy, audited
-//! with the devices). [`RadixCache::peek_tiers`] reports the resident
+//! slot, a host tier shared by every device's scheduler, named
+//! [`Tier::Host`] (every per-tier call takes a [`Tier`], of which a
+//! [`DeviceId`] is one: its residency is prefix-closed, pinned by leases of
+//! its own, evicted leaves first by the cache's policy, audited with the
+//! devices). [`RadixCache::peek_tiers`] reports the resident
 //! prefix on every device and on the host in one walk, and a
 //! [`MatchResult`] tells how far the host ([`MatchResult::host_len`]) and
 //! another device ([`MatchResult::any_len`]) could take the asked device's
@@ -107,7 +107,29 @@
 //! for the whole copy, the destination pages are the copy's until it
 //! completes, and a cancelled copy gives everything back;
 //! [`RadixCache::evict_with_write_back`] copies victims to the host before
-//! evicting them (write-back). Loom models 18–20 check the copies' races.
+//! evicting them (write-back). The loom models of `loom-tests/tests/copies.rs`
+//! check the copies' races.
+//!
+//! ## Who owns the values
+//!
+//! A [`RadixCache`] is generic over who owns the values it holds:
+//! [`CallerValues`] (the default: the caller allocates KV slots and
+//! [`RadixCache::insert`]s their indices, as SGLang's `RadixCache` does
+//! over its own allocator) or [`OwnedPages`] (a [`PagedCache`], built with
+//! [`RadixCacheBuilder::pages_per_device`]: a page allocator per tier,
+//! [`Request`]s, [`RadixCache::insert_pages`], copies between tiers, the
+//! background evictor). Inserting plain values into a cache that owns its
+//! pages, or allocating from one that does not, does not compile.
+//!
+//! ```
+//! use radixkv::{DeviceId, PagedCache, RadixCache, TokenKey};
+//! let plain: RadixCache = RadixCache::builder().build().unwrap();
+//! plain.insert(TokenKey::new(&[1, 2]), DeviceId(0), &[40, 41], 0).unwrap();
+//! let paged: PagedCache = RadixCache::builder().pages_per_device(64).build().unwrap();
+//! let span = paged.alloc(DeviceId(0), 2).unwrap();
+//! paged.insert_pages(TokenKey::new(&[1, 2]), span, 0).unwrap();
+//! assert_eq!(paged.peek(TokenKey::new(&[1, 2])), plain.peek(TokenKey::new(&[1, 2])));
+//! ```
 //!
 //! ## Cargo features
 //!
@@ -125,7 +147,7 @@
 //! * [`cache`]: the public API ([`RadixCache`], [`Lease`], [`MatchResult`],
 //!   [`Request`], [`PrefixCopy`]), eviction policies and the background
 //!   [`Evictor`].
-//! * [`device`]: device ids.
+//! * [`device`]: devices and tiers ([`DeviceId`], [`Tier`]).
 //! * [`events`]: the residency-event hook ([`events::CacheListener`]).
 //! * [`metrics`]: counters and latency histograms (eviction metrics per device).
 //! * [`sync`]: the std/loom shim every atomic goes through.
@@ -140,19 +162,22 @@ pub mod events;
 pub mod metrics;
 #[cfg(all(feature = "testing", not(loom)))]
 pub mod pause;
+#[cfg(not(all(feature = "testing", not(loom))))]
+#[path = "pause_off.rs"]
+mod pause;
 #[cfg(all(feature = "testing", not(loom)))]
 pub mod reference;
 pub mod sync;
 pub(crate) mod tree;
 
 pub use cache::{
-    CacheError, ClockKind, Evicted, EvictionPolicy, InsertResult, Lease, MatchResult, NodeHandle,
-    PrefixCopy, RadixCache, RadixCacheBuilder, Request, RequestCopy, Sizes, SlotRun, TierLengths,
-    TokenKey,
+    CacheError, CallerValues, ClockKind, Evicted, EvictionPolicy, InsertResult, Lease, MatchResult,
+    NodeHandle, OwnedPages, Ownership, PagedCache, PrefixCopy, RadixCache, RadixCacheBuilder,
+    Request, RequestCopy, Sizes, SlotRun, TierLengths, TokenKey,
 };
 #[cfg(not(loom))]
 pub use cache::{Evictor, EvictorStats};
-pub use device::DeviceId;
+pub use device::{DeviceId, Tier};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

@@ -57,8 +57,42 @@ pub fn spin_wait() {
     std::hint::spin_loop();
 }
 
+/// A scheduling point for the model checker where the real code has none
+/// (loom preempts only at its own operations): under loom it yields,
+/// otherwise it does nothing.
+#[inline(always)]
+pub fn model_point() {
+    #[cfg(loom)]
+    loom::thread::yield_now();
+}
+
+/// Without loom: the same calls as loom's probe, doing nothing, so that
+/// the tree calls them unconditionally.
+#[cfg(not(loom))]
+pub(crate) mod probe {
+    /// See the loom twin.
+    #[inline(always)]
+    pub(crate) fn born(_addr: usize) {}
+    /// See the loom twin.
+    #[inline(always)]
+    pub(crate) fn died(_addr: usize) {}
+    /// See the loom twin.
+    #[inline(always)]
+    pub(crate) fn table_born(_addr: usize) {}
+    /// See the loom twin.
+    #[inline(always)]
+    pub(crate) fn table_died(_addr: usize) {}
+    /// See the loom twin.
+    #[inline(always)]
+    pub(crate) fn assert_table_live(_addr: usize) {}
+    /// See the loom twin.
+    #[inline(always)]
+    pub(crate) fn assert_live(_addr: usize) {}
+}
+
 /// Under loom only: a registry of live key/value images and children
-/// tables, so the epoch models (race 7, model 14) can tell a reader that
+/// tables, so the epoch models (`replaced_image_outlives_its_reader`,
+/// `two_inserts_below_a_table_that_grows`) can tell a reader that
 /// dereferences a freed one without reading freed memory. Addresses are
 /// registered when an image is boxed (a table allocated) and removed when it
 /// is dropped (freed).

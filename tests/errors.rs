@@ -114,14 +114,14 @@ fn stale_and_foreign_handles_are_errors() {
     let before = snapshot(&c);
     assert_eq!(
         c.pin(&m.handle).unwrap_err(),
-        CacheError::StaleHandle(DeviceId(0))
+        CacheError::StaleHandle(DeviceId(0).into())
     );
     // Re-inserting the same key makes a new residency: the old handle stays stale.
     c.insert(TokenKey::new(&[1, 2]), DeviceId(0), &[3, 4], 0)
         .unwrap();
     assert_eq!(
         c.pin(&m.handle).unwrap_err(),
-        CacheError::StaleHandle(DeviceId(0))
+        CacheError::StaleHandle(DeviceId(0).into())
     );
     assert_ne!(snapshot(&c), before);
     c.audit();
@@ -143,7 +143,7 @@ fn multi_device_stale_handle_is_generation_checked() {
         .unwrap();
     assert_eq!(
         c.pin(&m.handle).unwrap_err(),
-        CacheError::StaleHandle(DeviceId(0))
+        CacheError::StaleHandle(DeviceId(0).into())
     );
     let fresh = c.match_prefix(TokenKey::new(&[1, 2]), DeviceId(0)).unwrap();
     assert!(c.pin(&fresh.handle).is_ok());

@@ -12,7 +12,7 @@
 //! how the threads happen to be scheduled.
 
 use radixkv::events::{CacheListener, PageEvent, SplitEvent};
-use radixkv::{DeviceId, RadixCache, TokenKey};
+use radixkv::{DeviceId, RadixCache, Tier, TokenKey};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{HashMap, HashSet};
@@ -20,13 +20,13 @@ use std::sync::{Arc, Mutex};
 
 /// A page as a router sees it: tier, namespace, and every token from the
 /// root through the page's end.
-type PageId = (u32, Option<String>, Vec<u32>);
+type PageId = (Tier, Option<String>, Vec<u32>);
 
 #[derive(Default)]
 struct Mirror {
     held: Mutex<HashSet<PageId>>,
     /// (tier, node id) → the node's tokens, from stores, splits and removals.
-    nodes: Mutex<HashMap<(u32, u64), usize>>,
+    nodes: Mutex<HashMap<(Tier, u64), usize>>,
     events: Mutex<u64>,
     splits: Mutex<u64>,
     cleared: Mutex<u32>,
@@ -50,7 +50,7 @@ impl Mirror {
         assert!(!e.pages().is_empty(), "an event of no page");
         let ns = loc.namespace.map(|n| n.into_owned());
         let ids = (start / ps..path.len() / ps)
-            .map(|p| (e.device.0, ns.clone(), path[..(p + 1) * ps].to_vec()))
+            .map(|p| (e.tier, ns.clone(), path[..(p + 1) * ps].to_vec()))
             .collect();
         (ids, prefix)
     }
@@ -66,8 +66,8 @@ impl CacheListener for Mirror {
             let parent = (pages[0].0, pages[0].1.clone(), prefix);
             assert!(
                 held.contains(&parent),
-                "tier {}: a child's store came before its parent's ({:?})",
-                e.device.0,
+                "{}: a child's store came before its parent's ({:?})",
+                e.tier,
                 pages[0].2
             );
         }
@@ -75,16 +75,16 @@ impl CacheListener for Mirror {
             assert!(held.insert(p), "a page was stored twice without a removal");
         }
         let mut nodes = self.nodes.lock().unwrap();
-        let tier = e.device.0;
+        let tier = e.tier;
         assert!(
             e.at_root || nodes.contains_key(&(tier, e.parent)),
-            "tier {tier}: node {}'s parent {} is not a known node",
+            "{tier}: node {}'s parent {} is not a known node",
             e.node,
             e.parent
         );
         assert!(
             nodes.insert((tier, e.node), e.pages().len()).is_none(),
-            "tier {tier}: node {} stored twice",
+            "{tier}: node {} stored twice",
             e.node
         );
         *self.events.lock().unwrap() += 1;
@@ -109,7 +109,7 @@ impl CacheListener for Mirror {
         assert_eq!(
             had,
             Some(e.pages().len()),
-            "tier {dev}: node {}'s removal against what its store and splits left",
+            "{dev}: node {}'s removal against what its store and splits left",
             e.node
         );
         *self.events.lock().unwrap() += 1;
@@ -121,9 +121,9 @@ impl CacheListener for Mirror {
 
     fn split(&self, e: &SplitEvent) {
         let mut nodes = self.nodes.lock().unwrap();
-        let tier = e.device.0;
+        let tier = e.tier;
         let Some(n) = nodes.get_mut(&(tier, e.node)) else {
-            panic!("tier {tier}: a split of node {} never stored", e.node);
+            panic!("{tier}: a split of node {} never stored", e.node);
         };
         assert!(
             e.moved > 0 && e.moved < *n && e.moved.is_multiple_of(PS),
@@ -160,8 +160,7 @@ fn events_follow_the_tree_under_concurrent_inserts_and_evictions() {
             .build()
             .unwrap(),
     );
-    let host = cache.host().unwrap();
-    let tiers = [DeviceId(0), DeviceId(1), host];
+    let tiers = [DeviceId(0).into(), DeviceId(1).into(), Tier::Host];
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
             let cache = Arc::clone(&cache);
@@ -193,10 +192,9 @@ fn events_follow_the_tree_under_concurrent_inserts_and_evictions() {
     let held = mirror.held.lock().unwrap();
     for (d, ns, path) in held.iter() {
         let t = cache.peek_tiers(TokenKey::new(path).in_namespace(ns.as_deref()));
-        let len = if DeviceId(*d) == host {
-            t.host
-        } else {
-            t.devices[*d as usize]
+        let len = match d {
+            Tier::Host => t.host,
+            Tier::Device(d) => t.devices[d.index()],
         };
         assert!(
             len >= path.len(),
@@ -204,24 +202,24 @@ fn events_follow_the_tree_under_concurrent_inserts_and_evictions() {
         );
     }
     for tier in tiers {
-        let pages = held.iter().filter(|(d, _, _)| *d == tier.0).count();
+        let pages = held.iter().filter(|(d, _, _)| *d == tier).count();
         assert_eq!(
             pages * PS,
             cache.resident_tokens(tier).unwrap(),
-            "tier {}: the events' pages against the cache's",
-            tier.0
+            "{}: the events' pages against the cache's",
+            tier
         );
         let nodes = mirror.nodes.lock().unwrap();
         let tokens: usize = nodes
             .iter()
-            .filter(|((d, _), _)| *d == tier.0)
+            .filter(|((d, _), _)| *d == tier)
             .map(|(_, n)| n)
             .sum();
         assert_eq!(
             tokens,
             cache.resident_tokens(tier).unwrap(),
-            "tier {}: the nodes' pages against the cache's",
-            tier.0
+            "{}: the nodes' pages against the cache's",
+            tier
         );
     }
     assert!(*mirror.events.lock().unwrap() > 0);

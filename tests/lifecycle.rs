@@ -1,12 +1,12 @@
 //! The request lifecycle, step by step as SEMANTICS.md describes it, plus
 //! a panic inside a request and a concurrent run against an evictor.
 
-use radixkv::{DeviceId, RadixCache, TokenKey};
+use radixkv::{DeviceId, PagedCache, RadixCache, TokenKey};
 use std::sync::Arc;
 
 const D0: DeviceId = DeviceId(0);
 
-fn cache(ps: usize, pages: usize) -> Arc<RadixCache> {
+fn cache(ps: usize, pages: usize) -> Arc<PagedCache> {
     Arc::new(
         RadixCache::builder()
             .page_size(ps)
@@ -16,7 +16,7 @@ fn cache(ps: usize, pages: usize) -> Arc<RadixCache> {
     )
 }
 
-fn free(c: &RadixCache) -> usize {
+fn free(c: &PagedCache) -> usize {
     c.allocator(D0).unwrap().free_pages()
 }
 

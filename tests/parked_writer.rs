@@ -6,7 +6,7 @@
 //! that are a state of the tree before or after the change.
 //!
 //! Negative control (`scripts/test.sh`): built with
-//! `RADIXKV_NEGATIVE=reader_waits`, readers wait for a split's parent
+//! `RADIXKV_NEGATIVE=reader_never_waits`, readers wait for a split's parent
 //! publication as they used to, and this test fails with its own message
 //! ("did not finish while a writer was parked").
 

@@ -9,7 +9,7 @@
 //! a slot that holds another prefix's KV (a copy from the wrong place, or
 //! from a page reused meanwhile) is caught.
 
-use radixkv::{CacheError, DeviceId, RadixCache, SlotRun, TokenKey};
+use radixkv::{CacheError, DeviceId, PagedCache, RadixCache, SlotRun, Tier, TokenKey};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -17,7 +17,7 @@ const D0: DeviceId = DeviceId(0);
 const D1: DeviceId = DeviceId(1);
 const PS: usize = 4;
 
-fn cache(devices: usize, pages: usize, host_pages: usize) -> Arc<RadixCache> {
+fn cache(devices: usize, pages: usize, host_pages: usize) -> Arc<PagedCache> {
     Arc::new(
         RadixCache::builder()
             .page_size(PS)
@@ -42,18 +42,20 @@ fn kv_of(tokens: &[u32], i: usize) -> u64 {
 
 /// Simulated KV pools, one per tier.
 #[derive(Default)]
-struct Pools(HashMap<(DeviceId, u32), u64>);
+struct Pools(HashMap<(Tier, u32), u64>);
 
 impl Pools {
     /// "Prefill": writes the KV of `tokens[from..]` into `slots[from..]`.
-    fn compute(&mut self, d: DeviceId, tokens: &[u32], slots: &[u32], from: usize) {
+    fn compute(&mut self, d: impl Into<Tier>, tokens: &[u32], slots: &[u32], from: usize) {
+        let d = d.into();
         for (i, &s) in slots.iter().enumerate().take(tokens.len()).skip(from) {
             self.0.insert((d, s), kv_of(tokens, i));
         }
     }
 
     /// The copy engine: one transfer per run.
-    fn copy(&mut self, from: DeviceId, to: DeviceId, runs: &[SlotRun]) {
+    fn copy(&mut self, from: impl Into<Tier>, to: impl Into<Tier>, runs: &[SlotRun]) {
+        let (from, to) = (from.into(), to.into());
         for r in runs {
             for j in 0..r.len {
                 let v = self.0.get(&(from, r.src + j)).copied();
@@ -66,7 +68,8 @@ impl Pools {
     }
 
     /// Whether `slots` on `d` hold the KV of `tokens`, token by token.
-    fn holds(&self, d: DeviceId, tokens: &[u32], slots: &[u32]) -> bool {
+    fn holds(&self, d: impl Into<Tier>, tokens: &[u32], slots: &[u32]) -> bool {
+        let d = d.into();
         slots
             .iter()
             .enumerate()
@@ -75,7 +78,8 @@ impl Pools {
 }
 
 /// Caches `tokens` on `d` with freshly computed KV.
-fn cache_on(c: &Arc<RadixCache>, pools: &mut Pools, d: DeviceId, tokens: &[u32]) {
+fn cache_on(c: &Arc<PagedCache>, pools: &mut Pools, d: impl Into<Tier>, tokens: &[u32]) {
+    let d = d.into();
     let span = c.alloc(d, tokens.len()).unwrap();
     let slots: Vec<u32> = span.slots().collect();
     pools.compute(d, tokens, &slots, 0);
@@ -104,41 +108,34 @@ fn a_bad_host_tier_or_copy_is_a_clear_error() {
     assert!(e.to_string().contains("host tier"), "{e}");
     // Without a host tier: no host, and write-back says why it cannot run.
     let plain = Arc::new(RadixCache::builder().pages_per_device(8).build().unwrap());
-    assert_eq!(plain.host(), None);
+    assert!(!plain.has_host_tier());
     assert!(matches!(
         plain.evict_with_write_back(D0, 1, |_| true),
         Err(CacheError::NoHostTier)
     ));
     let c = cache(2, 8, 16);
-    let host = c.host().unwrap();
-    assert_eq!((c.devices(), host), (2, DeviceId(2)));
+    assert!(c.has_host_tier());
+    assert_eq!(c.devices(), 2);
     let k = key(4, 1);
     assert!(matches!(
         c.copy_prefix(TokenKey::new(&k), D1, D1),
-        Err(CacheError::CopyToItself(d)) if d == D1
+        Err(CacheError::CopyToItself(d)) if d == D1.into()
     ));
     assert!(matches!(
         c.copy_prefix(TokenKey::new(&k), D0, DeviceId(3)),
         Err(CacheError::UnknownDevice { .. })
     ));
-    // Copies move pages: external-value mode has none.
-    let ext = Arc::new(
-        RadixCache::builder()
-            .devices(2)
-            .host_pages(8)
-            .build()
-            .unwrap(),
-    );
+    // Naming the host tier of a cache without one is a clear error too.
     assert!(matches!(
-        ext.copy_prefix(TokenKey::new(&k), D0, D1),
-        Err(CacheError::NoAllocator)
+        plain.alloc(Tier::Host, 4),
+        Err(CacheError::NoHostTier)
     ));
 }
 
 #[test]
 fn the_host_tier_is_prefix_closed_evicted_leaves_first_and_audited() {
     let c = cache(2, 8, 32);
-    let host = c.host().unwrap();
+    let host = Tier::Host;
     let mut pools = Pools::default();
     let a = key(16, 1);
     let mut b = a[..8].to_vec();
@@ -169,7 +166,7 @@ fn the_host_tier_is_prefix_closed_evicted_leaves_first_and_audited() {
 #[test]
 fn a_match_reports_the_host_and_the_other_devices_further_prefix() {
     let c = cache(2, 16, 32);
-    let host = c.host().unwrap();
+    let host = Tier::Host;
     let mut pools = Pools::default();
     let k = key(32, 3);
     cache_on(&c, &mut pools, D0, &k[..8]);
@@ -192,7 +189,7 @@ fn a_match_reports_the_host_and_the_other_devices_further_prefix() {
     // A match on the host tier itself, pinned: a lease of its own tier.
     let m = c.match_and_pin(TokenKey::new(&k), host).unwrap();
     assert_eq!(m.len, 24);
-    assert_eq!(m.lease.as_ref().unwrap().device(), host);
+    assert_eq!(m.lease.as_ref().unwrap().tier(), host);
     assert!(pools.holds(host, &k, &m.values));
     assert_eq!(c.sizes(host).unwrap().protected, 24);
     drop(m);
@@ -210,7 +207,10 @@ fn a_copy_moves_the_kv_and_a_cancelled_one_gives_everything_back() {
     let free1 = c.allocator(D1).unwrap().free_pages();
     // Cancelled: pages back, pins released, nothing resident.
     let copy = c.copy_prefix(TokenKey::new(&k), D0, D1).unwrap().unwrap();
-    assert_eq!((copy.source(), copy.dest(), copy.range()), (D0, D1, 4..16));
+    assert_eq!(
+        (copy.source(), copy.dest(), copy.range()),
+        (D0.into(), D1.into(), 4..16)
+    );
     assert_eq!(c.allocator(D1).unwrap().free_pages(), free1 - 3);
     assert_eq!(c.sizes(D0).unwrap().protected, 16, "the source is pinned");
     drop(copy);
@@ -293,7 +293,7 @@ fn a_copy_that_loses_to_a_concurrent_insert_frees_its_pages() {
 #[test]
 fn a_request_loads_its_prefix_from_the_host_instead_of_recomputing_it() {
     let c = cache(2, 16, 32);
-    let host = c.host().unwrap();
+    let host = Tier::Host;
     let mut pools = Pools::default();
     let prompt = key(13, 8); // 3 whole pages and one token
     cache_on(&c, &mut pools, host, &prompt[..12]);
@@ -323,7 +323,7 @@ fn a_request_loads_its_prefix_from_the_host_instead_of_recomputing_it() {
 #[test]
 fn write_back_keeps_evicted_prefixes_loadable_from_the_host() {
     let c = cache(2, 16, 64);
-    let host = c.host().unwrap();
+    let host = Tier::Host;
     let mut pools = Pools::default();
     let a = key(16, 9);
     let mut b = a[..8].to_vec();
@@ -370,7 +370,7 @@ fn write_back_keeps_evicted_prefixes_loadable_from_the_host() {
 fn copies_write_backs_and_evictions_race_without_losing_kv() {
     use std::sync::Mutex;
     let c = cache(2, 48, 96);
-    let host = c.host().unwrap();
+    let host = Tier::Host;
     let pools = Arc::new(Mutex::new(Pools::default()));
     let prompts: Vec<Vec<u32>> = (0..6).map(|p| key(24, 20 + p)).collect();
     let request = |p: usize, r: u32| {
@@ -393,7 +393,11 @@ fn copies_write_backs_and_evictions_race_without_losing_kv() {
                         continue;
                     };
                     // Load what another tier holds beyond the local prefix.
-                    let other = if r % 2 == 0 { host } else { DeviceId(1 - d.0) };
+                    let other = if r % 2 == 0 {
+                        host
+                    } else {
+                        DeviceId(1 - d.0).into()
+                    };
                     if let Ok(Some(copy)) = req.copy_from(other) {
                         pools.lock().unwrap().copy(other, d, &copy.runs());
                         copy.complete().unwrap();
@@ -452,7 +456,7 @@ fn copies_write_backs_and_evictions_race_without_losing_kv() {
     for p in 0..prompts.len() as u32 {
         for r in 0..=2 * ops {
             let k = request(p as usize, r);
-            for tier in [D0, D1, host] {
+            for tier in [D0.into(), D1.into(), host] {
                 let m = c.match_and_pin(TokenKey::new(&k), tier).unwrap();
                 assert!(
                     pools.holds(tier, &k[..m.len], &m.values),

@@ -19,10 +19,13 @@
 //! meanwhile, completing keeps that one and frees the copy's pages (they
 //! are duplicates, as for any concurrent insert).
 
-use super::{CacheError, InsertResult, Lease, RadixCache, Request, TokenKey};
+use super::ownership::OwnedPages;
+use super::{CacheError, InsertResult, Lease, PagedCache, RadixCache, Request, TokenKey};
 use crate::alloc::PageSpan;
-use crate::device::DeviceId;
+use crate::device::Tier;
 use crate::sync::Arc;
+use crate::tree::ops::attach::Writer;
+use crate::tree::ops::insert::Insert;
 use std::ops::Range;
 
 /// One contiguous run of a copy: `len` slots starting at `src` on the
@@ -65,18 +68,17 @@ pub struct SlotRun {
 #[derive(Debug)]
 #[must_use = "a copy does nothing until it is completed; dropping it cancels it"]
 pub struct PrefixCopy {
-    cache: Arc<RadixCache>,
+    cache: Arc<PagedCache>,
     namespace: Option<Box<str>>,
     /// The key up to the end of the copied range.
     tokens: Vec<u32>,
-    source: DeviceId,
-    dest: DeviceId,
+    source: Tier,
+    dest: Tier,
     range: Range<usize>,
     /// The source's slots of `range`, read after the source pin succeeded.
     source_slots: Vec<u32>,
-    /// Pins the source's prefix `0..range.end` while the copy lives (the
-    /// protecting step of loom models 18 and 20; their control drops it as
-    /// soon as the slots are read).
+    /// Pins the source's prefix `0..range.end` while the copy lives
+    /// ([`copy_source_pin`]).
     _source_lease: Option<Lease>,
     /// The destination's slots of `0..range.start` (its cached prefix).
     dest_prefix: Vec<u32>,
@@ -87,19 +89,20 @@ pub struct PrefixCopy {
     pages: PageSpan,
 }
 
-impl RadixCache {
+impl RadixCache<OwnedPages> {
     /// Plans a copy of the part of `key` (whole pages) that `source` holds
     /// beyond what `dest` holds: pins both prefixes and allocates the
     /// destination's pages for the difference (evicting on `dest` if it is
     /// short, never the pinned prefix). `Ok(None)` when `source` holds no
     /// more of the key than `dest`. `source` and `dest` are devices or the
-    /// host tier ([`host`](Self::host)); the cache must own its pages.
+    /// host tier.
     pub fn copy_prefix(
         self: &Arc<Self>,
         key: TokenKey<'_>,
-        source: DeviceId,
-        dest: DeviceId,
+        source: impl Into<Tier>,
+        dest: impl Into<Tier>,
     ) -> Result<Option<PrefixCopy>, CacheError> {
+        let (source, dest) = (source.into(), dest.into());
         self.check_copy(source, dest)?;
         let dest_match = self.match_and_pin(key, dest)?;
         self.plan_copy(
@@ -112,14 +115,11 @@ impl RadixCache {
         )
     }
 
-    pub(super) fn check_copy(&self, source: DeviceId, dest: DeviceId) -> Result<(), CacheError> {
-        self.device(source)?;
-        self.device(dest)?;
+    pub(super) fn check_copy(&self, source: Tier, dest: Tier) -> Result<(), CacheError> {
+        self.slot(source)?;
+        self.slot(dest)?;
         if source == dest {
             return Err(CacheError::CopyToItself(source));
-        }
-        if self.allocators.is_empty() {
-            return Err(CacheError::NoAllocator);
         }
         Ok(())
     }
@@ -129,8 +129,8 @@ impl RadixCache {
     fn plan_copy(
         self: &Arc<Self>,
         key: TokenKey<'_>,
-        source: DeviceId,
-        dest: DeviceId,
+        source: Tier,
+        dest: Tier,
         dest_len: usize,
         dest_prefix: Vec<u32>,
         dest_lease: Option<Lease>,
@@ -139,13 +139,7 @@ impl RadixCache {
         if src.len <= dest_len {
             return Ok(None);
         }
-        #[cfg(radixkv_negative = "copy_source_pin")]
-        let source_lease = {
-            drop(src.lease);
-            None
-        };
-        #[cfg(not(radixkv_negative = "copy_source_pin"))]
-        let source_lease = src.lease;
+        let source_lease = copy_source_pin(src.lease);
         let range = dest_len..src.len;
         let pages = self.alloc(dest, range.len())?;
         Ok(Some(PrefixCopy {
@@ -166,12 +160,12 @@ impl RadixCache {
 
 impl PrefixCopy {
     /// The tier the KV comes from.
-    pub fn source(&self) -> DeviceId {
+    pub fn source(&self) -> Tier {
         self.source
     }
 
     /// The tier the KV goes to.
-    pub fn dest(&self) -> DeviceId {
+    pub fn dest(&self) -> Tier {
         self.dest
     }
 
@@ -223,41 +217,63 @@ impl PrefixCopy {
     /// As [`complete`](Self::complete), and pins the new end on the
     /// destination: the lease and the path's slots (read after the pin).
     fn finish(self, pin: bool) -> Result<(InsertResult, Option<Lease>, Vec<u32>), CacheError> {
-        let key = TokenKey::new(&self.tokens).in_namespace(self.namespace.as_deref());
-        // The control of loom model 19 makes the copied pages resident
-        // without looking at what the tree adopted: when another scheduler
-        // made the prefix resident first, the copy's pages are duplicates
-        // and leak (I2).
-        #[cfg(radixkv_negative = "copy_dups")]
-        {
-            let mut values = self.dest_prefix.clone();
-            values.extend(self.pages.slots());
-            let guard = crossbeam_epoch::pin();
-            let w = self.cache.tree.insert(
-                key.namespace,
-                key.tokens,
-                &values,
-                self.dest.index(),
-                0,
-                false,
-                &guard,
-            );
-            let _ = pin;
-            let _ = self.pages.into_owned_pages();
-            Ok((
-                InsertResult::from_adopted(w.adopted, self.tokens.len()),
-                None,
-                Vec::new(),
-            ))
-        }
-        // The protecting step: the general chunk insert, which gives the
-        // pages the tree did not adopt back to the allocator. The source
-        // and destination pins (fields) are released when `self` drops at
-        // the end of this call, after the insert.
-        #[cfg(not(radixkv_negative = "copy_dups"))]
-        self.cache
-            .insert_chunk_pinned(key, self.dest, &self.dest_prefix, self.pages, 0, pin)
+        copy_frees_dups(self, pin)
     }
+}
+
+/// The protecting step `copy_source_pin` (models `copy_vs_evict_source`,
+/// `write_back_vs_evict`): a copy holds the pin on the source's prefix
+/// (`lease`) for its whole life, so the source pages cannot be evicted
+/// (freed, reused) before it completes or is cancelled. Its control drops
+/// the pin as soon as the slots are read.
+fn copy_source_pin(lease: Option<Lease>) -> Option<Lease> {
+    if cfg!(radixkv_negative = "copy_source_pin") {
+        drop(lease);
+        return None;
+    }
+    lease
+}
+
+/// The protecting step `copy_frees_dups` (model
+/// `copy_completion_vs_insert_on_dest`): completing a copy is the general
+/// chunk insert, which gives the pages the tree did not adopt (another
+/// scheduler made the prefix resident first) back to the destination's
+/// allocator. The source and destination pins (the copy's fields) are
+/// released when `copy` drops at the end, after the insert. Its control
+/// makes the copied pages resident without looking at what the tree
+/// adopted, so duplicates leak (I2).
+fn copy_frees_dups(
+    copy: PrefixCopy,
+    pin: bool,
+) -> Result<(InsertResult, Option<Lease>, Vec<u32>), CacheError> {
+    let key = TokenKey::new(&copy.tokens).in_namespace(copy.namespace.as_deref());
+    if cfg!(radixkv_negative = "copy_frees_dups") {
+        let mut values = copy.dest_prefix.clone();
+        values.extend(copy.pages.slots());
+        let t = copy.cache.slot(copy.dest)?;
+        let guard = crossbeam_epoch::pin();
+        let insert = Insert {
+            ns: key.namespace,
+            tokens: key.tokens,
+            values: &values,
+            writer: Writer {
+                tier: t,
+                priority: 0,
+                pin: false,
+            },
+        };
+        let w = copy.cache.tree.insert(insert, &guard);
+        // The pages leave the copy's span without going back or to the tree.
+        let _ = copy.pages.into_owned_pages();
+        let _ = pin;
+        return Ok((
+            InsertResult::from_adopted(w.adopted, copy.tokens.len()),
+            None,
+            Vec::new(),
+        ));
+    }
+    copy.cache
+        .insert_chunk_pinned(key, &copy.dest_prefix, copy.pages, 0, pin)
 }
 
 /// A copy into a request's own pages ([`Request::copy_from`]): completing
@@ -299,12 +315,12 @@ impl Request {
     /// no more, or when the request already owns pages.
     ///
     /// ```
-    /// use radixkv::{DeviceId, RadixCache, TokenKey};
+    /// use radixkv::{DeviceId, RadixCache, Tier, TokenKey};
     /// use std::sync::Arc;
     /// let c = Arc::new(
     ///     RadixCache::builder().page_size(2).pages_per_device(16).host_pages(64).build()?,
     /// );
-    /// let host = c.host().unwrap();
+    /// let host = Tier::Host;
     /// let key = [1, 2, 3, 4, 5];
     /// let span = c.alloc(host, 4)?;
     /// c.insert_pages(TokenKey::new(&key[..4]), span, 0)?; // on the host only
@@ -319,9 +335,13 @@ impl Request {
     /// c.audit();
     /// # Ok::<(), radixkv::CacheError>(())
     /// ```
-    pub fn copy_from(&mut self, source: DeviceId) -> Result<Option<RequestCopy<'_>>, CacheError> {
+    pub fn copy_from(
+        &mut self,
+        source: impl Into<Tier>,
+    ) -> Result<Option<RequestCopy<'_>>, CacheError> {
+        let source = source.into();
         let cache = Arc::clone(self.cache());
-        cache.check_copy(source, self.device())?;
+        cache.check_copy(source, self.device().into())?;
         if self.backed_len() > self.cached_len() {
             return Ok(None);
         }
@@ -332,7 +352,7 @@ impl Request {
         let copy = cache.plan_copy(
             key,
             source,
-            self.device(),
+            self.device().into(),
             self.cached_len(),
             self.cached_slots().to_vec(),
             None,

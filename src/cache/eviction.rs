@@ -6,13 +6,14 @@
 //! The background thread that calls it is `evictor`; the orders themselves
 //! are `policy`.
 
+use super::ownership::{OwnedPages, Ownership};
 use super::policy::{self, EvictionPolicy, LeafStats};
 use super::{CacheError, Evicted, PrefixCopy, RadixCache, TokenKey};
-use crate::device::DeviceId;
+use crate::device::Tier;
 use crate::sync::{Arc, Ordering};
-use crate::tree::node::{arc_of, Node};
-use crate::tree::values::Values;
-use crate::tree::{is_candidate, is_leaf_on};
+use crate::tree::node::{arc_of, Node, Values};
+use crate::tree::ops::evict::{is_candidate, is_leaf_on};
+use crate::tree::prefetch::prefetch_node;
 use crossbeam_epoch::Guard;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -92,87 +93,29 @@ impl Candidates {
     }
 }
 
-impl RadixCache {
-    /// Evicts whole unpinned leaves of `device` in policy order until at
+impl<P: Ownership> RadixCache<P> {
+    /// Evicts whole unpinned leaves of `tier` in policy order until at
     /// least `tokens` tokens are freed or nothing evictable is left, and
     /// returns their values. A parent whose last resident child goes
     /// becomes a candidate in turn. A node left with no residency on any
     /// device and no children leaves the tree.
-    pub fn evict(&self, device: DeviceId, tokens: usize) -> Result<Evicted, CacheError> {
-        self.evict_inner(device, tokens, None)
-    }
-
-    /// [`evict`](Self::evict) with write-back to the host tier: before a
-    /// victim leaf of `device` is evicted, the part of its path (root to
-    /// the leaf) that the host tier does not hold yet is copied there,
-    /// ancestors included, so the host's residency stays prefix-closed and
-    /// loadable. `write` moves the KV of each [`PrefixCopy`] (device →
-    /// host, run by run) and says whether it succeeded; a copy that fails
-    /// is cancelled and the victim evicted anyway. The victim's pages are
-    /// pinned by the copy while `write` runs, so no other evictor can free
-    /// (and reuse) them mid-copy; it is claimed for eviction only after the
-    /// copy completed (loom model 20). Needs a host tier and pages owned by
-    /// the cache; [`Evicted::written_back`] counts the tokens copied.
-    ///
-    /// ```
-    /// use radixkv::{DeviceId, RadixCache, TokenKey};
-    /// use std::sync::Arc;
-    /// let c = Arc::new(
-    ///     RadixCache::builder().page_size(2).pages_per_device(16).host_pages(64).build()?,
-    /// );
-    /// let span = c.alloc(DeviceId(0), 4)?;
-    /// c.insert_pages(TokenKey::new(&[1, 2, 3, 4]), span, 0)?;
-    /// let ev = c.evict_with_write_back(DeviceId(0), 4, |copy| {
-    ///     // move copy.runs() from device 0 to the host here
-    ///     copy.range().len() > 0
-    /// })?;
-    /// assert_eq!((ev.tokens, ev.written_back), (4, 4));
-    /// let t = c.peek_tiers(TokenKey::new(&[1, 2, 3, 4]));
-    /// assert_eq!((t.devices[0], t.host), (0, 4)); // gone from the GPU, kept on the host
-    /// c.audit();
-    /// # Ok::<(), radixkv::CacheError>(())
-    /// ```
-    pub fn evict_with_write_back(
-        self: &Arc<Self>,
-        device: DeviceId,
-        tokens: usize,
-        mut write: impl FnMut(&PrefixCopy) -> bool,
-    ) -> Result<Evicted, CacheError> {
-        let host = self.host().ok_or(CacheError::NoHostTier)?;
-        self.check_copy(device, host)?;
-        let mut hook = |n: &Node, guard: &Guard| -> usize {
-            let Some((ns, path)) = self.tree.path_of(n, guard) else {
-                return 0;
-            };
-            let key = TokenKey::new(&path).in_namespace(ns.as_deref());
-            // A copy that cannot be planned (the host full of pinned pages)
-            // is skipped: the victim goes as without a host tier.
-            let Ok(Some(copy)) = self.copy_prefix(key, device, host) else {
-                return 0;
-            };
-            let n = copy.range().len();
-            if write(&copy) && copy.complete().is_ok() {
-                n
-            } else {
-                0
-            }
-        };
-        self.evict_inner(device, tokens, Some(&mut hook))
+    pub fn evict(&self, tier: impl Into<Tier>, tokens: usize) -> Result<Evicted, CacheError> {
+        let t = self.slot(tier.into())?;
+        self.evict_inner(t, tokens, None)
     }
 
     fn evict_inner(
         &self,
-        device: DeviceId,
+        d: usize,
         tokens: usize,
         mut hook: Option<WriteBackHook<'_>>,
     ) -> Result<Evicted, CacheError> {
-        let d = self.device(device)?;
         let mut out = Evicted::default();
         if tokens == 0 {
             return Ok(out);
         }
         let start = std::time::Instant::now();
-        if self.allocators.get(d).is_none() {
+        if self.pages.allocator_of(d).is_none() {
             // The values are returned (no allocator to give pages back to):
             // room for all of them at once, so that a large eviction does
             // not copy them over and over as the vector grows (measured:
@@ -224,8 +167,8 @@ impl RadixCache {
             self.account(&ev.values, d, &mut out);
             if is_leaf_on(ev.parent, d) {
                 // Relaxed: as in `evict_tracked` (one evictor per device).
-                let hits = ev.parent.dev(d).hits.load(Ordering::Relaxed);
-                ev.parent.dev(d).hits_base.store(hits, Ordering::Relaxed);
+                let hits = ev.parent.slot(d).hits.load(Ordering::Relaxed);
+                ev.parent.slot(d).hits_base.store(hits, Ordering::Relaxed);
             }
             if is_candidate(ev.parent, d) {
                 heap.push(Reverse((self.key_of(policy, ev.parent, d), nodes.len())));
@@ -241,7 +184,7 @@ impl RadixCache {
         Ok(fitted(out))
     }
 
-    /// What eviction did on `device` since the cache was built: calls,
+    /// What eviction did on `tier` since the cache was built: calls,
     /// leaves, tokens and pages evicted, the latency histogram of `evict`
     /// calls, and the background evictor's wake-ups and time below the low
     /// watermark. Waits for an eviction in progress on that device.
@@ -257,9 +200,9 @@ impl RadixCache {
     /// ```
     pub fn eviction_metrics(
         &self,
-        device: DeviceId,
+        tier: impl Into<Tier>,
     ) -> Result<crate::metrics::EvictionMetrics, CacheError> {
-        let d = self.device(device)?;
+        let d = self.slot(tier.into())?;
         Ok(crate::sync::lock(&self.candidates[d]).metrics.metrics())
     }
 
@@ -280,9 +223,9 @@ impl RadixCache {
     /// ```
     pub fn eviction_latency(
         &self,
-        device: DeviceId,
+        tier: impl Into<Tier>,
     ) -> Result<crate::metrics::LatencyHistogram, CacheError> {
-        let d = self.device(device)?;
+        let d = self.slot(tier.into())?;
         Ok(crate::sync::lock(&self.candidates[d])
             .metrics
             .latency()
@@ -321,7 +264,7 @@ impl RadixCache {
         values.append_to(&mut out.values, self.page_size());
         out.tokens += out.values.len() - before;
         out.leaves += 1;
-        if let Some(a) = self.allocators.get(d) {
+        if let Some(a) = self.pages.allocator_of(d) {
             let ps = self.page_size();
             let pages: Vec<u32> = out.values[before..]
                 .iter()
@@ -427,15 +370,15 @@ impl RadixCache {
                 let p = unsafe { arc_of(ev.parent) };
                 // Relaxed: written and read by this device's evictor, under
                 // the candidates lock.
-                let hits = p.dev(d).hits.load(Ordering::Relaxed);
-                p.dev(d).hits_base.store(hits, Ordering::Relaxed);
+                let hits = p.slot(d).hits.load(Ordering::Relaxed);
+                p.slot(d).hits_base.store(hits, Ordering::Relaxed);
                 let mut k = self.entry_key(c.hand, &p, d);
                 if self.eviction_policy() == EvictionPolicy::Sieve {
                     // Its hits so far were passes through to the children
                     // just evicted: it joins right at the hand (the next
                     // candidate, like its coldest descendants) with its
                     // visited bit clear.
-                    let last = p.dev(d).last_access.load(Ordering::Relaxed);
+                    let last = p.slot(d).last_access.load(Ordering::Relaxed);
                     k = policy::EvictionKey::sieve(c.hand.0, c.hand.1, last, p.id);
                 }
                 c.heap.push(Reverse((k, ByAddr(p))));
@@ -473,12 +416,12 @@ impl RadixCache {
             // heap, the likely ones after it, shallow.
             let next = c.heap.as_slice();
             for (i, Reverse((_, ByAddr(m)))) in next.iter().take(3).enumerate() {
-                crate::tree::prefetch_node(m, d, i == 0, guard);
+                prefetch_node(m, d, i == 0, guard);
             }
             if !is_leaf_on(&n, d) {
                 continue; // stale: evicted, unlinked or no longer a leaf
             }
-            if n.dev(d).residency.load().pins() > 0 {
+            if n.slot(d).residency.load().pins() > 0 {
                 c.aside.push(n); // a candidate again once unpinned
                 continue;
             }
@@ -487,7 +430,7 @@ impl RadixCache {
                 // older than its new one: harmless, it only offers the node
                 // to the hand once more.
                 let (round, order, seen) = stored.sieve_parts();
-                let last = n.dev(d).last_access.load(Ordering::Relaxed);
+                let last = n.slot(d).last_access.load(Ordering::Relaxed);
                 if last > seen {
                     // Visited: clear the bit, wait for the next round.
                     let k = policy::EvictionKey::sieve(round + 1, order, last, n.id);
@@ -528,7 +471,7 @@ impl RadixCache {
 
     /// Whether `n`'s tokens are also resident on a device other than `d`.
     fn replicated(&self, n: &Node, d: usize) -> bool {
-        (0..self.devices()).any(|e| e != d && n.dev(e).residency.load().resident())
+        (0..self.devices()).any(|e| e != d && n.slot(e).residency.load().resident())
     }
 
     /// The heap key of a leaf joining the candidates: its policy key, or for
@@ -552,7 +495,7 @@ impl RadixCache {
     /// `n`'s key on `d` under `policy` (the caller reads the policy under
     /// the device's eviction lock: one policy for a whole eviction).
     fn key_of(&self, policy: EvictionPolicy, n: &Node, d: usize) -> policy::EvictionKey {
-        let s = &n.dev(d);
+        let s = &n.slot(d);
         policy.key(&LeafStats {
             last_access: s.last_access.load(Ordering::Relaxed),
             created: s.created.load(Ordering::Relaxed),
@@ -561,5 +504,66 @@ impl RadixCache {
             priority: n.priority.load(Ordering::Relaxed),
             id: n.id,
         })
+    }
+}
+
+impl RadixCache<OwnedPages> {
+    /// [`evict`](RadixCache::evict) with write-back to the host tier: before a
+    /// victim leaf of `device` is evicted, the part of its path (root to
+    /// the leaf) that the host tier does not hold yet is copied there,
+    /// ancestors included, so the host's residency stays prefix-closed and
+    /// loadable. `write` moves the KV of each [`PrefixCopy`] (device →
+    /// host, run by run) and says whether it succeeded; a copy that fails
+    /// is cancelled and the victim evicted anyway. The victim's pages are
+    /// pinned by the copy while `write` runs, so no other evictor can free
+    /// (and reuse) them mid-copy; it is claimed for eviction only after the
+    /// copy completed (loom model `write_back_vs_evict`). Needs a host tier and pages owned by
+    /// the cache; [`Evicted::written_back`] counts the tokens copied.
+    ///
+    /// ```
+    /// use radixkv::{DeviceId, RadixCache, TokenKey};
+    /// use std::sync::Arc;
+    /// let c = Arc::new(
+    ///     RadixCache::builder().page_size(2).pages_per_device(16).host_pages(64).build()?,
+    /// );
+    /// let span = c.alloc(DeviceId(0), 4)?;
+    /// c.insert_pages(TokenKey::new(&[1, 2, 3, 4]), span, 0)?;
+    /// let ev = c.evict_with_write_back(DeviceId(0), 4, |copy| {
+    ///     // move copy.runs() from device 0 to the host here
+    ///     copy.range().len() > 0
+    /// })?;
+    /// assert_eq!((ev.tokens, ev.written_back), (4, 4));
+    /// let t = c.peek_tiers(TokenKey::new(&[1, 2, 3, 4]));
+    /// assert_eq!((t.devices[0], t.host), (0, 4)); // gone from the GPU, kept on the host
+    /// c.audit();
+    /// # Ok::<(), radixkv::CacheError>(())
+    /// ```
+    pub fn evict_with_write_back(
+        self: &Arc<Self>,
+        tier: impl Into<Tier>,
+        tokens: usize,
+        mut write: impl FnMut(&PrefixCopy) -> bool,
+    ) -> Result<Evicted, CacheError> {
+        let tier = tier.into();
+        self.check_copy(tier, Tier::Host)?;
+        let t = self.slot(tier)?;
+        let mut hook = |n: &Node, guard: &Guard| -> usize {
+            let Some((ns, path)) = self.tree.path_of(n, guard) else {
+                return 0;
+            };
+            let key = TokenKey::new(&path).in_namespace(ns.as_deref());
+            // A copy that cannot be planned (the host full of pinned pages)
+            // is skipped: the victim goes as without a host tier.
+            let Ok(Some(copy)) = self.copy_prefix(key, tier, Tier::Host) else {
+                return 0;
+            };
+            let n = copy.range().len();
+            if write(&copy) && copy.complete().is_ok() {
+                n
+            } else {
+                0
+            }
+        };
+        self.evict_inner(t, tokens, Some(&mut hook))
     }
 }

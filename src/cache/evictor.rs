@@ -18,8 +18,7 @@
 //! # Ok::<(), radixkv::CacheError>(())
 //! ```
 
-use super::{CacheError, RadixCache};
-use crate::device::DeviceId;
+use super::{CacheError, PagedCache};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Weak};
@@ -81,18 +80,19 @@ impl Drop for Evictor {
 /// signal comes.
 const POLL: Duration = Duration::from_millis(20);
 
-impl RadixCache {
+impl PagedCache {
     /// Starts the background evictor (the cache must have been built with
     /// [`watermarks`](super::RadixCacheBuilder::watermarks); one evictor
     /// per cache). The thread holds only a weak reference: dropping the
     /// cache ends it too.
     pub fn start_evictor(self: &Arc<Self>) -> Result<Evictor, CacheError> {
-        self.watermarks.ok_or_else(|| {
+        self.pages.watermarks.ok_or_else(|| {
             CacheError::InvalidConfig(
                 "no watermarks: build the cache with .watermarks(low, high)".into(),
             )
         })?;
         let rx = self
+            .pages
             .evictor_signal
             .lock()
             .map_err(|_| CacheError::InvalidConfig("evictor state poisoned".into()))?
@@ -125,7 +125,7 @@ struct BelowLow(Vec<Option<Instant>>);
 impl BelowLow {
     /// Accounts the time since the last look at device `d` (if it was
     /// below) and notes whether it is below now.
-    fn look(&mut self, cache: &RadixCache, d: usize, below: bool, wakeup: bool) {
+    fn look(&mut self, cache: &PagedCache, d: usize, below: bool, wakeup: bool) {
         let now = Instant::now();
         let spent = self.0[d].map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
         self.0[d] = below.then_some(now);
@@ -135,7 +135,7 @@ impl BelowLow {
     }
 }
 
-fn run(cache: Weak<RadixCache>, signal: Receiver<usize>, stop: &AtomicBool, stats: &EvictorStats) {
+fn run(cache: Weak<PagedCache>, signal: Receiver<usize>, stop: &AtomicBool, stats: &EvictorStats) {
     let mut below = BelowLow(Vec::new());
     loop {
         let woken = match signal.recv_timeout(POLL) {
@@ -159,8 +159,8 @@ fn run(cache: Weak<RadixCache>, signal: Receiver<usize>, stop: &AtomicBool, stat
         // Every tier with an allocator: the devices and the host tier.
         below.0.resize(cache.tiers(), None);
         for d in 0..cache.tiers() {
-            let dev = DeviceId(d as u32);
-            let Some(a) = cache.allocator(dev) else {
+            let tier = cache.tier_of(d);
+            let Ok(a) = cache.allocator(tier) else {
                 continue;
             };
             // The signal is sent as the allocation crosses the watermark,
@@ -175,7 +175,7 @@ fn run(cache: Weak<RadixCache>, signal: Receiver<usize>, stop: &AtomicBool, stat
                 if free >= high {
                     break;
                 }
-                let Ok(ev) = cache.evict(dev, (high - free) * cache.page_size()) else {
+                let Ok(ev) = cache.evict(tier, (high - free) * cache.page_size()) else {
                     break;
                 };
                 stats.evictions.fetch_add(1, Ordering::Relaxed);

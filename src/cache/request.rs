@@ -13,7 +13,8 @@
 //! Dropping a [`Request`] (an abort, an early return, a panic) returns its
 //! pages to the allocator and releases its pin: nothing leaks.
 
-use super::{CacheError, InsertResult, Lease, RadixCache, TokenKey};
+use super::ownership::OwnedPages;
+use super::{CacheError, InsertResult, Lease, PagedCache, RadixCache, TokenKey};
 use crate::alloc::PageSpan;
 use crate::device::DeviceId;
 use crate::sync::Arc;
@@ -40,7 +41,7 @@ use crate::sync::Arc;
 /// ```
 #[derive(Debug)]
 pub struct Request {
-    cache: Arc<RadixCache>,
+    cache: Arc<PagedCache>,
     device: DeviceId,
     namespace: Option<Box<str>>,
     tokens: Vec<u32>,
@@ -60,20 +61,15 @@ struct Further {
     hits: u64,
 }
 
-impl RadixCache {
+impl RadixCache<OwnedPages> {
     /// Starts a request for `key` on `device`: matches and pins the longest
     /// cached prefix that does not cover the last token (at least one token
-    /// is always computed). The cache must own its pages
-    /// ([`RadixCacheBuilder::pages_per_device`](super::RadixCacheBuilder::pages_per_device)).
+    /// is always computed).
     pub fn begin(
         self: &Arc<Self>,
         key: TokenKey<'_>,
         device: DeviceId,
     ) -> Result<Request, CacheError> {
-        self.device(device)?;
-        if self.allocators.is_empty() {
-            return Err(CacheError::NoAllocator);
-        }
         let n = key.tokens.len().saturating_sub(1);
         let probe = TokenKey::new(&key.tokens[..n]).in_namespace(key.namespace);
         let m = self.match_and_pin(probe, device)?;
@@ -173,7 +169,7 @@ impl Request {
         v
     }
 
-    pub(super) fn cache(&self) -> &Arc<RadixCache> {
+    pub(super) fn cache(&self) -> &Arc<PagedCache> {
         &self.cache
     }
 
@@ -226,13 +222,14 @@ impl Request {
         if aligned <= self.cached_len {
             return Ok(InsertResult::from_adopted(Vec::new(), aligned));
         }
-        let own = self.own.take().ok_or(CacheError::NoAllocator)?;
-        let mut chunk = own;
+        let Some(mut chunk) = self.own.take() else {
+            // Nothing is backed beyond the cached prefix: nothing to cache.
+            return Ok(InsertResult::from_adopted(Vec::new(), aligned));
+        };
         let rest = chunk.split_off((aligned - self.cached_len) / ps);
         self.own = (!rest.is_empty()).then_some(rest);
         let (result, lease, slots) = self.cache.insert_chunk_pinned(
             self.key(aligned),
-            self.device,
             &self.cached_slots,
             chunk,
             0,
@@ -245,77 +242,5 @@ impl Request {
             self.lease = Some(lease);
         }
         Ok(result)
-    }
-}
-
-impl RadixCache {
-    /// Inserts `key` whose first `borrowed.len()` tokens are the request's
-    /// pinned cached prefix and the rest are `chunk`'s pages (duplicate
-    /// pages go back to the allocator); returns the insert's result and,
-    /// with `pin`, a lease on the new end and the path's values (read after
-    /// the pin). `insert_pages` is the case without a borrowed prefix or pin.
-    pub(crate) fn insert_chunk_pinned(
-        &self,
-        key: TokenKey<'_>,
-        device: DeviceId,
-        borrowed: &[u32],
-        chunk: PageSpan,
-        priority: i64,
-        pin: bool,
-    ) -> Result<(InsertResult, Option<Lease>, Vec<u32>), CacheError> {
-        let d = self.device(device)?;
-        let a = self.allocators.get(d).ok_or(CacheError::NoAllocator)?;
-        if !Arc::ptr_eq(a, chunk.allocator()) {
-            return Err(CacheError::ForeignSpan);
-        }
-        let len = key.tokens.len();
-        if len != borrowed.len() + chunk.tokens() {
-            return Err(CacheError::LengthMismatch {
-                tokens: len,
-                values: borrowed.len() + chunk.tokens(),
-            });
-        }
-        if len == 0 {
-            return Ok((InsertResult::from_adopted(Vec::new(), 0), None, Vec::new()));
-        }
-        let mut values = borrowed.to_vec();
-        values.extend(chunk.slots());
-        let guard = crossbeam_epoch::pin();
-        let w = self
-            .tree
-            .insert(key.namespace, key.tokens, &values, d, priority, pin, &guard);
-        let pages = chunk.into_owned_pages();
-        let ps = self.page_size();
-        let base = borrowed.len();
-        let mut dups = Vec::new();
-        let r = InsertResult::from_adopted(w.adopted, len);
-        for range in r.duplicates() {
-            // The borrowed prefix is pinned, so the tree never adopts it:
-            // only the request's own pages can be duplicates to free.
-            let lo = range.start.max(base);
-            if lo < range.end {
-                dups.extend_from_slice(&pages[(lo - base) / ps..(range.end - base) / ps]);
-            }
-        }
-        debug_assert!(
-            r.adopted.iter().all(|a| a.start >= base),
-            "adopted a borrowed page"
-        );
-        a.give_back(&dups);
-        let (lease, slots) = match w.pinned {
-            Some((node, depth)) => {
-                // SAFETY: `node` is a tree node the insert reached under its
-                // guard, alive for this call (and pinned).
-                let held = unsafe { crate::tree::node::arc_of(node) };
-                let lease = Lease::new(Some(held), d, &self.leases);
-                let slots = self
-                    .tree
-                    .path_values(node, d, depth, &guard)
-                    .unwrap_or_default();
-                (Some(lease), slots)
-            }
-            None => (None, Vec::new()),
-        };
-        Ok((r, lease, slots))
     }
 }

@@ -7,7 +7,7 @@
 
 use super::policy::UnknownPolicy;
 use crate::alloc::AllocError;
-use crate::device::DeviceId;
+use crate::device::{DeviceId, Tier};
 use crate::sync::{Arc, AtomicU64, Ordering};
 use crate::tree::node::Node;
 use crossbeam_utils::CachePadded;
@@ -65,6 +65,54 @@ impl<'a> TokenKey<'a> {
     }
 }
 
+/// The tag that starts the namespace of a LoRA adapter
+/// ([`TokenKey::namespace_for`]).
+const LORA_TAG: &str = "lora:";
+/// Separates a LoRA name from a salt inside a namespace.
+const SALT_SEP: char = '\u{1f}';
+
+impl TokenKey<'_> {
+    /// The namespace of a request that names a LoRA adapter and a cache
+    /// salt (`None` for neither, or both empty): the salt alone, or
+    /// `lora:<name>` with the salt after a U+001F separator. Requests share
+    /// cached prefixes only within one namespace, so a salt isolates a
+    /// tenant and an adapter never reuses another's KV.
+    /// [`namespace_parts`](Self::namespace_parts) is its inverse. The KV
+    /// events and the server name namespaces by this rule.
+    ///
+    /// ```
+    /// use radixkv::TokenKey;
+    /// assert_eq!(TokenKey::namespace_for(None, None), None);
+    /// assert_eq!(TokenKey::namespace_for(None, Some("t1")).as_deref(), Some("t1"));
+    /// let ns = TokenKey::namespace_for(Some("math"), Some("t1")).unwrap();
+    /// assert_eq!(TokenKey::namespace_parts(&ns), (Some("math"), Some("t1")));
+    /// let key = TokenKey::new(&[1, 2]).in_namespace(Some(&ns));
+    /// assert_eq!(key.namespace(), Some("lora:math\u{1f}t1"));
+    /// ```
+    pub fn namespace_for(lora_name: Option<&str>, cache_salt: Option<&str>) -> Option<String> {
+        let lora_name = lora_name.filter(|l| !l.is_empty());
+        let cache_salt = cache_salt.filter(|s| !s.is_empty());
+        match (lora_name, cache_salt) {
+            (None, None) => None,
+            (None, Some(s)) => Some(s.to_owned()),
+            (Some(l), None) => Some(format!("{LORA_TAG}{l}")),
+            (Some(l), Some(s)) => Some(format!("{LORA_TAG}{l}{SALT_SEP}{s}")),
+        }
+    }
+
+    /// A namespace's LoRA name and cache salt (see
+    /// [`namespace_for`](Self::namespace_for)).
+    pub fn namespace_parts(ns: &str) -> (Option<&str>, Option<&str>) {
+        match ns.strip_prefix(LORA_TAG) {
+            None => (None, Some(ns).filter(|s| !s.is_empty())),
+            Some(rest) => match rest.split_once(SALT_SEP) {
+                Some((l, s)) => (Some(l), Some(s)),
+                None => (Some(rest), None),
+            },
+        }
+    }
+}
+
 impl<'a> From<&'a [u32]> for TokenKey<'a> {
     fn from(tokens: &'a [u32]) -> Self {
         TokenKey::new(tokens)
@@ -112,10 +160,10 @@ pub enum CacheError {
         /// How many devices the cache has.
         devices: usize,
     },
-    /// A handle whose node left the tree on its device (evicted, possibly
+    /// A handle whose node left the tree on its tier (evicted, possibly
     /// re-inserted since).
     #[error("stale handle: the matched node left the tree on {0}")]
-    StaleHandle(DeviceId),
+    StaleHandle(Tier),
     /// A handle made by another cache.
     #[error("the handle belongs to another cache")]
     ForeignHandle,
@@ -131,57 +179,52 @@ pub enum CacheError {
     /// The device's allocator could not serve the request.
     #[error(transparent)]
     Alloc(#[from] AllocError),
-    /// A page operation on a cache built without allocators
-    /// (`RadixCacheBuilder::pages_per_device`).
-    #[error("this cache has no page allocators (external-value mode)")]
-    NoAllocator,
-    /// A plain-values insert on a cache that owns its pages: use
-    /// `insert_pages`.
-    #[error("this cache owns its pages: insert a PageSpan with insert_pages")]
-    ValuesOwnedByCache,
     /// A span of another device or another cache's allocator.
     #[error("the span belongs to another device or cache")]
     ForeignSpan,
-    /// A call that needs a host tier on a cache built without one
+    /// [`Tier::Host`] on a cache built without a host tier
     /// ([`RadixCacheBuilder::host_pages`](super::RadixCacheBuilder::host_pages)).
     #[error("the cache has no host tier")]
     NoHostTier,
     /// A copy whose source and destination are the same tier.
     #[error("a copy from {0} to itself")]
-    CopyToItself(DeviceId),
+    CopyToItself(Tier),
 }
 
-/// A pin on a matched prefix on one device: while it lives, the prefix's
-/// values stay resident on that device, unchanged (I3). Dropping it
+/// A pin on a matched prefix on one tier: while it lives, the prefix's
+/// values stay resident on that tier, unchanged (I3). Dropping it
 /// releases the pin. A lease on an empty match protects nothing.
 #[derive(Debug)]
 pub struct Lease {
     node: Option<Arc<Node>>,
-    device: usize,
+    tier: Tier,
+    /// The tier's residency slot.
+    slot: usize,
     counters: Arc<[CachePadded<AtomicU64>]>,
 }
 
 impl Lease {
-    /// A lease on `node` (already pinned on `device` by the caller), counted
-    /// in `counters` while it lives.
+    /// A lease on `node` (already pinned on `(tier, slot)` by the caller),
+    /// counted in `counters` while it lives.
     pub(super) fn new(
         node: Option<Arc<Node>>,
-        device: usize,
+        (tier, slot): (Tier, usize),
         counters: &Arc<[CachePadded<AtomicU64>]>,
     ) -> Self {
         if node.is_some() {
-            counters[device].fetch_add(1, Ordering::SeqCst);
+            counters[slot].fetch_add(1, Ordering::SeqCst);
         }
         Lease {
             node,
-            device,
+            tier,
+            slot,
             counters: Arc::clone(counters),
         }
     }
 
-    /// The device the lease holds pages on.
-    pub fn device(&self) -> DeviceId {
-        DeviceId(self.device as u32)
+    /// The tier the lease holds pages on.
+    pub fn tier(&self) -> Tier {
+        self.tier
     }
 
     /// Whether the lease protects nothing (the match was empty).
@@ -196,21 +239,23 @@ impl Drop for Lease {
             // The node cannot have been freed: this lease holds an `Arc` to
             // it, and while pinned it cannot be unlinked. After the
             // decrement it may be evicted at once; nothing here touches it.
-            n.dev(self.device).residency.unpin();
-            self.counters[self.device].fetch_sub(1, Ordering::SeqCst);
+            n.slot(self.slot).residency.unpin();
+            self.counters[self.slot].fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
 
 /// A reference to the end node of a match that outlives the match: it can be
 /// pinned later with [`RadixCache::pin`](super::RadixCache::pin), which fails with
-/// [`CacheError::StaleHandle`] if the node left the tree on that device in
+/// [`CacheError::StaleHandle`] if the node left the tree on that tier in
 /// between (generation-checked).
 #[derive(Clone, Debug)]
 pub struct NodeHandle {
     pub(super) cache: u64,
     pub(super) node: Option<Arc<Node>>,
-    pub(super) device: usize,
+    pub(super) tier: Tier,
+    /// The tier's residency slot.
+    pub(super) slot: usize,
     pub(super) generation: u64,
 }
 
@@ -220,17 +265,17 @@ impl NodeHandle {
         self.node.is_none()
     }
 
-    /// The device of the match.
-    pub fn device(&self) -> DeviceId {
-        DeviceId(self.device as u32)
+    /// The tier of the match.
+    pub fn tier(&self) -> Tier {
+        self.tier
     }
 }
 
-/// The result of a match on one device.
+/// The result of a match on one tier.
 #[non_exhaustive]
 #[derive(Debug)]
 pub struct MatchResult {
-    /// Tokens of the key resident on the asked device (a multiple of the
+    /// Tokens of the key resident on the asked tier (a multiple of the
     /// page size).
     pub len: usize,
     /// The values of those tokens; filled only by

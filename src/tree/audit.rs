@@ -3,22 +3,21 @@
 //! (shape: page-aligned keys, children filed under their first page,
 //! values matching keys, resident-children counts), I5 (every node
 //! reachable once, one root per namespace) and the tree's own gauges. It
-//! takes no part in the concurrent protocol (the parent module).
+//! takes no part in the concurrent protocol.
 
-use super::children::page_hash;
-use super::namespaces;
-use super::node::Node;
-use super::Tree;
 use crate::sync::Ordering;
+use crate::tree::namespaces;
+use crate::tree::node::{page_hash, Node};
+use crate::tree::state::Tree;
 use crossbeam_epoch::Guard;
 
 impl Tree {
     /// Checks I1, I4, I5 and the tree's own counters. `Err` names the first
     /// violation. Meaningful in quiescent state only.
     pub(crate) fn check(&self, guard: &Guard) -> Result<(), String> {
-        let ps = self.page_size;
+        let ps = self.page_size();
         let mut seen = std::collections::HashSet::new();
-        let mut tokens = vec![0u64; self.devices];
+        let mut tokens = vec![0u64; self.tiers()];
         let mut count = 0u64;
         let mut stack: Vec<&Node> = Vec::new();
         for (ns, root) in self.roots.roots(guard) {
@@ -37,7 +36,7 @@ impl Tree {
         }
         while let Some(n) = stack.pop() {
             let img = n.image_ref(guard);
-            if n.obsolete.load(Ordering::SeqCst) {
+            if n.is_obsolete() {
                 return Err(format!("node {} is linked but marked obsolete", n.id));
             }
             if !n.is_root {
@@ -57,9 +56,9 @@ impl Tree {
                 }
             }
             // SAFETY: `n` is linked (reached from a root under `guard`).
-            let parent = (!img.parent.0.is_null()).then(|| unsafe { &*img.parent.0 });
+            let parent = (!img.parent.is_null()).then(|| unsafe { &*img.parent.0 });
             for (e, tokens_e) in tokens.iter_mut().enumerate() {
-                let st = n.dev(e).residency.load();
+                let st = n.slot(e).residency.load();
                 if n.is_root {
                     continue;
                 }
@@ -94,14 +93,17 @@ impl Tree {
                 }
             }
             let children = n.children_ref(guard);
-            let mut resident_children = vec![0u32; self.devices];
+            let mut resident_children = vec![0u32; self.tiers()];
             let mut pages = std::collections::HashSet::new();
             children
-                .check(|c| c.image_ref(guard).key.get(..ps).map_or(0, page_hash))
+                .check(
+                    |c| c.image_ref(guard).key.get(..ps).map_or(0, page_hash),
+                    |c| c.id,
+                )
                 .map_err(|e| format!("I4: children of node {}: {e}", n.id))?;
             for c in children.nodes() {
                 let cimg = c.image_ref(guard);
-                if !std::ptr::eq(cimg.parent.0, n) {
+                if !cimg.parent.is(n) {
                     return Err(format!("node {}'s parent link is not node {}", c.id, n.id));
                 }
                 if cimg.key.len() < ps {
@@ -117,7 +119,7 @@ impl Tree {
                     return Err(format!("I5: node {} is reachable twice", c.id));
                 }
                 for (e, r) in resident_children.iter_mut().enumerate() {
-                    if c.dev(e).residency.load().resident() {
+                    if c.slot(e).residency.load().resident() {
                         *r += 1;
                     }
                 }
@@ -125,7 +127,7 @@ impl Tree {
             }
             if !n.is_root {
                 for (e, r) in resident_children.iter().enumerate() {
-                    let counted = n.dev(e).resident_children.load(Ordering::SeqCst);
+                    let counted = n.slot(e).resident_children.load(Ordering::SeqCst);
                     if counted != *r {
                         return Err(format!(
                             "node {} counts {counted} resident children on device {e}, has {r}",

@@ -9,6 +9,10 @@
 //! eviction are per device), so the logical clock is one counter per
 //! device: each scheduler ticks its own, cache-padded counter and no atomic
 //! is shared between schedulers on the match path.
+//!
+//! | atomic | ordering | why |
+//! | --- | --- | --- |
+//! | a tier's counter (`fetch_add`) | Relaxed | uniqueness and monotonicity of one counter hold under any ordering (all RMWs on one location are totally ordered), and no other memory is published through it |
 
 use crate::sync::{AtomicU64, Ordering};
 use crossbeam_utils::CachePadded;

@@ -37,10 +37,16 @@
 //! Replaced slot arrays and removed entries are retired through the tree's
 //! reclaimer (freed after the grace period by `evict` / `reclaim`, never
 //! inside a reader).
+//!
+//! | atomic | ordering | why |
+//! | --- | --- | --- |
+//! | `table` (load, store) | SeqCst | a rebuilt slot array is written whole before it is published; readers load it (Acquire would carry that edge; kept SeqCst: namespaces change rarely and the load is one per walk, not measured to pay) |
+//! | slot pointers (load, store, swap) | SeqCst | an entry is written whole before its slot points at it; readers load the slot |
+//! | `Node::obsolete` of a root | SeqCst | see `protocol::lock` |
 
-use super::node::Node;
-use super::reclaim::Retired;
 use crate::sync::{Arc, Mutex, Ordering};
+use crate::tree::node::Node;
+use crate::tree::protocol::reclaim::Retired;
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
 
 /// The smallest table (slots).
@@ -50,21 +56,21 @@ const TOMBSTONE: usize = 1;
 
 /// One namespace: immutable once published.
 #[derive(Debug)]
-pub(crate) struct Entry {
+struct Entry {
     hash: u64,
     name: Option<Box<str>>,
-    pub(crate) root: Arc<Node>,
+    root: Arc<Node>,
 }
 
 /// A slot array.
 #[derive(Debug)]
-pub(crate) struct Table {
+struct EntryTable {
     slots: Box<[Atomic<Entry>]>,
 }
 
-impl Table {
-    fn with_slots(n: usize) -> Table {
-        Table {
+impl EntryTable {
+    fn with_slots(n: usize) -> EntryTable {
+        EntryTable {
             slots: (0..n).map(|_| Atomic::null()).collect(),
         }
     }
@@ -84,7 +90,7 @@ struct Counts {
 /// The namespace table of a tree.
 #[derive(Debug)]
 pub(crate) struct Namespaces {
-    table: Atomic<Table>,
+    table: Atomic<EntryTable>,
     writer: Mutex<Counts>,
 }
 
@@ -133,14 +139,14 @@ pub(crate) fn name_of(key: &[u32]) -> Option<String> {
 impl Default for Namespaces {
     fn default() -> Self {
         Namespaces {
-            table: Atomic::new(Table::with_slots(MIN_SLOTS)),
+            table: Atomic::new(EntryTable::with_slots(MIN_SLOTS)),
             writer: Mutex::new(Counts::default()),
         }
     }
 }
 
 impl Namespaces {
-    fn table<'g>(&self, guard: &'g Guard) -> &'g Table {
+    fn table<'g>(&self, guard: &'g Guard) -> &'g EntryTable {
         // SAFETY: never null (set in `default`, only replaced by a store of
         // a new table under the writer mutex); replaced tables are retired
         // through the reclaimer, after the grace period of `guard`.
@@ -153,7 +159,11 @@ impl Namespaces {
     }
 
     /// The slot and entry of `ns` in `t`.
-    fn find_in<'g>(t: &'g Table, ns: Option<&str>, guard: &'g Guard) -> Option<(usize, &'g Entry)> {
+    fn find_in<'g>(
+        t: &'g EntryTable,
+        ns: Option<&str>,
+        guard: &'g Guard,
+    ) -> Option<(usize, &'g Entry)> {
         let h = hash_of(ns);
         let mask = t.mask();
         let mut i = (h as usize) & mask;
@@ -210,7 +220,7 @@ impl Namespaces {
             // An obsolete root whose removal has not happened yet: replace
             // it; its remover will find its root gone from the table.
             let prev = t.slots[slot].swap(entry, Ordering::SeqCst, guard);
-            retired.ns_entry(prev);
+            retired.owned(prev);
         } else {
             let t = if (counts.live + counts.tombstones + 1) * 2 > t.slots.len() {
                 let live = counts.live + 1;
@@ -228,7 +238,7 @@ impl Namespaces {
 
     /// Puts `entry` into the first empty or tombstone slot of its run.
     /// Called under the writer mutex, with room guaranteed.
-    fn place<'g>(t: &Table, entry: Shared<'g, Entry>, counts: &mut Counts, guard: &'g Guard) {
+    fn place<'g>(t: &EntryTable, entry: Shared<'g, Entry>, counts: &mut Counts, guard: &'g Guard) {
         // SAFETY: `entry` is a live, just-created entry.
         let h = unsafe { entry.deref() }.hash;
         let mask = t.mask();
@@ -255,9 +265,9 @@ impl Namespaces {
         live: usize,
         guard: &'g Guard,
         retired: &mut Retired,
-    ) -> &'g Table {
+    ) -> &'g EntryTable {
         let slots = (live * 4).next_power_of_two().max(MIN_SLOTS);
-        let new = Table::with_slots(slots);
+        let new = EntryTable::with_slots(slots);
         let old = self.table.load(Ordering::SeqCst, guard);
         // SAFETY: as in `table`.
         let old_t = unsafe { old.deref() };
@@ -272,7 +282,7 @@ impl Namespaces {
         *counts = moved;
         let new = Owned::new(new).into_shared(guard);
         self.table.store(new, Ordering::SeqCst);
-        retired.ns_table(old);
+        retired.owned(old);
         // SAFETY: just published; retired only through the reclaimer.
         unsafe { new.deref() }
     }
@@ -294,7 +304,7 @@ impl Namespaces {
             return; // replaced by a fresh root meanwhile
         }
         let p = t.slots[slot].swap(Shared::null().with_tag(TOMBSTONE), Ordering::SeqCst, guard);
-        retired.ns_entry(p);
+        retired.owned(p);
         counts.live -= 1;
         counts.tombstones += 1;
         if counts.live * 8 < t.slots.len() && t.slots.len() > MIN_SLOTS {
@@ -322,7 +332,7 @@ impl Namespaces {
         // SAFETY: `&mut self`: no reader or writer can reach the table.
         let guard = unsafe { crossbeam_epoch::unprotected() };
         let t = self.table.swap(
-            Owned::new(Table::with_slots(MIN_SLOTS)),
+            Owned::new(EntryTable::with_slots(MIN_SLOTS)),
             Ordering::SeqCst,
             guard,
         );

@@ -7,7 +7,7 @@
 
 use proptest::prelude::*;
 use radixkv::reference::{SeqHandle, SequentialCache};
-use radixkv::{DeviceId, EvictionPolicy, Lease, NodeHandle, RadixCache, TokenKey};
+use radixkv::{DeviceId, EvictionPolicy, Lease, NodeHandle, RadixCache, Tier, TokenKey};
 
 #[derive(Debug, Clone)]
 pub enum Op {
@@ -153,6 +153,14 @@ pub fn run_case_tiers(
         b = b.host_pages(64);
     }
     let cache = b.build().unwrap();
+    // The model's tier `d`: a device, or the host tier after the devices.
+    let tier = |d: usize| {
+        if host && d == gpus {
+            Tier::Host
+        } else {
+            Tier::Device(DeviceId(d as u32))
+        }
+    };
     let mut model = SequentialCache::new(ps, devices, policy);
     let mut handles: Vec<(NodeHandle, SeqHandle)> = Vec::new();
     let mut leases: Vec<(Lease, SeqHandle)> = Vec::new();
@@ -175,7 +183,7 @@ pub fn run_case_tiers(
                 let values = values_for(*vals, key.len(), ps, next_value);
                 next_value += key.len() as u32;
                 let k = TokenKey::new(&key).in_namespace(ns_of(*ns));
-                let real = cache.insert(k, DeviceId(*dev as u32), &values, *prio);
+                let real = cache.insert(k, tier(*dev), &values, *prio);
                 let want = model.insert(ns_of(*ns), &key, &values, *dev, *prio);
                 match (&real, want) {
                     (Ok(r), Ok(p)) => {
@@ -198,9 +206,9 @@ pub fn run_case_tiers(
                 let k = TokenKey::new(key).in_namespace(ns_of(*ns));
                 let want = model.match_prefix(ns_of(*ns), key, *dev);
                 let r = if *pin {
-                    cache.match_and_pin(k, DeviceId(*dev as u32)).unwrap()
+                    cache.match_and_pin(k, tier(*dev)).unwrap()
                 } else {
-                    cache.match_prefix(k, DeviceId(*dev as u32)).unwrap()
+                    cache.match_prefix(k, tier(*dev)).unwrap()
                 };
                 prop_assert_eq!(r.len, want.len, "step {}: match len", step);
                 let (any_len, any_device, host_len) = if host {
@@ -278,7 +286,7 @@ pub fn run_case_tiers(
                 model.unpin(&mh);
             }
             Op::Evict { dev, n } => {
-                let ev = cache.evict(DeviceId(*dev as u32), *n).unwrap();
+                let ev = cache.evict(tier(*dev), *n).unwrap();
                 let (tokens, values) = model.evict(*dev, *n);
                 prop_assert_eq!(ev.tokens, tokens, "step {}: evicted tokens", step);
                 prop_assert_eq!(
@@ -290,7 +298,7 @@ pub fn run_case_tiers(
             }
         }
         for d in 0..devices {
-            let s = cache.sizes(DeviceId(d as u32)).unwrap();
+            let s = cache.sizes(tier(d)).unwrap();
             let (e, p, t, n) = model.sizes(d);
             prop_assert_eq!(
                 (s.evictable, s.protected, s.total, s.nodes),

@@ -9,7 +9,7 @@ use crate::sched::scheduler::{
     StreamEvent, StreamSink,
 };
 use crate::tiers::TierConfig;
-use radixkv::cache::{CacheError, EvictionPolicy, RadixCache, TokenKey};
+use radixkv::cache::{CacheError, EvictionPolicy, PagedCache, RadixCache, TokenKey};
 use radixkv::device::DeviceId;
 use radixkv::events::CacheListener;
 use radixkv::metrics::{EvictionMetrics, LatencyHistogram, LatencySummary};
@@ -358,7 +358,7 @@ impl SchedulerEvents for Shared {
 /// first lets them finish their work.
 pub struct Engine {
     cfg: EngineConfig,
-    caches: Vec<Arc<RadixCache>>,
+    caches: Vec<Arc<PagedCache>>,
     shared: Arc<Shared>,
     inboxes: Vec<Sender<Inbox>>,
     threads: Vec<JoinHandle<SchedulerStats>>,
@@ -407,7 +407,7 @@ impl Engine {
             }
             b.build().map(Arc::new)
         };
-        let caches: Vec<Arc<RadixCache>> = if private {
+        let caches: Vec<Arc<PagedCache>> = if private {
             // Private trees (SGLang's DP ranks): each its own share of the
             // host tier, as HiCache gives each rank its own; none with a
             // model that holds KV, whose one host pool cannot hold several
@@ -492,7 +492,7 @@ impl Engine {
     /// The cache serving `device` and the device's id in it (the shared
     /// tree and `device`, or with the `private` router that device's own
     /// tree and device 0).
-    pub fn cache(&self, device: usize) -> Option<(&Arc<RadixCache>, DeviceId)> {
+    pub fn cache(&self, device: usize) -> Option<(&Arc<PagedCache>, DeviceId)> {
         if device >= self.cfg.devices {
             return None;
         }
@@ -667,7 +667,7 @@ impl Engine {
                     m.insert_latency = l.inserts.summary();
                 }
                 if let Some((cache, dev)) = self.cache(d) {
-                    if let Some(a) = cache.allocator(dev) {
+                    if let Ok(a) = cache.allocator(dev) {
                         m.pages_free = a.free_pages();
                         m.pages_used = a.num_pages() - 1 - a.free_pages();
                     }
@@ -682,9 +682,12 @@ impl Engine {
     pub fn host_tier(&self) -> Option<HostTierMetrics> {
         let mut out: Option<HostTierMetrics> = None;
         for c in &self.caches {
-            let Some(h) = c.host() else { continue };
+            if !c.has_host_tier() {
+                continue;
+            }
+            let h = radixkv::Tier::Host;
             let m = out.get_or_insert_with(HostTierMetrics::default);
-            if let Some(a) = c.allocator(h) {
+            if let Ok(a) = c.allocator(h) {
                 m.pages_free += a.free_pages();
                 m.pages_used += a.num_pages() - 1 - a.free_pages();
             }

@@ -10,7 +10,7 @@
 //! timing, every request finishes before the next one starts).
 
 use crate::trace::{PageIds, Trace, TraceError, UNIQUE};
-use radixkv::{CacheError, DeviceId, EvictionPolicy, RadixCache, TokenKey};
+use radixkv::{CacheError, DeviceId, EvictionPolicy, PagedCache, RadixCache, TokenKey};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -88,11 +88,11 @@ pub fn replay_with_host(
     }
     let cache = Arc::new(b.build()?);
     let d = DeviceId(0);
-    let host = cache.host();
+    let host = cache.has_host_tier().then_some(radixkv::Tier::Host);
     let (mut hit, mut loaded, mut total, mut adopted) = (0u64, 0u64, 0u64, 0u64);
     let mut tokens = Vec::new();
     let ps = page_size as u64;
-    let free = |c: &RadixCache| c.allocator(d).map_or(0, |a| a.free_pages() as u64 * ps);
+    let free = |c: &PagedCache| c.allocator(d).map_or(0, |a| a.free_pages() as u64 * ps);
     for i in 0..trace.requests.len() {
         trace.tokens_into(i, &mut tokens);
         let mut req = cache.begin(TokenKey::new(&tokens), d)?;

@@ -2,7 +2,7 @@
 //!
 //! | router | picks |
 //! | --- | --- |
-//! | `cache-aware` | the device holding the longest prefix of the request — resident in the shared tree ([`RadixCache::peek`]) or dispatched there and not yet inserted (the routing-only [`PendingIndex`]) — unless the load is imbalanced, then the least loaded |
+//! | `cache-aware` | the device holding the longest prefix of the request — resident in the shared tree ([`radixkv::RadixCache::peek`]) or dispatched there and not yet inserted (the routing-only [`PendingIndex`]) — unless the load is imbalanced, then the least loaded |
 //! | `round-robin` | devices in turn |
 //! | `least-loaded` | the device with the fewest outstanding requests |
 //! | `private` | devices in turn, each device with its own private tree (the per-rank caches of today's data-parallel serving: the baseline) |
@@ -12,11 +12,11 @@
 //! `max > balance_abs` and `max > min · balance_rel` (sgl-router's rule and
 //! defaults: 32 requests, 1.5×); ties between devices with equally long
 //! prefixes go to the less loaded, then to the one caching fewer tokens
-//! ([`RadixCache::resident_tokens`]; sgl-router sends a prefix no worker
+//! ([`radixkv::RadixCache::resident_tokens`]; sgl-router sends a prefix no worker
 //! has to its smallest tree).
 
 use arc_swap::ArcSwap;
-use radixkv::cache::{RadixCache, TokenKey};
+use radixkv::cache::{PagedCache, TokenKey};
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
@@ -358,7 +358,7 @@ impl Router {
     /// Picks a device for `key` and counts the request as outstanding
     /// there; the cache-aware router also records its prefix as pending.
     /// `cache` is the shared tree (ignored by the other routers).
-    pub fn route(&self, key: TokenKey<'_>, cache: Option<&RadixCache>) -> Route {
+    pub fn route(&self, key: TokenKey<'_>, cache: Option<&PagedCache>) -> Route {
         let cfg = self.cfg.load();
         let n = self.load.len();
         // The loads are read only by the routers that look at them.
@@ -388,7 +388,7 @@ impl Router {
         cfg: &RouterConfig,
         load: &[usize],
         key: TokenKey<'_>,
-        cache: Option<&RadixCache>,
+        cache: Option<&PagedCache>,
     ) -> Route {
         let n = load.len();
         let (max, min) = (

@@ -162,7 +162,7 @@ pub fn run(cfg: &TortureConfig) -> Result<TortureReport, CacheError> {
     let mut cached_tokens = 0u64;
     for d in 0..cfg.devices {
         let dev = DeviceId(d as u32);
-        let a = cache.allocator(dev).ok_or(CacheError::NoAllocator)?;
+        let a = cache.allocator(dev)?;
         let total = cache.sizes(dev)?.total;
         cached_tokens += total as u64;
         let in_tree = total / cfg.page_size;

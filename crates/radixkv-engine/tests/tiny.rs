@@ -8,7 +8,7 @@
 //! mismatch. With feature `cuda` the same proof runs with the pools in GPU
 //! memory (`scripts/gpu-check.sh`), and is skipped without a driver.
 
-use radixkv::{DeviceId, RadixCache, TokenKey};
+use radixkv::{DeviceId, PagedCache, RadixCache, Tier, TokenKey};
 use radixkv_engine::backend::{Batch, DecodeWork, ModelBackend, PrefillWork, WorkData};
 use radixkv_engine::kvpool::{HostKvPool, Kv, KvPool};
 use radixkv_engine::replay::{replay, ReplayConfig, ReplayModel};
@@ -78,7 +78,7 @@ struct Ran {
 /// not appended). Every computed position is compared with the dense
 /// reference.
 fn run_request(
-    cache: &Arc<RadixCache>,
+    cache: &Arc<PagedCache>,
     dev: DeviceId,
     model: &TinyModel,
     pool: &mut dyn KvPool,
@@ -117,7 +117,7 @@ fn run_request(
     Ran { cached, cmp }
 }
 
-fn cache(devices: usize, page_size: usize, pages: usize) -> Arc<RadixCache> {
+fn cache(devices: usize, page_size: usize, pages: usize) -> Arc<PagedCache> {
     Arc::new(
         RadixCache::builder()
             .devices(devices)
@@ -449,8 +449,8 @@ fn copies_match_dense_and_a_corrupted_copy_is_caught(
             // the host (what the next load reads).
             let (cache, _) = engine.cache(0).unwrap();
             let (tier, pool) = match copy {
-                CopyPolicy::Peer => (DeviceId(1), DeviceId(1)),
-                _ => (cache.host().unwrap(), HOST_TIER),
+                CopyPolicy::Peer => (Tier::Device(DeviceId(1)), DeviceId(1)),
+                _ => (Tier::Host, HOST_TIER),
             };
             let held = cache
                 .match_and_pin(TokenKey::new(&prompts[1][..48]), tier)

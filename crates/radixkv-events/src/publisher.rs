@@ -14,6 +14,7 @@
 use crate::wire::{self, BatchEncoder, Encoding, EventRef, Medium};
 use bytes::Bytes;
 use radixkv::events::{CacheListener, PageEvent, SplitEvent};
+use radixkv::{Tier, TokenKey};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -505,20 +506,23 @@ impl Shared {
     /// (medium CPU).
     fn fan_out(
         &self,
-        (host, device): (bool, usize),
+        tier: Tier,
         sink: Option<usize>,
         op: Op,
         who: (u32, u64),
         namespace: Option<&str>,
         pages: &[u32],
     ) {
-        let who = (host, who.0, who.1);
-        if host {
-            for d in 0..self.queues.len() {
-                self.push(d, op, who, namespace, pages);
+        let who = (tier.is_host(), who.0, who.1);
+        match tier {
+            Tier::Host => {
+                for d in 0..self.queues.len() {
+                    self.push(d, op, who, namespace, pages);
+                }
             }
-        } else {
-            self.push(sink.unwrap_or(device), op, who, namespace, pages);
+            Tier::Device(device) => {
+                self.push(sink.unwrap_or(device.index()), op, who, namespace, pages)
+            }
         }
     }
 
@@ -599,7 +603,7 @@ impl Shared {
                     }
                 }
                 let (lora_name, cache_salt) =
-                    namespace.map_or((None, None), |n| wire::namespace_parts(n));
+                    namespace.map_or((None, None), |n| TokenKey::namespace_parts(n));
                 b.push(EventRef::BlockStored {
                     parent_block_hash: before,
                     block_hashes: ids,
@@ -673,7 +677,7 @@ impl CacheListener for EventSink {
         let namespace = loc.as_ref().and_then(|l| l.namespace.as_deref());
         let parent = (!e.at_root).then_some(e.parent);
         self.shared.fan_out(
-            (e.host, e.device.index()),
+            e.tier,
             self.device,
             Op::Stored { parent },
             (self.tag, e.node),
@@ -685,7 +689,7 @@ impl CacheListener for EventSink {
     fn removed(&self, e: &PageEvent<'_>) {
         // The node's ids are remembered by the task: nothing to read.
         self.shared.fan_out(
-            (e.host, e.device.index()),
+            e.tier,
             self.device,
             Op::Removed,
             (self.tag, e.node),
@@ -701,7 +705,7 @@ impl CacheListener for EventSink {
 
     fn split(&self, e: &SplitEvent) {
         self.shared.fan_out(
-            (e.host, e.device.index()),
+            e.tier,
             self.device,
             Op::Split {
                 prefix: e.prefix,

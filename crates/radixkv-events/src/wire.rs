@@ -29,9 +29,10 @@
 //! # Namespaces
 //!
 //! A radixkv namespace ([`radixkv::TokenKey::in_namespace`]) is published
-//! as a cache salt, except one made by [`namespace`] with a LoRA name,
+//! as a cache salt, except one made by
+//! [`radixkv::TokenKey::namespace_for`] with a LoRA name,
 //! which is published as `lora_name` (and its salt, if any, as the salt):
-//! [`namespace_parts`] splits it back.
+//! [`radixkv::TokenKey::namespace_parts`] splits it back.
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -118,45 +119,8 @@ pub enum KvEvent {
     AllBlocksCleared,
 }
 
-/// The tag of LoRA namespaces made by [`namespace`].
-const LORA_TAG: &str = "lora:";
-/// Separates a LoRA name from a salt inside a namespace.
-const SALT_SEP: char = '\u{1f}';
 /// Dynamo's tag for a salt carried in `extra_keys` (the array form).
 const DYNAMO_SALT_TAG: &str = "dynamo-cache-salt:";
-
-/// The radixkv namespace of a LoRA adapter and a cache salt (`None` for
-/// neither): the salt alone, or `lora:<name>` with the salt after a
-/// U+001F separator. [`namespace_parts`] is its inverse.
-///
-/// ```
-/// use radixkv_events::wire::{namespace, namespace_parts};
-/// assert_eq!(namespace(None, None), None);
-/// assert_eq!(namespace(None, Some("t1")).as_deref(), Some("t1"));
-/// let ns = namespace(Some("math"), Some("t1")).unwrap();
-/// assert_eq!(namespace_parts(&ns), (Some("math"), Some("t1")));
-/// ```
-pub fn namespace(lora_name: Option<&str>, cache_salt: Option<&str>) -> Option<String> {
-    let lora_name = lora_name.filter(|l| !l.is_empty());
-    let cache_salt = cache_salt.filter(|s| !s.is_empty());
-    match (lora_name, cache_salt) {
-        (None, None) => None,
-        (None, Some(s)) => Some(s.to_owned()),
-        (Some(l), None) => Some(format!("{LORA_TAG}{l}")),
-        (Some(l), Some(s)) => Some(format!("{LORA_TAG}{l}{SALT_SEP}{s}")),
-    }
-}
-
-/// A namespace's LoRA name and cache salt (see [`namespace`]).
-pub fn namespace_parts(ns: &str) -> (Option<&str>, Option<&str>) {
-    match ns.strip_prefix(LORA_TAG) {
-        None => (None, Some(ns).filter(|s| !s.is_empty())),
-        Some(rest) => match rest.split_once(SALT_SEP) {
-            Some((l, s)) => (Some(l), Some(s)),
-            None => (Some(rest), None),
-        },
-    }
-}
 
 /// The seed of a namespace's chain (0 without one).
 fn namespace_seed(ns: Option<&str>) -> u64 {

@@ -4,7 +4,7 @@
 //! checked field by field. Also: the latency of an event at idle
 //! (printed), and bad endpoints.
 
-use radixkv::{DeviceId, RadixCache, TokenKey};
+use radixkv::{DeviceId, RadixCache, Tier, TokenKey};
 use radixkv_events::subscriber::{replay, KvEventSubscriber, Merged};
 use radixkv_events::wire::block_ids;
 use radixkv_events::{Encoding, EventsError, KvEventPublisher, KvEventsConfig};
@@ -196,9 +196,8 @@ async fn events_reach_subscribers_and_replays_in_vllm_format() {
             0,
         )
         .unwrap();
-    let host = cache.host().unwrap();
     cache
-        .insert(TokenKey::new(&[7, 7]), host, &[3, 3], 0)
+        .insert(TokenKey::new(&[7, 7]), Tier::Host, &[3, 3], 0)
         .unwrap();
     let ev = cache.evict(DeviceId(1), 2).unwrap();
     assert_eq!(ev.tokens, 2);
@@ -460,8 +459,7 @@ async fn concurrent_changes_replay_to_what_the_cache_holds() {
             .build()
             .unwrap(),
     );
-    let host = cache.host().unwrap();
-    let tiers = [DeviceId(0), DeviceId(1), host];
+    let tiers = [DeviceId(0).into(), DeviceId(1).into(), Tier::Host];
     type Keys = HashSet<(Option<&'static str>, Vec<u32>)>;
     let keys: Arc<Mutex<Keys>> = Arc::default();
     let threads: Vec<_> = (0..4u64)
@@ -495,23 +493,26 @@ async fn concurrent_changes_replay_to_what_the_cache_holds() {
     // What the cache holds, as block ids: every resident page lies on some
     // inserted key's path, with its whole prefix resident on that tier.
     let keys = keys.lock().unwrap().clone();
-    let held = |tier: DeviceId| -> HashSet<u64> {
+    let held = |tier: Tier| -> HashSet<u64> {
         let mut out = HashSet::new();
         for (ns, key) in &keys {
             let t = cache.peek_tiers(TokenKey::new(key).in_namespace(*ns));
-            let len = if tier == host {
-                t.host
-            } else {
-                t.devices[tier.0 as usize]
+            let len = match tier {
+                Tier::Host => t.host,
+                Tier::Device(d) => t.devices[d.index()],
             };
             out.extend(block_ids(*ns, &key[..len], PS));
         }
         out
     };
-    let host_blocks = held(host);
+    let host_blocks = held(Tier::Host);
     for (d, ep) in p.replay_endpoints().iter().enumerate() {
         let (gpu, cpu) = blocks_held(&replay(ep, 0).await.unwrap(), d);
-        assert_eq!(gpu, held(DeviceId(d as u32)), "socket {d}: GPU blocks");
+        assert_eq!(
+            gpu,
+            held(DeviceId(d as u32).into()),
+            "socket {d}: GPU blocks"
+        );
         assert_eq!(cpu, host_blocks, "socket {d}: CPU blocks");
         assert!(!gpu.is_empty() && !cpu.is_empty());
     }
@@ -600,7 +601,7 @@ async fn a_dropped_cache_retracts_its_blocks_and_no_other() {
         let gpu: Vec<u32> = vec![i as u32 + 1; 8];
         let host: Vec<u32> = vec![i as u32 + 10; 6];
         c.insert(TokenKey::new(&gpu), DeviceId(0), &gpu, 0).unwrap();
-        c.insert(TokenKey::new(&host), c.host().unwrap(), &host, 0)
+        c.insert(TokenKey::new(&host), Tier::Host, &host, 0)
             .unwrap();
     }
     let mut caches = caches.into_iter();

@@ -34,7 +34,7 @@ pub struct CompletionRequest {
     /// share cached prefixes.
     pub cache_salt: Option<String>,
     /// A LoRA adapter's name (`lora_name`): with the salt, the cache
-    /// namespace (`radixkv_events::wire::namespace`), published in KV
+    /// namespace (`radixkv::TokenKey::namespace_for`), published in KV
     /// events as `lora_name`. No adapter is applied (the models here have
     /// none); the prompt's KV is kept apart as an adapter's would be.
     pub lora_name: Option<String>,

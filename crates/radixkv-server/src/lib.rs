@@ -46,7 +46,7 @@ use axum::routing::{get, post};
 use axum::Router;
 pub use error::{ApiError, ServerError};
 use metrics::{HttpStats, ServerStats};
-use radixkv::{DeviceId, RadixCache};
+use radixkv::{DeviceId, PagedCache};
 use radixkv_engine::{Completion, StreamEvent};
 use radixkv_engine::{Engine, EngineError, EngineReport, EngineRequest};
 use std::future::{Future, IntoFuture};
@@ -108,7 +108,7 @@ pub(crate) struct AppState {
     /// every call under it is short.
     engine: Mutex<Engine>,
     /// Each device's cache and its id there, for scans outside the lock.
-    caches: Vec<(Arc<RadixCache>, DeviceId)>,
+    caches: Vec<(Arc<PagedCache>, DeviceId)>,
     cfg: ServerConfig,
     admission: Arc<Semaphore>,
     stats: ServerStats,
@@ -655,7 +655,7 @@ async fn run(
     let mut er = EngineRequest::new(req.tokens.clone(), req.max_tokens);
     // The namespace the KV events and /query name: salt and LoRA together.
     er.namespace =
-        radixkv_events::wire::namespace(req.lora_name.as_deref(), req.cache_salt.as_deref())
+        radixkv::TokenKey::namespace_for(req.lora_name.as_deref(), req.cache_salt.as_deref())
             .map(Arc::from);
     let (sink, mut events) = stream::sink();
     let submitted = s.engine().submit_to(er, sink);

@@ -62,7 +62,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 use radixkv::metrics::LatencyHistogram;
-use radixkv::{DeviceId, RadixCache};
+use radixkv::{DeviceId, PagedCache};
 use radixkv_engine::{DeviceLatencies, DeviceMetrics, HostTierMetrics};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -239,7 +239,7 @@ pub struct Stats {
 /// there).
 pub fn device_stats(
     metrics: Vec<DeviceMetrics>,
-    caches: &[(Arc<RadixCache>, DeviceId)],
+    caches: &[(Arc<PagedCache>, DeviceId)],
 ) -> Vec<DeviceStats> {
     metrics
         .into_iter()

@@ -19,7 +19,7 @@
 //! tier (0 without one), `matched_tokens` the longest of them.
 
 use super::error::ApiError;
-use radixkv::{DeviceId, RadixCache, TokenKey};
+use radixkv::{DeviceId, PagedCache, TokenKey};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
@@ -53,7 +53,7 @@ fn opt_str<'a>(o: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, 
 /// The namespace of a body's `cache_salt` and `lora_name`.
 fn namespace(o: &Map<String, Value>) -> Result<Option<String>, ApiError> {
     let _ = opt_str(o, "model")?;
-    Ok(radixkv_events::wire::namespace(
+    Ok(radixkv::TokenKey::namespace_for(
         opt_str(o, "lora_name")?,
         opt_str(o, "cache_salt")?,
     ))
@@ -125,7 +125,7 @@ pub fn parse_by_hash(body: &[u8]) -> Result<(Vec<u64>, Option<String>), ApiError
 
 /// The answer for `tokens` in `namespace` over each device's cache.
 pub fn answer(
-    caches: &[(Arc<RadixCache>, DeviceId)],
+    caches: &[(Arc<PagedCache>, DeviceId)],
     tokens: &[u32],
     namespace: Option<&str>,
 ) -> Value {

@@ -55,7 +55,7 @@
 
 use crate::rng::SplitMix64;
 use crate::sched::scratch::PrefixSet;
-use radixkv::{CacheError, DeviceId, RadixCache, TokenKey};
+use radixkv::{CacheError, DeviceId, Ownership, RadixCache, TokenKey};
 use std::cmp::{Ordering, Reverse};
 use std::collections::HashMap;
 use std::fmt;
@@ -320,10 +320,10 @@ impl QueueOrderer {
     /// Sets every request's [`Waiting::prefix_len`] (0 unless a cache-aware
     /// policy applied). Fails only for a device the cache does not have,
     /// leaving the queue and the cache unchanged.
-    pub fn order(
+    pub fn order<P: Ownership>(
         &mut self,
         queue: &mut [Waiting],
-        cache: &RadixCache,
+        cache: &RadixCache<P>,
         device: DeviceId,
     ) -> Result<OrderReport, CacheError> {
         if device.index() >= cache.devices() {
@@ -432,9 +432,9 @@ fn by_priority(a: i64, b: i64, low_first: bool) -> Ordering {
 
 /// Sets every request's `prefix_len` to its match on `tokens[..len - 1]`
 /// (all or none: on an error no `prefix_len` changes).
-fn match_queue(
+fn match_queue<P: Ownership>(
     queue: &mut [Waiting],
-    cache: &RadixCache,
+    cache: &RadixCache<P>,
     device: DeviceId,
 ) -> Result<(), CacheError> {
     let mut lens = Vec::with_capacity(queue.len());

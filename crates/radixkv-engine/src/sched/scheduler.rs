@@ -31,8 +31,9 @@
 use super::batch::{Batch, DecodeWork, ModelBackend, PrefillWork, WorkData};
 use super::policy::{PolicyConfig, QueueOrderer, Waiting};
 use crate::tiers::{CopySource, TierConfig, WritePolicy, HOST_TIER};
-use radixkv::cache::{CacheError, RadixCache, Request, TokenKey};
+use radixkv::cache::{CacheError, PagedCache, Request, TokenKey};
 use radixkv::device::DeviceId;
+use radixkv::Tier;
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -337,7 +338,7 @@ struct Running {
 /// One device's scheduler; [`run`](Self::run) is its thread's body.
 pub struct Scheduler {
     cfg: SchedulerConfig,
-    cache: Arc<RadixCache>,
+    cache: Arc<PagedCache>,
     device: DeviceId,
     /// The device's id in the engine (differs from `device` when each
     /// device has a private tree, where it is device 0 of its own cache).
@@ -352,8 +353,8 @@ pub struct Scheduler {
     ratio: f64,
     stats: SchedulerStats,
     tiers: TierConfig,
-    /// The cache's host tier, if any.
-    host: Option<DeviceId>,
+    /// The cache's host tier, if it has one and the backend copies.
+    host: Option<Tier>,
     /// Model time of the copies the next prefill pass waits for.
     copy_wait: Duration,
 }
@@ -372,7 +373,7 @@ impl Scheduler {
     /// A scheduler for `device` of `cache` (which must own its pages).
     pub fn new(
         cfg: SchedulerConfig,
-        cache: Arc<RadixCache>,
+        cache: Arc<PagedCache>,
         device: DeviceId,
         backend: Arc<dyn ModelBackend>,
         events: Arc<dyn SchedulerEvents>,
@@ -401,7 +402,7 @@ impl Scheduler {
     /// Copies and host writes by `tiers` (default: [`TierConfig::default`];
     /// the cache's host tier, if it has one, is used as it finds it).
     pub fn with_tiers(mut self, mut tiers: TierConfig) -> Self {
-        self.host = self.cache.host();
+        self.host = self.cache.has_host_tier().then_some(Tier::Host);
         if self.backend.copy(self.reported, HOST_TIER, &[]).is_err() {
             // A backend that cannot move KV: every token is the device's
             // own, cached or computed.
@@ -620,15 +621,15 @@ impl Scheduler {
         let mut out = Loaded::default();
         let cached = req.cached_len();
         let cap = copy_cap(req, self.cache.page_size());
-        let mut best: Option<(CopySource, DeviceId, usize)> = None;
-        let mut consider = |src: CopySource, tier: DeviceId, len: usize| {
+        let mut best: Option<(CopySource, Tier, usize)> = None;
+        let mut consider = |src: CopySource, tier: Tier, len: usize| {
             let len = len.min(cap);
             if len > cached && best.is_none_or(|(_, _, l)| len > l) {
                 best = Some((src, tier, len));
             }
         };
         if let (true, Some(h)) = (self.tiers.copy.peer(), req.peer()) {
-            consider(CopySource::Peer(h.0), h.0, h.1);
+            consider(CopySource::Peer(h.0), h.0.into(), h.1);
         }
         if let (true, Some(host)) = (self.tiers.copy.host(), self.host) {
             consider(CopySource::Host, host, req.host_len());

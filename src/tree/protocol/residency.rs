@@ -16,7 +16,7 @@
 //!   residency change, but against pinners only the CAS decides: either the
 //!   pin lands first (eviction fails) or the eviction does (the pin fails).
 //! * Becoming resident bumps the generation, so a reader that saw an earlier
-//!   residency can tell it from the new one (race 8, residency ABA).
+//!   residency can tell it from the new one (model `residency_aba`).
 //!
 //! The generation has 31 bits and wraps (explicitly, leaving the pin count
 //! and `RESIDENT` untouched: a unit test shows it). A wrap can only matter
@@ -29,9 +29,19 @@
 //! nanoseconds apart) for more than 2³¹ × 100 ns ≈ 3.6 minutes while other
 //! threads did nothing but cycle that one node: not a case that occurs.
 //!
-//! All operations use `SeqCst`: the word is the linearization point of pins
-//! against evictions and the ordering argument is then the plain
-//! interleaving one the loom models check.
+//! | operation | ordering | the edge it carries |
+//! | --- | --- | --- |
+//! | `try_pin` CAS (and its first load) | SeqCst | the pin is the linearization point against eviction: a pinner CASes the word, then reads values through images; an eviction CASes it, then publishes an image without them. Both RMWs on one word are totally ordered, and the pinner's reads must come after whatever residency its CAS saw made resident (`make_resident` → pin: a release/acquire pair would carry it) |
+//! | `try_evict` CAS | SeqCst | the other side of that race (`evict_pin_check`) |
+//! | `make_resident` CAS | SeqCst | publishes the residency after its values' image (image swap → CAS → a pinner's CAS → its image loads) |
+//! | `unpin` `fetch_sub` | SeqCst | one RMW (`unpin_rmw`), so a pin or an eviction CAS racing it is never lost; releases the pinner's reads before an eviction can claim the word |
+//! | `load` (hints, the audit) | SeqCst | readers that decide nothing alone (`is_leaf_on`, sizes); every decision is a CAS |
+//!
+//! On x86-64 each of these compiles to the same instruction at AcqRel or
+//! Acquire (an RMW is a locked instruction either way, a load a plain
+//! load), so weakening would buy nothing there, and loom, which treats
+//! SeqCst as AcqRel, could not tell a store→load edge lost: they stay
+//! SeqCst.
 
 use crate::sync::{AtomicU64, Ordering};
 
@@ -97,7 +107,7 @@ impl Residency {
         let mut cur = self.0.load(Ordering::SeqCst);
         loop {
             let s = ResidencyState(cur);
-            // Never pin a residency that eviction has claimed, nor (race 8) a
+            // Never pin a residency that eviction has claimed, nor (`residency_aba`) a
             // residency other than the one the caller saw.
             if !s.resident() {
                 return Err(PinRefused::NotResident);
@@ -122,19 +132,21 @@ impl Residency {
 
     /// Releases one pin. The caller must own one (a `Lease`).
     pub(crate) fn unpin(&self) {
-        // The protecting step of the lease-drop model: one atomic RMW, so a
-        // concurrent pin or eviction CAS is never lost. The control splits
-        // it into a load and a store.
-        #[cfg(not(radixkv_negative = "unpin_rmw"))]
-        {
-            let prev = self.0.fetch_sub(1, Ordering::SeqCst);
-            debug_assert!(prev & PIN_MASK > 0, "unpin without a pin");
-        }
-        #[cfg(radixkv_negative = "unpin_rmw")]
-        {
+        self.unpin_rmw();
+    }
+
+    /// The protecting step `unpin_rmw` (model `lease_drop_vs_pin_and_evict`):
+    /// a pin is released with one atomic read-modify-write, so a concurrent
+    /// pin or eviction CAS on the same word is never lost. Its control
+    /// releases with a load and a store instead.
+    fn unpin_rmw(&self) {
+        if cfg!(radixkv_negative = "unpin_rmw") {
             let cur = self.0.load(Ordering::SeqCst);
-            self.0.store(cur - 1, Ordering::SeqCst);
+            self.0.store(cur.wrapping_sub(1), Ordering::SeqCst);
+            return;
         }
+        let prev = self.0.fetch_sub(1, Ordering::SeqCst);
+        debug_assert!(prev & PIN_MASK > 0, "unpin without a pin");
     }
 
     /// Claims the residency for eviction: `RESIDENT` with zero pins becomes
@@ -143,12 +155,7 @@ impl Residency {
     pub(crate) fn try_evict(&self) -> Result<(), ResidencyState> {
         let cur = self.0.load(Ordering::SeqCst);
         let s = ResidencyState(cur);
-        // The protecting step of race 1: a pinned residency is never claimed.
-        #[cfg(not(radixkv_negative = "evict_pin_check"))]
-        let evictable = s.resident() && s.pins() == 0;
-        #[cfg(radixkv_negative = "evict_pin_check")]
-        let evictable = s.resident();
-        if !evictable {
+        if !evict_pin_check(s) {
             return Err(s);
         }
         self.0
@@ -175,6 +182,18 @@ impl Residency {
             }
         }
     }
+}
+
+/// The protecting step `evict_pin_check` (models `match_vs_evict` and
+/// `pin_vs_evictor_candidates`): only a resident state with no pin may be
+/// claimed for eviction, and the claim is a CAS from exactly that state,
+/// so a pin and an eviction of the same residency never both succeed. Its
+/// control lets a pinned residency be claimed.
+fn evict_pin_check(s: ResidencyState) -> bool {
+    if cfg!(radixkv_negative = "evict_pin_check") {
+        return s.resident();
+    }
+    s.resident() && s.pins() == 0
 }
 
 #[cfg(all(test, not(loom)))]

@@ -18,25 +18,50 @@
 //! loom models check (the grace period itself is crossbeam-epoch's, which
 //! loom does check); its counter is std's, not the `sync` shim's, for the
 //! same reason.
+//!
+//! | atomic | ordering | why |
+//! | --- | --- | --- |
+//! | the grace period | crossbeam-epoch's | a batch is handed over only from a function deferred past every guard pinned when it was retired |
+//! | `queue`, `spare` | the queues' own | they move ownership of batches and buffers whose objects no reader can reach any more |
+//! | `pending`, `handed_over` | Relaxed | hints: when an insert should free a share, whether collection still progresses; no memory is published through them |
+//! | the staging shard mutexes | a lock | ownership of staged batches |
 
-use super::namespaces::{Entry, Table};
-use super::node::{image_addr, Children, Image, NodePtr};
-use crossbeam_epoch::{Guard, Owned, Pointer, Shared};
+use crossbeam_epoch::{Guard, Owned, Pointable, Pointer, Shared};
 use crossbeam_utils::CachePadded;
 use smallvec::SmallVec;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// One unlinked object.
-enum Garbage {
-    /// An image, by its thin address (`node::image_addr`).
-    Image(usize),
-    Children(*mut Children),
-    Node(NodePtr),
-    /// A namespace entry removed from the table (it drops its root).
-    NsEntry(*mut Entry),
-    /// A replaced namespace slot array (not the entries it points at).
-    NsTable(*mut Table),
+/// One unlinked object, type-erased: its address and the function that
+/// frees an object of its type at that address. The reclaimer names no
+/// type of the tree, so nothing here imports back from the nodes, the
+/// namespace table or the children it frees.
+struct Garbage {
+    addr: usize,
+    /// # Safety
+    /// Called once, with `addr`, after the grace period: see [`Retired`].
+    free: unsafe fn(usize),
+}
+
+/// Frees what an `Owned<T>` published at `addr` (crossbeam's own API:
+/// `Owned::from_usize` takes back the address `into_shared` gave out).
+///
+/// # Safety
+/// `addr` came from an `Owned<T>` published into an `Atomic<T>`, is
+/// unreachable from every object a reader can still load, and is freed
+/// nowhere else.
+unsafe fn free_owned<T: ?Sized + Pointable>(addr: usize) {
+    // SAFETY: the caller's contract.
+    drop(unsafe { Owned::<T>::from_usize(addr) });
+}
+
+/// Releases a strong reference taken with `Arc::into_raw` at `addr`.
+///
+/// # Safety
+/// `addr` is such a pointer and this releases its count exactly once.
+unsafe fn release_strong<T>(addr: usize) {
+    // SAFETY: the caller's contract.
+    drop(unsafe { Arc::from_raw(addr as *const T) });
 }
 
 /// Objects unlinked by one structural change: a few, kept inline (an
@@ -50,46 +75,37 @@ pub(crate) struct Retired {
     expired: bool,
 }
 
-// SAFETY: the pointers are owned boxes (from `Owned`) and tree
-// references of nodes that no thread can reach any more; they are only
-// dereferenced, to free them, after the grace period, by whichever thread
-// holds the batch.
+// SAFETY: the addresses are of objects no thread can reach any more
+// (each was retired only after it became unreachable), of `Send` types
+// (the bounds of the methods that gather them); they are only freed, after
+// the grace period, by whichever thread holds the batch.
 unsafe impl Send for Retired {}
 
 impl Retired {
-    /// An image that was just replaced.
-    pub(crate) fn image(&mut self, old: Shared<'_, Image>) {
+    /// An object that was just replaced or removed in an `Atomic` (an
+    /// image, a children array, a namespace entry or slot array): freed
+    /// as the `Owned` it was published from. A null pointer is nothing.
+    pub(crate) fn owned<T: ?Sized + Pointable + Send>(&mut self, old: Shared<'_, T>) {
         if !old.is_null() {
-            self.items.push(Garbage::Image(image_addr(old)));
+            self.items.push(Garbage {
+                addr: old.with_tag(0).into_usize(),
+                free: free_owned::<T>,
+            });
         }
     }
 
-    /// A children array that was just replaced.
-    pub(crate) fn children(&mut self, old: Shared<'_, Children>) {
-        if !old.is_null() {
-            self.items
-                .push(Garbage::Children(old.as_raw() as *mut Children));
-        }
-    }
-
-    /// The tree's reference to a node that was just unlinked.
-    pub(crate) fn node(&mut self, n: NodePtr) {
-        self.items.push(Garbage::Node(n));
-    }
-
-    /// A namespace entry that was just removed from (or replaced in) the
-    /// table.
-    pub(crate) fn ns_entry(&mut self, e: Shared<'_, Entry>) {
-        if !e.is_null() {
-            self.items.push(Garbage::NsEntry(e.as_raw() as *mut Entry));
-        }
-    }
-
-    /// A namespace slot array that was just replaced.
-    pub(crate) fn ns_table(&mut self, t: Shared<'_, Table>) {
-        if !t.is_null() {
-            self.items.push(Garbage::NsTable(t.as_raw() as *mut Table));
-        }
+    /// A strong reference (`Arc::into_raw`) that a structure just gave up:
+    /// the tree's reference to a node it unlinked.
+    ///
+    /// # Safety
+    /// `p` came from `Arc::into_raw`, this batch now owns that count (it
+    /// is released nowhere else), and the object is unreachable from every
+    /// structure a reader can still load.
+    pub(crate) unsafe fn strong<T: Send + Sync>(&mut self, p: *const T) {
+        self.items.push(Garbage {
+            addr: p as usize,
+            free: release_strong::<T>,
+        });
     }
 
     fn len(&self) -> usize {
@@ -102,30 +118,12 @@ impl Drop for Retired {
         if !self.expired {
             return;
         }
-        // Freed through crossbeam-epoch's own API: `Owned::from_raw` takes
-        // back a pointer that an `Owned` published (`Owned::into_shared` /
-        // `Atomic::swap`), and dropping the `Owned` frees it.
         for g in self.items.drain(..) {
-            match g {
-                // SAFETY: `p` is the address of an `Owned<Image>` published
-                // into an `Atomic`, was unlinked (replaced) before
-                // retirement, is in no other batch, and its grace period has
-                // passed: no reader holds it, and this is its only release.
-                Garbage::Image(p) => drop(unsafe { Owned::<Image>::from_usize(p) }),
-                // SAFETY: as for images, for an `Owned<Children>` (dropping
-                // children frees no node).
-                Garbage::Children(p) => drop(unsafe { Owned::from_raw(p) }),
-                // SAFETY: the node was unlinked once, its one tree reference
-                // retired once, and the grace period has passed.
-                Garbage::Node(n) => unsafe { n.release() },
-                // SAFETY: as for images, for an `Owned<Entry>` that left the
-                // namespace table (no table a reader can load holds it).
-                Garbage::NsEntry(p) => drop(unsafe { Owned::from_raw(p) }),
-                // SAFETY: as for images, for an `Owned<Table>`; dropping a
-                // slot array frees no entry (crossbeam's `Atomic` owns
-                // nothing).
-                Garbage::NsTable(p) => drop(unsafe { Owned::from_raw(p) }),
-            }
+            // SAFETY: each object was unreachable when it was retired
+            // (`owned`, `strong`), is in this batch alone, and the grace
+            // period of every reader that could hold it has passed
+            // (`expired`): this is its only release.
+            unsafe { (g.free)(g.addr) };
         }
     }
 }

@@ -1,0 +1,212 @@
+//! The node of the concurrent radix tree, and what it is made of.
+//!
+//! | file | what it holds |
+//! | --- | --- |
+//! | `mod.rs` | [`Node`]: its lock, its unlinked flag, its image and children words, its priority and its tier slots |
+//! | `image.rs` | [`Image`]: parent link, key and values per tier in one immutable allocation |
+//! | `values.rs` | the values codec ([`Values`], [`DeviceValues`]) |
+//! | `children/` | [`Children`]: a flat sorted array, or a table for a wide node |
+//! | `slot.rs` | [`TierSlot`]: a tier's residency word, stamps and counts |
+//! | `ptr.rs` | [`Link`] and [`ParentPtr`], the raw pointers nodes are linked with, and [`arc_of`] |
+//!
+//! A node's mutable parts are each one atomic word, so a reader that holds an
+//! epoch guard always sees a consistent value of each:
+//!
+//! * `image`: an immutable [`Image`] (parent pointer, key tokens, and per
+//!   tier the values of those tokens), replaced copy-on-write whenever the
+//!   node is split or a residency is added or removed;
+//! * `children`: the node's [`Children`]: a flat sorted array replaced
+//!   copy-on-write when a child is attached, replaced by a split, or
+//!   removed, or for a wide node a table changed in place (and rebuilt
+//!   copy-on-write when it fills);
+//! * per tier, a residency state word and the stamps of that tier.
+//!
+//! Images and children are published only through the lock guards of
+//! `protocol::lock`, which hold this node's lock and its parent's; readers
+//! take no lock and validate instead (the `tree` module docs).
+//!
+//! | atomic | ordering | why |
+//! | --- | --- | --- |
+//! | `image` (load) | SeqCst | pairs with the guard's publishing swap: a reader that loads an image sees the image's contents, written before it was published (Acquire would do; SeqCst is kept because the swap it pairs with is also a store→load edge against the residency word: a pin checks residency, then reads values through images) |
+//! | `children` (load) | SeqCst | as `image`: the array's contents were written before the swap that published it |
+//! | `obsolete` | SeqCst | set under the node's and its parent's locks; read under a lock by every validating guard (ordered by the lock), and unlocked by `is_leaf_on` as a hint that eviction re-checks |
+//! | `priority` | SeqCst | a `fetch_max` short-cut by a load; read for eviction keys |
+
+mod children;
+mod image;
+mod ptr;
+mod slot;
+mod values;
+
+pub(crate) use children::{page_hash, Children, NotAChild};
+pub(crate) use image::{boxed, image_addr, Image, ImageParts};
+pub(crate) use ptr::{arc_of, Link, ParentPtr};
+pub(crate) use slot::{Slots, TierSlot};
+pub(crate) use values::{DeviceValues, Values};
+
+use crate::sync::{AtomicBool, AtomicI64, Mutex, Ordering};
+use crossbeam_epoch::{Atomic, Guard, Shared};
+
+/// A node's image.
+pub(crate) type NodeImage = Image<Node>;
+/// A node's children.
+pub(crate) type NodeChildren = Children<Node>;
+/// The tree's reference to a linked node.
+pub(crate) type NodeLink = Link<Node>;
+
+/// What a node without children points at.
+static NO_CHILDREN: NodeChildren = Children::Flat(Vec::new());
+
+/// A node of the tree.
+#[derive(Debug)]
+pub(crate) struct Node {
+    /// Unique within the tree; a last tie-breaker and a debugging aid.
+    pub(crate) id: u64,
+    /// Namespace roots are never stamped, pinned or evicted.
+    pub(crate) is_root: bool,
+    /// The write lock. Taken parent first, then child.
+    pub(crate) lock: Mutex<()>,
+    /// Set (under the parent's and this node's lock) when unlinked.
+    pub(crate) obsolete: AtomicBool,
+    /// The current image; published only through `protocol::lock`.
+    pub(crate) image: Atomic<NodeImage>,
+    /// The current children (null: none); published only through
+    /// `protocol::lock`.
+    pub(crate) children: Atomic<NodeChildren>,
+    /// SGLang's node priority (per node, not per tier).
+    pub(crate) priority: AtomicI64,
+    slots: Slots,
+}
+
+/// What a new node is made of.
+#[derive(Debug)]
+pub(crate) struct NodeParts<'k> {
+    /// Its id ([`Node::id`]).
+    pub(crate) id: u64,
+    /// Whether it is a namespace root.
+    pub(crate) is_root: bool,
+    /// Residency slots (tiers) of the tree.
+    pub(crate) tiers: usize,
+    /// Its first image; the tiers with values in it start resident.
+    pub(crate) image: ImageParts<'k, Node>,
+    /// Its first children.
+    pub(crate) children: NodeChildren,
+    /// Its priority.
+    pub(crate) priority: i64,
+}
+
+impl Node {
+    /// A node, not linked yet.
+    pub(crate) fn new(p: NodeParts<'_>) -> Self {
+        let values = &p.image.values;
+        let slots = Slots::new(p.tiers, |t| values.is_present(t));
+        Node {
+            id: p.id,
+            is_root: p.is_root,
+            lock: Mutex::new(()),
+            obsolete: AtomicBool::new(false),
+            image: Atomic::from(boxed(p.image)),
+            children: if p.children.is_empty() {
+                Atomic::null()
+            } else {
+                Atomic::new(p.children)
+            },
+            priority: AtomicI64::new(p.priority),
+            slots,
+        }
+    }
+
+    /// The slot of tier `t`.
+    #[inline]
+    pub(crate) fn slot(&self, t: usize) -> &TierSlot {
+        self.slots.get(t)
+    }
+
+    /// Every tier's slot, in tier order.
+    pub(crate) fn slots(&self) -> impl Iterator<Item = &TierSlot> {
+        self.slots.iter()
+    }
+
+    /// The current image. Never null.
+    pub(crate) fn image<'g>(&self, guard: &'g Guard) -> Shared<'g, NodeImage> {
+        let img = self.image.load(Ordering::SeqCst, guard);
+        crate::sync::probe::assert_live(image_addr(img));
+        img
+    }
+
+    /// The current image as a reference.
+    pub(crate) fn image_ref<'g>(&self, guard: &'g Guard) -> &'g NodeImage {
+        // SAFETY: `image` is never null (set at construction, only ever
+        // swapped for another non-null image) and a replaced image is
+        // retired through the reclaimer (`defer_destroy`), so it lives
+        // until `guard` is dropped.
+        unsafe { self.image(guard).deref() }
+    }
+
+    /// The current children.
+    pub(crate) fn children_ref<'g>(&self, guard: &'g Guard) -> &'g NodeChildren {
+        let c = self.children.load(Ordering::SeqCst, guard);
+        // SAFETY: replaced arrays and tables are retired through the
+        // reclaimer (`table_retire`), so they live until `guard` is dropped.
+        unsafe { c.as_ref() }.unwrap_or(&NO_CHILDREN)
+    }
+
+    /// Whether this node holds values on `t` (roots count as resident).
+    pub(crate) fn resident(&self, t: usize) -> bool {
+        self.is_root || self.slot(t).residency.load().resident()
+    }
+
+    /// Whether the node is resident on any tier.
+    pub(crate) fn resident_anywhere(&self) -> bool {
+        self.slots().any(|s| s.residency.load().resident())
+    }
+
+    /// Whether the node was unlinked (or is a reclaimed namespace root).
+    pub(crate) fn is_obsolete(&self) -> bool {
+        self.obsolete.load(Ordering::SeqCst)
+    }
+
+    /// Raises the node's priority to at least `p` (SGLang keeps the maximum
+    /// of the priorities inserted through a node). Writes only when `p` is
+    /// higher: every insert passes through the root and the shared prompt
+    /// nodes, and an unconditional read-modify-write there would take the
+    /// line readers load the node's image and children from away from every
+    /// other core on each insert.
+    pub(crate) fn raise_priority(&self, p: i64) {
+        // SeqCst, as the read-modify-write it short-cuts: the priority only
+        // ever grows, so a load that already sees `p` or more means the
+        // fetch_max would have changed nothing.
+        if self.priority.load(Ordering::SeqCst) < p {
+            self.priority.fetch_max(p, Ordering::SeqCst);
+        }
+    }
+
+    /// Moves the access stamp of `t` forward to `stamp`.
+    pub(crate) fn stamp(&self, t: usize, stamp: u64) {
+        if !self.is_root {
+            // Relaxed suffices: stamps are advisory eviction keys, read in
+            // quiescent state or tolerated stale by eviction; fetch_max keeps
+            // them monotone under any interleaving.
+            self.slot(t).last_access.fetch_max(stamp, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // SAFETY: `drop` has exclusive access; no guard-holding reader can
+        // still reach this node (its last `Arc` is gone, and readers only
+        // reach nodes through arrays while the tree's reference lives).
+        unsafe {
+            let guard = crossbeam_epoch::unprotected();
+            let img = self.image.load(Ordering::Relaxed, guard);
+            if !img.is_null() {
+                drop(img.into_owned());
+            }
+            let ch = self.children.load(Ordering::Relaxed, guard);
+            if !ch.is_null() {
+                drop(ch.into_owned());
+            }
+        }
+    }
+}
