@@ -12,7 +12,7 @@
 //!       cargo test -p loom-tests --release --target-dir target/loom`
 #![cfg(loom)]
 
-use radixkv::{DeviceId, RadixCache, TokenKey};
+use radixkv::{DeviceId, PagedCache, RadixCache, TokenKey};
 use std::sync::Arc;
 
 /// Device 0.
@@ -40,6 +40,17 @@ pub fn model_with_branches<F: Fn() + Sync + Send + 'static>(branches: usize, f: 
 /// A cache of `devices` devices whose values come from the caller.
 pub fn cache(devices: usize) -> Arc<RadixCache> {
     Arc::new(RadixCache::builder().devices(devices).build().unwrap())
+}
+
+/// A cache of `devices` devices that owns `pages` pages on each.
+pub fn paged(devices: usize, pages: usize) -> Arc<PagedCache> {
+    Arc::new(
+        RadixCache::builder()
+            .devices(devices)
+            .pages_per_device(pages)
+            .build()
+            .unwrap(),
+    )
 }
 
 /// A key in the default namespace.

@@ -8,7 +8,7 @@
 #![cfg(loom)]
 
 use loom::thread;
-use loom_tests::{key, model, D0, D1};
+use loom_tests::{key, model, paged, D0, D1};
 use radixkv::RadixCache;
 use std::sync::Arc;
 
@@ -22,13 +22,7 @@ use std::sync::Arc;
 #[test]
 fn copy_vs_evict_source() {
     model(|| {
-        let c = Arc::new(
-            RadixCache::builder()
-                .devices(2)
-                .pages_per_device(4)
-                .build()
-                .unwrap(),
-        );
+        let c = paged(2, 4);
         let span = c.alloc(D0, 1).unwrap();
         c.insert_pages(key(&[1]), span, 0).unwrap();
         let c1 = Arc::clone(&c);
@@ -62,13 +56,7 @@ fn copy_vs_evict_source() {
 #[test]
 fn copy_completion_vs_insert_on_dest() {
     model(|| {
-        let c = Arc::new(
-            RadixCache::builder()
-                .devices(2)
-                .pages_per_device(4)
-                .build()
-                .unwrap(),
-        );
+        let c = paged(2, 4);
         let span = c.alloc(D0, 1).unwrap();
         c.insert_pages(key(&[1]), span, 0).unwrap();
         let copy = c.copy_prefix(key(&[1]), D0, D1).unwrap().unwrap();

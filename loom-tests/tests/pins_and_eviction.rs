@@ -8,7 +8,7 @@
 #![cfg(loom)]
 
 use loom::thread;
-use loom_tests::{cache, key, model, D0, D1};
+use loom_tests::{cache, key, model, paged, D0, D1};
 use radixkv::RadixCache;
 use std::sync::Arc;
 
@@ -119,7 +119,7 @@ fn lease_drop_vs_pin_and_evict() {
 #[test]
 fn pinned_insert_vs_evict() {
     model(|| {
-        let c = Arc::new(RadixCache::builder().pages_per_device(4).build().unwrap());
+        let c = paged(1, 4);
         let c1 = Arc::clone(&c);
         let t = thread::spawn(move || {
             let mut r = c1.begin(key(&[1, 2, 3]), D0).unwrap();
@@ -146,7 +146,7 @@ fn pinned_insert_vs_evict() {
 #[test]
 fn pin_vs_evictor_candidates() {
     model(|| {
-        let c = Arc::new(RadixCache::builder().pages_per_device(8).build().unwrap());
+        let c = paged(1, 8);
         let span = c.alloc(D0, 2).unwrap();
         c.insert_pages(key(&[1, 2]), span, 0).unwrap();
         let c1 = Arc::clone(&c);

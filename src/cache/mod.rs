@@ -61,6 +61,19 @@ use eviction::Candidates;
 
 /// A cache that owns its pages ([`OwnedPages`]): what
 /// `RadixCache::builder().pages_per_device(n).build()` returns.
+///
+/// ```
+/// use radixkv::{DeviceId, PagedCache, RadixCache, TokenKey};
+/// use std::sync::Arc;
+/// let cache: Arc<PagedCache> =
+///     Arc::new(RadixCache::builder().page_size(4).pages_per_device(32).build()?);
+/// let mut r = cache.begin(TokenKey::new(&[1, 2, 3, 4, 5]), DeviceId(0))?;
+/// r.reserve()?; // two pages for five tokens
+/// r.finish()?; // the first page's four tokens cached, the second page back
+/// assert_eq!(cache.resident_tokens(DeviceId(0))?, 4);
+/// assert_eq!(cache.allocator(DeviceId(0))?.free_pages(), 31 - 1);
+/// # Ok::<(), radixkv::CacheError>(())
+/// ```
 pub type PagedCache = RadixCache<OwnedPages>;
 
 /// The index of `p` in [`EvictionPolicy::ALL`].
