@@ -73,8 +73,10 @@ sites=$(find src -name '*.rs' | sort | while IFS= read -r f; do
     {
       raw = $0
       line = strip(raw)
-      if (match(raw, /radixkv_negative *= *"[a-z_]+"/)) {
-        step = substr(raw, RSTART, RLENGTH)
+      code = raw
+      sub(/\/\/.*/, "", code)   # a mention in a comment is not a cfg
+      if (match(code, /radixkv_negative *= *"[a-z_]+"/)) {
+        step = substr(code, RSTART, RLENGTH)
         sub(/^radixkv_negative *= *"/, "", step); sub(/"$/, "", step)
         fname = (depth_top > 0) ? names[depth_top] : "(none)"
         print file ":" NR " " step " " fname

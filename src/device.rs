@@ -39,9 +39,11 @@ impl fmt::Display for DeviceId {
 /// A tier of KV memory: a device, or the host tier (host memory shared by
 /// every device's scheduler, with
 /// [`RadixCacheBuilder::host_pages`](crate::RadixCacheBuilder::host_pages)).
-/// Every call that works on one tier (insert, match, pin, evict, sizes,
-/// pages, copies) takes `impl Into<Tier>`, so a [`DeviceId`] names a
-/// device's tier as it is.
+/// The calls that work on one tier (`insert`, `match_prefix`,
+/// `match_and_pin`, `evict`, `sizes`, `resident_tokens`, `alloc`,
+/// `allocator`, `copy_prefix`, the eviction metrics) take
+/// `impl Into<Tier>`, so a [`DeviceId`] names a device's tier as it is;
+/// a request (`RadixCache::begin`) runs on a device.
 ///
 /// ```
 /// use radixkv::{DeviceId, RadixCache, Tier, TokenKey};

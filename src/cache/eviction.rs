@@ -187,7 +187,7 @@ impl<P: Ownership> RadixCache<P> {
     /// What eviction did on `tier` since the cache was built: calls,
     /// leaves, tokens and pages evicted, the latency histogram of `evict`
     /// calls, and the background evictor's wake-ups and time below the low
-    /// watermark. Waits for an eviction in progress on that device.
+    /// watermark. Waits for an eviction in progress on that tier.
     ///
     /// ```
     /// use radixkv::{DeviceId, RadixCache, TokenKey};
@@ -206,9 +206,9 @@ impl<P: Ownership> RadixCache<P> {
         Ok(crate::sync::lock(&self.candidates[d]).metrics.metrics())
     }
 
-    /// A copy of the latency histogram of `evict` calls on `device` (the
+    /// A copy of the latency histogram of `evict` calls on `tier` (the
     /// one [`eviction_metrics`](Self::eviction_metrics) summarizes), for
-    /// exposition as buckets. Taken under the device's eviction lock, so it
+    /// exposition as buckets. Taken under the tier's eviction lock, so it
     /// waits for an eviction in progress there.
     ///
     /// ```
@@ -509,7 +509,7 @@ impl<P: Ownership> RadixCache<P> {
 
 impl RadixCache<OwnedPages> {
     /// [`evict`](RadixCache::evict) with write-back to the host tier: before a
-    /// victim leaf of `device` is evicted, the part of its path (root to
+    /// victim leaf of `tier` (a device) is evicted, the part of its path (root to
     /// the leaf) that the host tier does not hold yet is copied there,
     /// ancestors included, so the host's residency stays prefix-closed and
     /// loadable. `write` moves the KV of each [`PrefixCopy`] (device →
@@ -517,8 +517,9 @@ impl RadixCache<OwnedPages> {
     /// is cancelled and the victim evicted anyway. The victim's pages are
     /// pinned by the copy while `write` runs, so no other evictor can free
     /// (and reuse) them mid-copy; it is claimed for eviction only after the
-    /// copy completed (loom model `write_back_vs_evict`). Needs a host tier and pages owned by
-    /// the cache; [`Evicted::written_back`] counts the tokens copied.
+    /// copy completed (loom model `write_back_vs_evict`). Needs a host tier
+    /// ([`CacheError::NoHostTier`] otherwise); [`Evicted::written_back`]
+    /// counts the tokens copied.
     ///
     /// ```
     /// use radixkv::{DeviceId, RadixCache, TokenKey};

@@ -331,16 +331,10 @@ impl<P: Ownership> RadixCache<P> {
                 let lease = self.lease(None, t);
                 return Ok(self.result(&w, t, Vec::new(), Some(lease)));
             };
-            match pin_then_read(&self.tree, n, t, &w, &guard) {
-                Ok(values) => {
-                    // SAFETY: `n` is a tree node reached under the walk's
-                    // guard, alive for this call.
-                    let lease = self.lease(Some(unsafe { arc_of(n) }), t);
-                    match values {
-                        Some(v) => return Ok(self.result(&w, t, v, Some(lease))),
-                        None => continue,
-                    }
-                }
+            match self.pin_then_read(n, t, &w, &guard) {
+                Ok((lease, Some(values))) => return Ok(self.result(&w, t, values, Some(lease))),
+                // The path changed under the pin: the lease goes, walk again.
+                Ok((_, None)) => continue,
                 Err(PinRefused::Overflow) => return Err(CacheError::PinOverflow),
                 Err(_) => continue,
             }
@@ -433,6 +427,32 @@ impl<P: Ownership> RadixCache<P> {
         }
     }
 
+    /// The protecting step `pin_then_read` (model `residency_aba`): the
+    /// values of a match are read only after a pin of the residency the walk
+    /// saw (generation-checked) succeeded, so a residency evicted and made
+    /// again meanwhile is never read. Returns the lease that holds the pin
+    /// (taken with the pin, so no pin outlives a panic) and the values read
+    /// under it (`None`: the path changed, walk again). Its control reads
+    /// first, then pins whatever residency is there.
+    fn pin_then_read(
+        &self,
+        n: &Node,
+        t: usize,
+        w: &MatchWalk<'_>,
+        guard: &crossbeam_epoch::Guard,
+    ) -> Result<(Lease, Option<Vec<u32>>), PinRefused> {
+        if cfg!(radixkv_negative = "pin_then_read") {
+            let early = self.tree.path_values(n, t, w.len, guard);
+            n.slot(t).residency.try_pin(None)?;
+            // SAFETY: `n` is a tree node reached under `guard`, alive here.
+            return Ok((self.lease(Some(unsafe { arc_of(n) }), t), early));
+        }
+        n.slot(t).residency.try_pin(Some(w.generation))?;
+        // SAFETY: `n` is a tree node reached under `guard`, alive here.
+        let lease = self.lease(Some(unsafe { arc_of(n) }), t);
+        Ok((lease, self.tree.path_values(n, t, w.len, guard)))
+    }
+
     /// The protecting step `switch_rescans` (model
     /// `policy_switch_vs_insert`): a switch into a heap-ranked policy drops
     /// the notes taken so far (a scan-ranked policy may have left
@@ -448,26 +468,4 @@ impl<P: Ownership> RadixCache<P> {
         }
         self.rerank(c, t, guard);
     }
-}
-
-/// The protecting step `pin_then_read` (model `residency_aba`): the values
-/// of a match are read only after a pin of the residency the walk saw
-/// (generation-checked) succeeded, so a residency evicted and made again
-/// meanwhile is never read. Returns the values once pinned (`None`: the
-/// path changed, re-walk; the caller owns the pin either way). Its control
-/// reads first, then pins whatever residency is there.
-fn pin_then_read(
-    tree: &Tree,
-    n: &Node,
-    t: usize,
-    w: &MatchWalk<'_>,
-    guard: &crossbeam_epoch::Guard,
-) -> Result<Option<Vec<u32>>, PinRefused> {
-    if cfg!(radixkv_negative = "pin_then_read") {
-        let early = tree.path_values(n, t, w.len, guard);
-        n.slot(t).residency.try_pin(None)?;
-        return Ok(early);
-    }
-    n.slot(t).residency.try_pin(Some(w.generation))?;
-    Ok(tree.path_values(n, t, w.len, guard))
 }

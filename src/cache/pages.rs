@@ -82,11 +82,14 @@ impl RadixCache<OwnedPages> {
         priority: i64,
         pin: bool,
     ) -> Result<(InsertResult, Option<Lease>, Vec<u32>), CacheError> {
-        let t = self.slot(chunk.tier())?;
-        let a = self.allocator(chunk.tier())?;
-        if !Arc::ptr_eq(a, chunk.allocator()) {
+        // The span's own allocator names its tier here, or it is foreign
+        // (another cache's, whatever tier it names).
+        let Some(t) =
+            (self.pages.allocators.iter()).position(|a| Arc::ptr_eq(a, chunk.allocator()))
+        else {
             return Err(CacheError::ForeignSpan);
-        }
+        };
+        let a = &self.pages.allocators[t];
         let len = key.tokens.len();
         if len != borrowed.len() + chunk.tokens() {
             return Err(CacheError::LengthMismatch {

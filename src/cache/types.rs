@@ -77,8 +77,9 @@ impl TokenKey<'_> {
     /// `lora:<name>` with the salt after a U+001F separator. Requests share
     /// cached prefixes only within one namespace, so a salt isolates a
     /// tenant and an adapter never reuses another's KV.
-    /// [`namespace_parts`](Self::namespace_parts) is its inverse. The KV
-    /// events and the server name namespaces by this rule.
+    /// [`namespace_parts`](Self::namespace_parts) splits a namespace back
+    /// (exactly, unless the salt itself starts with `lora:` or holds a
+    /// U+001F). The KV events and the server name namespaces by this rule.
     ///
     /// ```
     /// use radixkv::TokenKey;
@@ -101,7 +102,9 @@ impl TokenKey<'_> {
     }
 
     /// A namespace's LoRA name and cache salt (see
-    /// [`namespace_for`](Self::namespace_for)).
+    /// [`namespace_for`](Self::namespace_for)): a namespace that starts
+    /// with `lora:` names an adapter, with the salt after the first U+001F;
+    /// any other is a salt.
     pub fn namespace_parts(ns: &str) -> (Option<&str>, Option<&str>) {
         match ns.strip_prefix(LORA_TAG) {
             None => (None, Some(ns).filter(|s| !s.is_empty())),
@@ -167,7 +170,7 @@ pub enum CacheError {
     /// A handle made by another cache.
     #[error("the handle belongs to another cache")]
     ForeignHandle,
-    /// 2^32 - 1 leases on one node and device.
+    /// 2^32 - 1 leases on one node and tier.
     #[error("too many leases on one node")]
     PinOverflow,
     /// A builder setting out of range.
@@ -176,11 +179,11 @@ pub enum CacheError {
     /// An unknown eviction policy name.
     #[error(transparent)]
     UnknownPolicy(#[from] UnknownPolicy),
-    /// The device's allocator could not serve the request.
+    /// The tier's allocator could not serve the request.
     #[error(transparent)]
     Alloc(#[from] AllocError),
-    /// A span of another device or another cache's allocator.
-    #[error("the span belongs to another device or cache")]
+    /// A span of another cache's allocator.
+    #[error("the span belongs to another cache")]
     ForeignSpan,
     /// [`Tier::Host`] on a cache built without a host tier
     /// ([`RadixCacheBuilder::host_pages`](super::RadixCacheBuilder::host_pages)).

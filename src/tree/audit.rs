@@ -67,17 +67,20 @@ impl Tree {
                         let nv = v.tokens(ps);
                         if nv != img.key.len() {
                             return Err(format!(
-                                "I4: node {} holds {nv} values for {} tokens on device {e}",
+                                "I4: node {} holds {nv} values for {} tokens on {}",
                                 n.id,
-                                img.key.len()
+                                img.key.len(),
+                                self.tier_of(e)
                             ));
                         }
                         *tokens_e += nv as u64;
                         if let Some(p) = parent {
                             if !p.resident(e) {
                                 return Err(format!(
-                                    "I1: node {} is resident on device {e} but its parent {} is not",
-                                    n.id, p.id
+                                    "I1: node {} is resident on {} but its parent {} is not",
+                                    n.id,
+                                    self.tier_of(e),
+                                    p.id
                                 ));
                             }
                         }
@@ -85,8 +88,9 @@ impl Tree {
                     (None, false) => {}
                     (v, r) => {
                         return Err(format!(
-                            "node {} on device {e}: values present = {}, RESIDENT = {r}",
+                            "node {} on {}: values present = {}, RESIDENT = {r}",
                             n.id,
+                            self.tier_of(e),
                             v.is_some()
                         ))
                     }
@@ -130,8 +134,9 @@ impl Tree {
                     let counted = n.slot(e).resident_children.load(Ordering::SeqCst);
                     if counted != *r {
                         return Err(format!(
-                            "node {} counts {counted} resident children on device {e}, has {r}",
-                            n.id
+                            "node {} counts {counted} resident children on {}, has {r}",
+                            n.id,
+                            self.tier_of(e)
                         ));
                     }
                 }
@@ -141,7 +146,8 @@ impl Tree {
             let g = self.resident_tokens(e);
             if g != *t {
                 return Err(format!(
-                    "resident-token gauge of device {e} is {g}, the tree holds {t}"
+                    "resident-token gauge of {} is {g}, the tree holds {t}",
+                    self.tier_of(e)
                 ));
             }
         }

@@ -220,7 +220,10 @@ impl Namespaces {
             // An obsolete root whose removal has not happened yet: replace
             // it; its remover will find its root gone from the table.
             let prev = t.slots[slot].swap(entry, Ordering::SeqCst, guard);
-            retired.owned(prev);
+            // SAFETY: the entry was published from an `Owned`, left the
+            // table with this swap (under the writer mutex), and is retired
+            // only here.
+            unsafe { retired.owned(prev) };
         } else {
             let t = if (counts.live + counts.tombstones + 1) * 2 > t.slots.len() {
                 let live = counts.live + 1;
@@ -282,7 +285,9 @@ impl Namespaces {
         *counts = moved;
         let new = Owned::new(new).into_shared(guard);
         self.table.store(new, Ordering::SeqCst);
-        retired.owned(old);
+        // SAFETY: the slot array was published from an `Owned`, replaced by
+        // this store (under the writer mutex), and is retired only here.
+        unsafe { retired.owned(old) };
         // SAFETY: just published; retired only through the reclaimer.
         unsafe { new.deref() }
     }
@@ -304,7 +309,9 @@ impl Namespaces {
             return; // replaced by a fresh root meanwhile
         }
         let p = t.slots[slot].swap(Shared::null().with_tag(TOMBSTONE), Ordering::SeqCst, guard);
-        retired.owned(p);
+        // SAFETY: the entry was published from an `Owned`, left the table
+        // with this swap (under the writer mutex), and is retired only here.
+        unsafe { retired.owned(p) };
         counts.live -= 1;
         counts.tombstones += 1;
         if counts.live * 8 < t.slots.len() && t.slots.len() > MIN_SLOTS {

@@ -47,7 +47,12 @@ impl<N> Link<N> {
 
     /// The link of `n`, a node linked already: the tree's reference moves
     /// with it (a split files the child below its new prefix node).
-    pub(crate) fn to_linked(n: &N) -> Link<N> {
+    ///
+    /// # Safety
+    /// `n` is linked (the tree holds its reference, from [`new`](Self::new)),
+    /// and the link is filed in place of its current one, so that the
+    /// reference is still held once.
+    pub(crate) unsafe fn to_linked(n: &N) -> Link<N> {
         Link(n)
     }
 
@@ -62,7 +67,11 @@ impl<N> Link<N> {
     }
 
     /// The link of the node at `addr` (a table's stored address).
-    pub(crate) fn from_addr(addr: usize) -> Link<N> {
+    ///
+    /// # Safety
+    /// `addr` is the address of a [`Link`] of this node type, taken with
+    /// [`addr`](Self::addr) from a link the tree still holds.
+    pub(crate) unsafe fn from_addr(addr: usize) -> Link<N> {
         Link(addr as *const N)
     }
 
@@ -82,11 +91,22 @@ impl<N> Link<N> {
     /// the tree (teardown). Safe code reaches nodes through the children's
     /// iterators, whose references are bounded by the array's, itself
     /// bounded by its guard.
-    pub(crate) unsafe fn node_unchecked<'a>(self) -> &'a N {
+    pub(crate) unsafe fn node_unchecked(&self) -> &N {
         // SAFETY: the caller's contract. A node in an array that was current
         // at load time was linked then; unlinking it releases the tree's
         // reference only through the reclaimer, after every guard that
         // could have seen it, so the node outlives the borrow.
+        unsafe { &*self.0 }
+    }
+
+    /// The node, for as long as `guard` lives.
+    ///
+    /// # Safety
+    /// The caller has just linked it under `guard` (or read it from an
+    /// array loaded under `guard`).
+    pub(crate) unsafe fn node_in(self, _guard: &crossbeam_epoch::Guard) -> &N {
+        // SAFETY: the caller's contract; the tree's reference is released
+        // only through the reclaimer, after `guard` is dropped.
         unsafe { &*self.0 }
     }
 

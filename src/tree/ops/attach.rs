@@ -88,9 +88,10 @@ impl Tree {
     }
 
     /// Links `leaf` below `a.parent` under the parent's lock, once the
-    /// parent is still resident on the writer's tier (the inserter's side
-    /// of `leaf_check`; for a namespace root, `root_obsolete_check`) and no
-    /// other child starts with its page.
+    /// parent is still resident on the writer's tier (the inserter's half
+    /// of what `leaf_check` protects, which has no control of its own: the
+    /// model's control removes the evictor's half; for a namespace root,
+    /// `root_obsolete_check`) and no other child starts with its page.
     fn publish_leaf<'g>(
         &self,
         a: &Attach<'_, 'g>,
@@ -121,7 +122,7 @@ impl Tree {
                 self.count_tokens(t, a.at.tokens().len(), true);
                 self.count_node(t, true);
                 // SAFETY: just linked under `guard`.
-                let leaf = unsafe { leaf.node_unchecked() };
+                let leaf = unsafe { leaf.node_in(guard) };
                 self.note_leaf(leaf, t);
                 leaf
             },
@@ -165,9 +166,11 @@ impl Tree {
         let slot = a.node.slot(t);
         slot.residency.make_resident();
         let pin = a.writer.pin.then(|| {
-            // Under the node's lock: no eviction can come between.
+            // Under the node's lock: no eviction can come between, and a
+            // node just made resident has room for a pin.
             let _ = slot.residency.try_pin(None);
-            HeldPin::new(a.node, t, a.at.path.len())
+            // SAFETY: the pin just taken, released only by this.
+            unsafe { HeldPin::new(a.node, t, a.at.path.len()) }
         });
         slot.last_access.store(self.tick(t), Ordering::Relaxed);
         slot.created.store(self.tick(t), Ordering::Relaxed);
@@ -212,13 +215,15 @@ fn born_pinned<'g>(
     if cfg!(radixkv_negative = "born_pinned") {
         let n = publish(leaf)?;
         let held = w.pin && n.slot(t).residency.try_pin(None).is_ok();
-        return Ok(held.then(|| HeldPin::new(n, t, depth)));
+        // SAFETY: the pin just taken, released only by this.
+        return Ok(held.then(|| unsafe { HeldPin::new(n, t, depth) }));
     }
     if w.pin {
         let _ = leaf.slot(t).residency.try_pin(None);
     }
     let n = publish(leaf)?;
-    Ok(w.pin.then(|| HeldPin::new(n, t, depth)))
+    // SAFETY: the leaf was born with the pin (above), released only by this.
+    Ok(w.pin.then(|| unsafe { HeldPin::new(n, t, depth) }))
 }
 
 /// The protecting step `event_in_lock` (model `store_event_vs_evict`): the

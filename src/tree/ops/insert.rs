@@ -135,6 +135,12 @@ impl Tree {
                             }
                             Err(Conflict) => {
                                 spin_wait();
+                                // As every restart: the deepest pin so far
+                                // protects what was adopted until the new
+                                // walk holds its own.
+                                if let Some(w) = walk.take() {
+                                    keep_deeper(&mut kept, w);
+                                }
                                 continue 'restart;
                             }
                         }
@@ -203,7 +209,8 @@ impl Tree {
                                 }
                                 continue 'restart;
                             }
-                            walk = Some(HeldPin::new(node, t, pos + k));
+                            // SAFETY: the pin just taken, released only by this.
+                            walk = Some(unsafe { HeldPin::new(node, t, pos + k) });
                         }
                         pos += k;
                         cur = node;

@@ -89,7 +89,7 @@ impl Tree {
             },
         );
         // SAFETY: just linked under `guard`.
-        Ok(unsafe { prefix.node_unchecked() })
+        Ok(unsafe { prefix.node_in(guard) })
     }
 
     /// The new node of split `s` of the child whose image is `img`: its
@@ -107,7 +107,12 @@ impl Tree {
                 key: &img.key[..k],
                 values: img.values.map(|v| v.slice(0, k, ps)),
             },
-            children: Children::flat(vec![(page_hash(&rest[..ps]), Link::to_linked(s.child))]),
+            // SAFETY: the child is linked (checked under both locks), and
+            // this link replaces its entry in the parent's children: the
+            // tree's one reference moves below the prefix node.
+            children: Children::flat(vec![(page_hash(&rest[..ps]), unsafe {
+                Link::to_linked(s.child)
+            })]),
             priority: s.child.priority.load(Ordering::SeqCst),
         });
         for (t, slot) in prefix.slots().enumerate() {

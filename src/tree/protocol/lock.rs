@@ -3,10 +3,12 @@
 //! ```text
 //!  ParentLocked::lock(parent)            a parent, locked and checked
 //!     │  .add_child(..)                  attach a new leaf below it
+//!     │  .mark_unlinked()                a namespace root that is reclaimed
 //!     └─ .lock_child(child, expect) ──►  PairLocked: parent and child,
 //!  PairLocked::of_child(child) ───────►    both locked and checked
 //!        .publish_child_image(..)        adopt, split, evict
-//!        .replace_child(..) / .remove_child(..) / .mark_unlinked()
+//!        .replace_child(..) / .remove_child(..) / .mark_child_unlinked()
+//!        .parent()                       the ParentLocked inside
 //! ```
 //!
 //! Locks are taken parent first, then child: a split only ever inserts a
@@ -158,7 +160,9 @@ impl<'a> PairLocked<'a> {
     /// The parent of `child` (as its image names it) and `child`, both
     /// locked, for an eviction: re-reads the parent under its lock until a
     /// split no longer moves it; `None` if `child` is a root or was
-    /// unlinked.
+    /// unlinked. The parent needs no check of its own: a node is unlinked
+    /// (and a namespace root reclaimed) only once it has no child, so the
+    /// parent of a linked child is linked.
     pub(crate) fn of_child(child: &'a Node, guard: &'a Guard) -> Option<Self> {
         loop {
             let pp = child.image_ref(guard).parent;
@@ -253,7 +257,10 @@ fn publish_children(node: &Node, children: NodeChildren, guard: &Guard, retired:
     // SAFETY: `old` was `node`'s children, loaded under `guard`: alive
     // until the guard drops (retired through the reclaimer at the earliest).
     if let Some(c) = unsafe { old.as_ref() } {
-        c.retire_replaced(|| retired.owned(old));
+        // SAFETY: `old` was published from an `Owned` (above, or by an
+        // earlier call), is unreachable since the swap, made under `node`'s
+        // lock, and only this swap retires it.
+        c.retire_replaced(|| unsafe { retired.owned(old) });
     }
 }
 
@@ -317,5 +324,8 @@ fn defer_destroy(old: Shared<'_, NodeImage>, retired: &mut Retired) {
         drop(unsafe { old.into_owned() });
         return;
     }
-    retired.owned(old);
+    // SAFETY: `old` was published from an `Owned` (`boxed`), is
+    // unreachable since the swap, made under the node's lock, and only
+    // this swap retires it.
+    unsafe { retired.owned(old) };
 }

@@ -63,8 +63,8 @@
 //!
 //! # Protecting steps and their controls
 //!
-//! Every step the loom models (`loom-tests/`) rely on is one function named
-//! after the step, holding the step's one control cfg: built with
+//! Every step whose removal a loom model (`loom-tests/`) must catch is one
+//! function named after the step, holding the step's one control cfg: built with
 //! `RADIXKV_NEGATIVE=<step>` (loom builds only), the function does what the
 //! step prevents, and the model must fail with its own message
 //! (`loom-tests/negative.sh`; `scripts/check-core-structure.sh` fails if a

@@ -16,7 +16,11 @@ pub(crate) struct HeldPin<'g> {
 
 impl<'g> HeldPin<'g> {
     /// Owns a pin just taken on `(node, tier)`.
-    pub(crate) fn new(node: &'g Node, tier: usize, depth: usize) -> Self {
+    ///
+    /// # Safety
+    /// The caller took a pin on `(node, tier)` (a successful `try_pin`)
+    /// that nothing else will release: dropping this releases it.
+    pub(crate) unsafe fn new(node: &'g Node, tier: usize, depth: usize) -> Self {
         HeldPin { node, tier, depth }
     }
 

@@ -55,13 +55,14 @@ unsafe fn free_owned<T: ?Sized + Pointable>(addr: usize) {
     drop(unsafe { Owned::<T>::from_usize(addr) });
 }
 
-/// Releases a strong reference taken with `Arc::into_raw` at `addr`.
+/// Releases a strong reference taken with `Arc::into_raw` at `addr` (the
+/// `sync` shim's `Arc`, as `Link::new` took it).
 ///
 /// # Safety
 /// `addr` is such a pointer and this releases its count exactly once.
 unsafe fn release_strong<T>(addr: usize) {
     // SAFETY: the caller's contract.
-    drop(unsafe { Arc::from_raw(addr as *const T) });
+    drop(unsafe { crate::sync::Arc::from_raw(addr as *const T) });
 }
 
 /// Objects unlinked by one structural change: a few, kept inline (an
@@ -85,7 +86,12 @@ impl Retired {
     /// An object that was just replaced or removed in an `Atomic` (an
     /// image, a children array, a namespace entry or slot array): freed
     /// as the `Owned` it was published from. A null pointer is nothing.
-    pub(crate) fn owned<T: ?Sized + Pointable + Send>(&mut self, old: Shared<'_, T>) {
+    ///
+    /// # Safety
+    /// `old` was published from an `Owned<T>`, is unreachable from every
+    /// object a reader can still load (it was just swapped out, under the
+    /// lock that serializes its writers), and is retired nowhere else.
+    pub(crate) unsafe fn owned<T: ?Sized + Pointable + Send>(&mut self, old: Shared<'_, T>) {
         if !old.is_null() {
             self.items.push(Garbage {
                 addr: old.with_tag(0).into_usize(),

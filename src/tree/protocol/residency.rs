@@ -1,4 +1,4 @@
-//! The per-(node, device) state word: pin count, `RESIDENT` bit and a
+//! The per-(node, tier) state word: pin count, `RESIDENT` bit and a
 //! residency generation, in one atomic.
 //!
 //! ```text
@@ -21,7 +21,7 @@
 //! The generation has 31 bits and wraps (explicitly, leaving the pin count
 //! and `RESIDENT` untouched: a unit test shows it). A wrap can only matter
 //! to a reader that read generation `g` in its match walk and then, before
-//! its pin CAS, saw the same (node, device) evicted and made resident
+//! its pin CAS, saw the same (node, tier) evicted and made resident
 //! again exactly 2³¹ times, so that the generation is `g` once more. Each
 //! such cycle is an eviction and an insert of that node under its and its
 //! parent's write locks plus an allocation, well over 100 ns, so the
@@ -60,11 +60,11 @@ impl ResidencyState {
     pub(crate) fn resident(self) -> bool {
         self.0 & RESIDENT != 0
     }
-    /// Live pins (leases) on this (node, device).
+    /// Live pins (leases) on this (node, tier).
     pub(crate) fn pins(self) -> u64 {
         self.0 & PIN_MASK
     }
-    /// How many times this (node, device) has become resident.
+    /// How many times this (node, tier) has become resident.
     pub(crate) fn generation(self) -> u64 {
         self.0 >> GEN_SHIFT
     }
@@ -81,7 +81,7 @@ pub(crate) enum PinRefused {
     Overflow,
 }
 
-/// The atomic state word of one (node, device).
+/// The atomic state word of one (node, tier).
 #[derive(Debug)]
 pub(crate) struct Residency(AtomicU64);
 

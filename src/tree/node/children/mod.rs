@@ -62,7 +62,7 @@ pub(crate) enum Children<N> {
     /// Up to `FLAT_MAX` entries, sorted by hash.
     Flat(Vec<ChildEntry<N>>),
     /// A wide node's table.
-    Table(Table),
+    Table(Table<N>),
 }
 
 impl<N> Default for Children<N> {
@@ -84,7 +84,7 @@ impl<N> Default for Children<N> {
 /// after the unlink (a retired table keeps the address).
 unsafe fn table_child<'a, N>(addr: usize) -> &'a N {
     // SAFETY: the caller's contract.
-    unsafe { Link::<N>::from_addr(addr).node_unchecked() }
+    unsafe { &*(addr as *const N) }
 }
 
 impl<N> Children<N> {
@@ -109,7 +109,7 @@ impl<N> Children<N> {
     /// would be (page hashes are 64-bit mixes) and widens from there; a
     /// table's is one probe from the tag's home.
     pub(crate) fn with_hash(&self, hash: u64) -> impl Iterator<Item = &N> {
-        let (flat, table): (&[ChildEntry<N>], Option<&Table>) = match self {
+        let (flat, table): (&[ChildEntry<N>], Option<&Table<N>>) = match self {
             Children::Flat(v) => (flat::with_hash(v, hash), None),
             Children::Table(t) => (&[], Some(t)),
         };
@@ -128,7 +128,7 @@ impl<N> Children<N> {
 
     /// Every child (a flat array's in hash order).
     pub(crate) fn nodes(&self) -> impl DoubleEndedIterator<Item = &N> {
-        let (flat, table): (&[ChildEntry<N>], Option<&Table>) = match self {
+        let (flat, table): (&[ChildEntry<N>], Option<&Table<N>>) = match self {
             Children::Flat(v) => (v, None),
             Children::Table(t) => (&[], Some(t)),
         };
@@ -279,7 +279,9 @@ impl<N> Children<N> {
             Children::Table(t) => t
                 .entries()
                 .into_iter()
-                .map(|(_, p)| Link::from_addr(p))
+                // SAFETY: a table holds the addresses of the links filed in
+                // it, each still held by the tree (this is teardown).
+                .map(|(_, p)| unsafe { Link::from_addr(p) })
                 .collect(),
         }
     }

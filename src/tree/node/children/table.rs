@@ -43,6 +43,7 @@
 //! | `live`, `used` | SeqCst | written under the node's lock only, read by the writer that holds it and by the audit; no reader depends on them |
 
 use crate::sync::{AtomicU32, AtomicUsize, Ordering};
+use std::marker::PhantomData;
 
 /// The smallest table.
 pub(super) const MIN_CAP: usize = 8;
@@ -59,8 +60,9 @@ pub(super) fn tag_of(hash: u64) -> u32 {
     ((hash.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as u32) | 1
 }
 
-/// A wide node's children (see the module docs).
-pub(crate) struct Table {
+/// A wide node's children (see the module docs): the addresses of nodes
+/// of type `N`.
+pub(crate) struct Table<N> {
     tags: Box<[AtomicU32]>,
     ptrs: Box<[AtomicUsize]>,
     /// Children in the table. Written under the node's lock only.
@@ -68,9 +70,11 @@ pub(crate) struct Table {
     /// Slots ever filled (live and removed). Written under the node's lock
     /// only.
     used: AtomicUsize,
+    /// The type of the nodes whose addresses the slots hold.
+    nodes: PhantomData<fn() -> N>,
 }
 
-impl std::fmt::Debug for Table {
+impl<N> std::fmt::Debug for Table<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Table")
             .field("capacity", &self.cap())
@@ -80,21 +84,22 @@ impl std::fmt::Debug for Table {
     }
 }
 
-impl Drop for Table {
+impl<N> Drop for Table<N> {
     fn drop(&mut self) {
         // The loom probe of freed tables (a no-op without loom).
         crate::sync::probe::table_died(self.addr());
     }
 }
 
-impl Table {
+impl<N> Table<N> {
     /// An empty table of `cap` slots.
-    fn with_capacity(cap: usize) -> Table {
+    fn with_capacity(cap: usize) -> Table<N> {
         let t = Table {
             tags: (0..cap).map(|_| AtomicU32::new(NEVER)).collect(),
             ptrs: (0..cap).map(|_| AtomicUsize::new(0)).collect(),
             live: AtomicUsize::new(0),
             used: AtomicUsize::new(0),
+            nodes: PhantomData,
         };
         crate::sync::probe::table_born(t.addr());
         t
@@ -104,7 +109,7 @@ impl Table {
     /// that it takes as many again before its next rebuild: measured, a
     /// rebuild every quarter of growth put the rebuilds in the insert's
     /// p99).
-    pub(super) fn of(entries: Vec<(u32, usize)>) -> Table {
+    pub(super) fn of(entries: Vec<(u32, usize)>) -> Table<N> {
         let t = Table::with_capacity((entries.len() * 2 + 1).max(MIN_CAP));
         for (tag, p) in entries {
             t.place(tag, p);
@@ -256,7 +261,7 @@ impl Table {
 /// a removed child's slot stays filled (a tombstone pointer, its tag
 /// kept), so a probe for a child filed behind it goes on past it. Its
 /// control empties the slot instead.
-fn table_tomb(t: &Table, i: usize) {
+fn table_tomb<N>(t: &Table<N>, i: usize) {
     t.ptrs[i].store(TOMB, Ordering::SeqCst);
     if cfg!(radixkv_negative = "table_tomb") {
         t.tags[i].store(NEVER, Ordering::SeqCst);
@@ -271,7 +276,7 @@ fn table_tomb(t: &Table, i: usize) {
 /// its tags clobbered, as a reuse of its memory would, while a reader may
 /// still hold it (its memory is leaked rather than freed, so that the model
 /// reports the use instead of reading freed memory).
-pub(super) fn table_retire(old: &Table, retire: impl FnOnce()) {
+pub(super) fn table_retire<N>(old: &Table<N>, retire: impl FnOnce()) {
     if cfg!(radixkv_negative = "table_retire") {
         crate::sync::probe::table_died(old.addr());
         for t in old.tags.iter() {
