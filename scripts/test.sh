@@ -43,6 +43,10 @@ echo "== the server from Python: the official openai client, pyzmq on the KV eve
 # The binary the release test run above built (its integration tests run it).
 RADIXKV_BIN=target/release/radixkv bash scripts/python-check.sh
 
+echo "== the Python package: pip install ./crates/radixkv-py into a fresh venv, its tests (the core's API, inputs, errors, the GIL released, a panic as RuntimeError) and the GIL test's negative control (scripts/python-package-check.sh; its own venv)"
+cargo test --manifest-path crates/radixkv-py/Cargo.toml --target-dir target/py --quiet
+bash scripts/python-package-check.sh
+
 echo "== docs build without warnings (every public item documented, links resolve)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 

@@ -1,0 +1,67 @@
+"""radixkv: a concurrent radix-tree prefix (KV) cache for multi-GPU LLM
+serving, from Python.
+
+Two kinds of cache, as in the Rust core:
+
+* :class:`RadixCache`: values (KV slot indices) come from the caller's own
+  allocator: ``insert(tokens, values)``; eviction returns them.
+* :class:`PagedCache`: the cache owns a page allocator per tier: page
+  spans, requests (``begin`` / ``reserve`` / ``commit_chunk`` /
+  ``finish``), copies between tiers, write-back, a background evictor.
+
+Tiers are device indices ``0, 1, …`` and ``"host"`` (the host tier, with
+``host_pages``). Token ids and values come from ``array('q')``, numpy
+arrays, torch tensors or lists; results are ``numpy.uint32`` arrays.
+Every call that walks the tree releases the GIL. Errors are
+:mod:`radixkv.errors` exceptions with the core's message.
+"""
+
+from __future__ import annotations
+
+from . import errors
+from ._radixkv import (
+    HOST,
+    MAX_DEVICES,
+    MAX_PAGE_SIZE,
+    CopyView,
+    Evicted,
+    Evictor,
+    InsertResult,
+    Lease,
+    MatchResult,
+    NodeHandle,
+    PagedCache,
+    PageSpan,
+    PrefixCopy,
+    RadixCache,
+    Request,
+    Sizes,
+    namespace_for,
+    reads_without_copy,
+)
+from .errors import CacheError
+
+__all__ = [
+    "HOST",
+    "MAX_DEVICES",
+    "MAX_PAGE_SIZE",
+    "CacheError",
+    "CopyView",
+    "Evicted",
+    "Evictor",
+    "InsertResult",
+    "Lease",
+    "MatchResult",
+    "NodeHandle",
+    "PagedCache",
+    "PageSpan",
+    "PrefixCopy",
+    "RadixCache",
+    "Request",
+    "Sizes",
+    "errors",
+    "namespace_for",
+    "reads_without_copy",
+]
+
+__version__ = "0.1.0"

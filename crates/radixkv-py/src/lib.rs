@@ -1,0 +1,79 @@
+//! `radixkv` for Python: the core's API over PyO3 (an abi3 extension for
+//! CPython ≥ 3.9), built into the wheel `radixkv` by maturin.
+//!
+//! | file | what it holds |
+//! | --- | --- |
+//! | `cache.rs` | `RadixCache` and `PagedCache`, every builder option and operation |
+//! | `results.rs` | `Lease`, `NodeHandle`, `MatchResult`, `InsertResult`, `Evicted`, `Sizes` |
+//! | `pages.rs` | `PageSpan`, `Request`, `PrefixCopy`, `CopyView`, `Evictor` |
+//! | `ids.rs` | token ids and values from arrays, tensors and lists |
+//! | `convert.rs` | tiers (`0`, `1`, …, `"host"`) and numpy results |
+//! | `events.rs` | the residency events queued for `take_events` |
+//! | `errors.rs` | the core's errors as `radixkv.errors` exceptions; panics as `RuntimeError` |
+//! | `gil.rs` | the GIL released around an insert, and that step's negative control |
+//!
+//! Every call that walks the tree releases the GIL; a Rust panic is caught
+//! at the boundary and raised as a `RuntimeError`.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+mod cache;
+mod convert;
+mod errors;
+mod events;
+mod gil;
+mod ids;
+mod pages;
+mod results;
+
+use pyo3::prelude::*;
+
+/// The namespace of a request naming a LoRA adapter and a cache salt (the
+/// core's rule: the salt alone, or `lora:<name>` with the salt after a
+/// U+001F separator; `None` for neither).
+#[pyfunction]
+#[pyo3(signature = (lora_name=None, cache_salt=None))]
+fn namespace_for(lora_name: Option<&str>, cache_salt: Option<&str>) -> Option<String> {
+    radixkv::TokenKey::namespace_for(lora_name, cache_salt)
+}
+
+/// Test hook: panics inside Rust, so that a test sees the boundary turn it
+/// into a `RuntimeError`.
+#[pyfunction]
+fn _panic_inside(message: &str) -> PyResult<()> {
+    let message = message.to_string();
+    errors::guarded(move || -> PyResult<()> { panic!("{message}") })
+}
+
+/// Whether `tokens` would be read without a copy (a C-contiguous array of
+/// 32-bit unsigned ints).
+#[pyfunction]
+fn reads_without_copy(tokens: &Bound<'_, PyAny>) -> PyResult<bool> {
+    Ok(ids::ids(tokens, "tokens")?.is_borrowed())
+}
+
+/// The extension module `radixkv._radixkv` (the package `radixkv`
+/// re-exports it).
+#[pymodule]
+fn _radixkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<cache::RadixCache>()?;
+    m.add_class::<cache::PagedCache>()?;
+    m.add_class::<results::Lease>()?;
+    m.add_class::<results::NodeHandle>()?;
+    m.add_class::<results::MatchResult>()?;
+    m.add_class::<results::InsertResult>()?;
+    m.add_class::<results::Evicted>()?;
+    m.add_class::<results::Sizes>()?;
+    m.add_class::<pages::PageSpan>()?;
+    m.add_class::<pages::Request>()?;
+    m.add_class::<pages::PrefixCopy>()?;
+    m.add_class::<pages::CopyView>()?;
+    m.add_class::<pages::Evictor>()?;
+    m.add_function(wrap_pyfunction!(namespace_for, m)?)?;
+    m.add_function(wrap_pyfunction!(reads_without_copy, m)?)?;
+    m.add_function(wrap_pyfunction!(_panic_inside, m)?)?;
+    m.add("HOST", convert::HOST)?;
+    m.add("MAX_PAGE_SIZE", radixkv::cache::MAX_PAGE_SIZE)?;
+    m.add("MAX_DEVICES", radixkv::cache::MAX_DEVICES)?;
+    Ok(())
+}
