@@ -47,6 +47,9 @@ echo "== the Python package: pip install ./crates/radixkv-py into a fresh venv, 
 cargo test --manifest-path crates/radixkv-py/Cargo.toml --target-dir target/py --quiet
 bash scripts/python-package-check.sh
 
+echo "== radixkv against SGLang 0.5.23's own RadixCache on the CPU: random operation sequences, every result and freed value compared (7 policies, 4 page sizes), with negative controls (scripts/sglang-check.sh; its own venv, about 3 GB on first run)"
+bash scripts/sglang-check.sh
+
 echo "== docs build without warnings (every public item documented, links resolve)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 

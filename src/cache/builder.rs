@@ -6,7 +6,7 @@
 
 use super::eviction::Candidates;
 use super::ownership::{CallerValues, OwnedPages, Ownership};
-use super::{policy_index, CacheError, ClockKind, EvictionPolicy, RadixCache};
+use super::{policy_index, CacheError, ClockKind, EvictionPolicy, HitCounts, RadixCache};
 use crate::alloc::{PageAllocator, WatermarkListener};
 use crate::device::{DeviceId, Tier};
 use crate::sync::{Arc, AtomicU64};
@@ -44,6 +44,8 @@ pub struct RadixCacheBuilder<P: Ownership = CallerValues> {
     replica_aware: bool,
     host_pages: Option<usize>,
     listener: Option<crate::events::Listener>,
+    hit_counts: HitCounts,
+    slru_threshold: Option<u64>,
     kind: PhantomData<fn() -> P>,
 }
 
@@ -69,6 +71,8 @@ impl Default for RadixCacheBuilder<CallerValues> {
             replica_aware: false,
             host_pages: None,
             listener: None,
+            hit_counts: HitCounts::OnMatch,
+            slru_threshold: None,
             kind: PhantomData,
         }
     }
@@ -152,6 +156,34 @@ impl<P: Ownership> RadixCacheBuilder<P> {
         self
     }
 
+    /// When hit counts grow (default [`HitCounts::OnMatch`], SGLang 0.5.9;
+    /// [`HitCounts::OnInsert`] is SGLang 0.5.23's rule): what lfu and slru
+    /// rank by.
+    pub fn hit_counts(mut self, h: HitCounts) -> Self {
+        self.hit_counts = h;
+        self
+    }
+
+    /// Slru's protected segment by a threshold (default none): with `n`, a
+    /// leaf with at least `n` hits in all is protected (SGLang 0.5.23's
+    /// `protected_threshold`, 2 there by default); without, a leaf hit
+    /// since it last became a leaf is (radixkv's segment rule, see
+    /// [`EvictionPolicy`]).
+    ///
+    /// ```
+    /// use radixkv::{EvictionPolicy, RadixCache};
+    /// let c = RadixCache::builder()
+    ///     .eviction_policy(EvictionPolicy::Slru)
+    ///     .slru_protected_threshold(2)
+    ///     .build();
+    /// assert!(c.is_ok());
+    /// assert!(RadixCache::builder().slru_protected_threshold(0).build().is_err());
+    /// ```
+    pub fn slru_protected_threshold(mut self, n: u64) -> Self {
+        self.slru_threshold = Some(n);
+        self
+    }
+
     /// Tells `listener` about every page that becomes resident on a tier or
     /// leaves it (default none): see [`events`](crate::events) for what is
     /// reported, in which order, and what it costs.
@@ -172,6 +204,8 @@ impl<P: Ownership> RadixCacheBuilder<P> {
             replica_aware: self.replica_aware,
             host_pages: self.host_pages,
             listener: self.listener,
+            hit_counts: self.hit_counts,
+            slru_threshold: self.slru_threshold,
             kind: PhantomData,
         }
     }
@@ -193,6 +227,11 @@ impl<P: Ownership> RadixCacheBuilder<P> {
                 "{} devices is outside 1..={MAX_DEVICES}",
                 self.devices
             )));
+        }
+        if self.slru_threshold == Some(0) {
+            return Err(CacheError::InvalidConfig(
+                "an slru protected threshold of 0 protects every leaf: give it at least 1".into(),
+            ));
         }
         if let Some(h) = self.host_pages {
             if h < 2 {
@@ -216,12 +255,20 @@ impl<P: Ownership> RadixCacheBuilder<P> {
         Ok(RadixCache {
             pages,
             id: NEXT_CACHE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            tree: Tree::new(self.page_size, (tiers, self.devices), clock, self.listener),
+            tree: Tree::new(
+                self.page_size,
+                (tiers, self.devices),
+                clock,
+                self.listener,
+                self.hit_counts == HitCounts::OnMatch,
+            ),
             candidates: (0..tiers)
                 .map(|_| crate::sync::Mutex::new(Candidates::default()))
                 .collect(),
             policy: AtomicU64::new(policy_index(self.policy)),
             replica_aware: self.replica_aware,
+            hits_on_insert: self.hit_counts == HitCounts::OnInsert,
+            slru_threshold: self.slru_threshold,
             leases: (0..tiers)
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),

@@ -260,6 +260,7 @@ fn copy_frees_dups(
                 tier: t,
                 priority: 0,
                 pin: false,
+                count_from: None,
             },
         };
         let w = copy.cache.tree.insert(insert, &guard);
@@ -272,8 +273,9 @@ fn copy_frees_dups(
             Vec::new(),
         ));
     }
+    // A copy is not a request's insert: it counts every node it passes.
     copy.cache
-        .insert_chunk_pinned(key, &copy.dest_prefix, copy.pages, 0, pin)
+        .insert_chunk_pinned(key, &copy.dest_prefix, copy.pages, (0, 0), pin)
 }
 
 /// A copy into a request's own pages ([`Request::copy_from`]): completing

@@ -501,6 +501,7 @@ impl<P: Ownership> RadixCache<P> {
             created: s.created.load(Ordering::Relaxed),
             hits: s.hits.load(Ordering::Relaxed),
             hits_base: s.hits_base.load(Ordering::Relaxed),
+            slru_threshold: self.slru_threshold,
             priority: n.priority.load(Ordering::Relaxed),
             id: n.id,
         })

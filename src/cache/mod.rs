@@ -43,7 +43,7 @@ pub use copy::{PrefixCopy, RequestCopy, SlotRun};
 #[cfg(not(loom))]
 pub use evictor::{Evictor, EvictorStats};
 pub use ownership::{CallerValues, OwnedPages, Ownership};
-pub use policy::{EvictionPolicy, UnknownPolicy};
+pub use policy::{EvictionPolicy, HitCounts, UnknownPolicy};
 pub use request::Request;
 pub use types::{
     CacheError, ClockKind, Evicted, InsertResult, Lease, MatchResult, NodeHandle, Sizes,
@@ -131,6 +131,10 @@ pub struct RadixCache<P: Ownership = CallerValues> {
     /// (changed at run time by [`set_eviction_policy`](Self::set_eviction_policy)).
     policy: AtomicU64,
     replica_aware: bool,
+    /// Inserts count hits ([`HitCounts::OnInsert`]).
+    hits_on_insert: bool,
+    /// See [`RadixCacheBuilder::slru_protected_threshold`].
+    slru_threshold: Option<u64>,
     leases: Arc<[CachePadded<AtomicU64>]>,
 }
 

@@ -64,7 +64,7 @@ impl RadixCache<OwnedPages> {
         priority: i64,
     ) -> Result<InsertResult, CacheError> {
         // The general chunk insert with no borrowed prefix and no pin.
-        self.insert_chunk_pinned(key, &[], span, priority, false)
+        self.insert_chunk_pinned(key, &[], span, (priority, 0), false)
             .map(|(r, _, _)| r)
     }
 
@@ -73,13 +73,15 @@ impl RadixCache<OwnedPages> {
     /// pages (duplicate pages go back to the allocator); returns the
     /// insert's result and, with `pin`, a lease on the new end and the
     /// path's values (read after the pin). `insert_pages` is the case
-    /// without a borrowed prefix or pin.
+    /// without a borrowed prefix or pin. `inserted_len`: the tokens of the
+    /// key the same request inserted before (see
+    /// [`HitCounts::OnInsert`](crate::HitCounts::OnInsert)).
     pub(crate) fn insert_chunk_pinned(
         &self,
         key: TokenKey<'_>,
         borrowed: &[u32],
         chunk: PageSpan,
-        priority: i64,
+        (priority, inserted_len): (i64, usize),
         pin: bool,
     ) -> Result<(InsertResult, Option<Lease>, Vec<u32>), CacheError> {
         // The span's own allocator names its tier here, or it is foreign
@@ -112,6 +114,7 @@ impl RadixCache<OwnedPages> {
                     tier: t,
                     priority,
                     pin,
+                    count_from: self.hits_on_insert.then_some(inserted_len),
                 },
             },
             &guard,

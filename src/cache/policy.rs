@@ -162,11 +162,38 @@ impl EvictionPolicy {
             EvictionPolicy::Mru => (!s.last_access, 0),
             EvictionPolicy::Filo => (!s.created, 0),
             EvictionPolicy::Priority => (prio, s.last_access),
-            EvictionPolicy::Slru => (u64::from(s.hits > s.hits_base), s.last_access),
+            EvictionPolicy::Slru => match s.slru_threshold {
+                Some(n) => (u64::from(s.hits >= n), s.last_access),
+                None => (u64::from(s.hits > s.hits_base), s.last_access),
+            },
             EvictionPolicy::Sieve => return EvictionKey(0, s.created, s.created, s.id),
         };
         EvictionKey(a, b, s.created, s.id)
     }
+}
+
+/// When a node's hit count (what lfu and slru rank by) grows.
+///
+/// ```
+/// use radixkv::{DeviceId, HitCounts, RadixCache, TokenKey};
+/// let c = RadixCache::builder().hit_counts(HitCounts::OnInsert).build().unwrap();
+/// c.insert(TokenKey::new(&[1, 2]), DeviceId(0), &[5, 6], 0).unwrap();
+/// // A match counts nothing: the one hit is the insert's.
+/// assert_eq!(c.match_prefix(TokenKey::new(&[1, 2]), DeviceId(0)).unwrap().hits, 1);
+/// assert_eq!(c.match_prefix(TokenKey::new(&[1, 2]), DeviceId(0)).unwrap().hits, 1);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HitCounts {
+    /// Every match that consumes or ends on a node counts a hit on it
+    /// (SGLang 0.5.9; the default).
+    #[default]
+    OnMatch,
+    /// Every insert that passes or creates a node whose key ends past the
+    /// tokens the same request inserted before counts a hit on it, once
+    /// (SGLang 0.5.23: [`RadixCache::insert_counting`](crate::RadixCache::insert_counting)
+    /// says how far; [`RadixCache::insert`](crate::RadixCache::insert) counts
+    /// every node). Matches count nothing.
+    OnInsert,
 }
 
 /// The statistics a policy ranks by.
@@ -177,6 +204,10 @@ pub(crate) struct LeafStats {
     pub(crate) hits: u64,
     /// `hits` when the node last became a leaf by eviction of its children.
     pub(crate) hits_base: u64,
+    /// Slru's rule: `None`, a hit since the node last became a leaf
+    /// protects it; `Some(n)`, `n` hits in all do (SGLang 0.5.23's
+    /// `protected_threshold`).
+    pub(crate) slru_threshold: Option<u64>,
     pub(crate) priority: i64,
     pub(crate) id: u64,
 }

@@ -51,6 +51,9 @@ pub struct Request {
     own: Option<PageSpan>,
     /// What the match at `begin` saw beyond the device's own prefix.
     further: Further,
+    /// Tokens of the request's key it inserted so far (its hits are
+    /// counted once, `HitCounts::OnInsert`).
+    inserted_len: usize,
 }
 
 /// What the match at [`RadixCache::begin`] saw on the other tiers.
@@ -90,6 +93,7 @@ impl RadixCache<OwnedPages> {
                     .map(|e| (e, m.any_len)),
                 hits: m.hits,
             },
+            inserted_len: 0,
         })
     }
 }
@@ -232,9 +236,10 @@ impl Request {
             self.key(aligned),
             &self.cached_slots,
             chunk,
-            0,
+            (0, self.inserted_len),
             keep,
         )?;
+        self.inserted_len = self.inserted_len.max(aligned);
         if let Some(lease) = lease {
             // The new end is pinned: only now let the old pin go.
             self.cached_len = slots.len();

@@ -35,6 +35,33 @@ impl RadixCache<CallerValues> {
         values: &[u32],
         priority: i64,
     ) -> Result<InsertResult, CacheError> {
+        self.insert_counting(key, tier, values, priority, 0)
+    }
+
+    /// [`insert`](Self::insert) for a request that inserted the first
+    /// `inserted_len` tokens of `key` before (a chunk at a time): with
+    /// [`HitCounts::OnInsert`](crate::HitCounts::OnInsert), only the nodes
+    /// whose key ends past `inserted_len` count this insert as a hit, once
+    /// each (SGLang 0.5.23's rule); otherwise the same as `insert`.
+    ///
+    /// ```
+    /// use radixkv::{DeviceId, HitCounts, RadixCache, TokenKey};
+    /// let c = RadixCache::builder().hit_counts(HitCounts::OnInsert).build().unwrap();
+    /// let d = DeviceId(0);
+    /// c.insert_counting(TokenKey::new(&[1, 2]), d, &[5, 6], 0, 0).unwrap();
+    /// // The same request, two tokens further: [1 2] was its own already.
+    /// c.insert_counting(TokenKey::new(&[1, 2, 3, 4]), d, &[5, 6, 7, 8], 0, 2).unwrap();
+    /// assert_eq!(c.match_prefix(TokenKey::new(&[1, 2]), d).unwrap().hits, 1);
+    /// assert_eq!(c.match_prefix(TokenKey::new(&[1, 2, 3, 4]), d).unwrap().hits, 1);
+    /// ```
+    pub fn insert_counting(
+        &self,
+        key: TokenKey<'_>,
+        tier: impl Into<Tier>,
+        values: &[u32],
+        priority: i64,
+        inserted_len: usize,
+    ) -> Result<InsertResult, CacheError> {
         let t = self.slot(tier.into())?;
         let len = key.tokens.len();
         if !len.is_multiple_of(self.page_size()) {
@@ -62,6 +89,7 @@ impl RadixCache<CallerValues> {
                     tier: t,
                     priority,
                     pin: false,
+                    count_from: self.hits_on_insert.then_some(inserted_len),
                 },
             },
             &guard,

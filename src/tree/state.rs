@@ -44,6 +44,9 @@ pub(crate) struct Tree {
     inbox: Box<[LeafInbox]>,
     /// Told about every residency change (crate::events), if installed.
     listener: Option<crate::events::Listener>,
+    /// Whether a match counts a hit on every node it consumes or ends on
+    /// (otherwise inserts count them: `Writer::count_from`).
+    hits_on_match: bool,
 }
 
 /// Where a store happens, for the listener: the namespace and the path of
@@ -84,6 +87,7 @@ impl Tree {
         (tiers, devices): (usize, usize),
         clock: Clock,
         listener: Option<crate::events::Listener>,
+        hits_on_match: bool,
     ) -> Self {
         debug_assert!(devices <= tiers && tiers <= devices + 1);
         Tree {
@@ -101,7 +105,13 @@ impl Tree {
             reclaimer: Arc::new(Reclaimer::default()),
             inbox: (0..tiers).map(|_| LeafInbox::default()).collect(),
             listener,
+            hits_on_match,
         }
+    }
+
+    /// Whether matches count hits (see the field).
+    pub(crate) fn hits_on_match(&self) -> bool {
+        self.hits_on_match
     }
 
     /// Tokens per page.

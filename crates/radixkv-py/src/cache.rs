@@ -10,7 +10,7 @@ use crate::ids::{ids, Ids};
 use crate::results::{Evicted, InsertResult, Lease, MatchResult, NodeHandle, Sizes};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
-use radixkv::{ClockKind, EvictionPolicy, Ownership, TokenKey};
+use radixkv::{ClockKind, EvictionPolicy, HitCounts, Ownership, TokenKey};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +23,8 @@ pub(crate) struct Options<'a> {
     pub(crate) host_pages: Option<usize>,
     pub(crate) replica_aware: bool,
     pub(crate) events: bool,
+    pub(crate) hit_counts: &'a str,
+    pub(crate) slru_protected_threshold: Option<u64>,
 }
 
 /// Applies `o` to a builder of either kind; the event log it installs.
@@ -45,12 +47,26 @@ pub(crate) fn configure<P: Ownership>(
             ))
         }
     };
+    let hits = match o.hit_counts {
+        "match" => HitCounts::OnMatch,
+        "insert" => HitCounts::OnInsert,
+        other => {
+            return Err(invalid(
+                py,
+                format!("hit_counts: \"match\" or \"insert\", not {other:?}"),
+            ))
+        }
+    };
     b = b
         .page_size(o.page_size)
         .devices(o.devices)
         .eviction_policy(policy)
         .clock(clock)
-        .replica_aware(o.replica_aware);
+        .replica_aware(o.replica_aware)
+        .hit_counts(hits);
+    if let Some(n) = o.slru_protected_threshold {
+        b = b.slru_protected_threshold(n);
+    }
     if let Some(h) = o.host_pages {
         b = b.host_pages(h);
     }
@@ -381,7 +397,7 @@ shared_methods!(RadixCache, {
     /// A cache of `devices` devices (tiers `0..devices`, plus `"host"`
     /// with `host_pages`), `page_size` tokens a page.
     #[new]
-    #[pyo3(signature = (*, page_size=1, devices=1, eviction_policy="lru", clock="logical", host_pages=None, replica_aware=false, events=false))]
+    #[pyo3(signature = (*, page_size=1, devices=1, eviction_policy="lru", clock="logical", host_pages=None, replica_aware=false, events=false, hit_counts="match", slru_protected_threshold=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -392,6 +408,8 @@ shared_methods!(RadixCache, {
         host_pages: Option<usize>,
         replica_aware: bool,
         events: bool,
+        hit_counts: &str,
+        slru_protected_threshold: Option<u64>,
     ) -> PyResult<Self> {
         let o = Options {
             page_size,
@@ -401,6 +419,8 @@ shared_methods!(RadixCache, {
             host_pages,
             replica_aware,
             events,
+            hit_counts,
+            slru_protected_threshold,
         };
         let (b, events) = configure(py, radixkv::RadixCache::builder(), &o)?;
         let inner = b.build().map_err(|e| cache_error(py, e))?;
@@ -413,7 +433,10 @@ shared_methods!(RadixCache, {
     /// Caches `tokens` on `tier` with one value per token; returns how many
     /// leading tokens were already cached there (their values are
     /// duplicates the caller keeps). Existing values are never replaced.
-    #[pyo3(signature = (tokens, values, *, tier=None, namespace=None, priority=0))]
+    /// `inserted_len`: the tokens the same request inserted before (with
+    /// `hit_counts="insert"`, only nodes ending past it count a hit).
+    #[pyo3(signature = (tokens, values, *, tier=None, namespace=None, priority=0, inserted_len=0))]
+    #[allow(clippy::too_many_arguments)]
     fn insert(
         &self,
         py: Python<'_>,
@@ -422,14 +445,17 @@ shared_methods!(RadixCache, {
         tier: Option<&Bound<'_, PyAny>>,
         namespace: Option<String>,
         priority: i64,
+        inserted_len: usize,
     ) -> PyResult<InsertResult> {
         let t = tier_or_zero(tier)?;
         let k = Key::read(tokens, namespace)?;
         let v = ids(values, "values")?;
         let inner = Arc::clone(&self.inner);
         guarded(|| {
-            let r = crate::gil::released(py, || inner.insert(k.key(), t, v.as_slice(), priority))
-                .map_err(|e| cache_error(py, e))?;
+            let r = crate::gil::released(py, || {
+                inner.insert_counting(k.key(), t, v.as_slice(), priority, inserted_len)
+            })
+            .map_err(|e| cache_error(py, e))?;
             Ok(r.into())
         })
     }
@@ -450,7 +476,7 @@ shared_methods!(PagedCache, {
     /// tier with its own allocator; `watermarks=(low, high)` in free pages
     /// drive the background evictor.
     #[new]
-    #[pyo3(signature = (*, pages_per_device, page_size=1, devices=1, eviction_policy="lru", clock="logical", host_pages=None, replica_aware=false, watermarks=None, events=false))]
+    #[pyo3(signature = (*, pages_per_device, page_size=1, devices=1, eviction_policy="lru", clock="logical", host_pages=None, replica_aware=false, watermarks=None, events=false, hit_counts="match", slru_protected_threshold=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -463,6 +489,8 @@ shared_methods!(PagedCache, {
         replica_aware: bool,
         watermarks: Option<(usize, usize)>,
         events: bool,
+        hit_counts: &str,
+        slru_protected_threshold: Option<u64>,
     ) -> PyResult<Self> {
         let o = Options {
             page_size,
@@ -472,6 +500,8 @@ shared_methods!(PagedCache, {
             host_pages,
             replica_aware,
             events,
+            hit_counts,
+            slru_protected_threshold,
         };
         let (b, events) = configure(py, radixkv::RadixCache::builder(), &o)?;
         let mut b = b.pages_per_device(pages_per_device);

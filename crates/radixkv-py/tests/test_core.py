@@ -163,6 +163,32 @@ def test_policies_switch_and_metrics_count():
     assert (m["evict_calls"], m["evicted_leaves"], m["evicted_tokens"]) == (1, 1, 3)
 
 
+def test_hits_counted_on_insert_past_inserted_len_and_the_slru_threshold():
+    match = radixkv.RadixCache()
+    match.insert([1, 2], [5, 6])
+    match.match_prefix([1, 2])
+    assert match.match_prefix([1, 2]).hits == 2
+    cache = radixkv.RadixCache(hit_counts="insert")
+    cache.insert([1, 2], [5, 6])
+    # The same request, two tokens further: [1, 2] is not counted again.
+    cache.insert([1, 2, 3, 4], [5, 6, 7, 8], inserted_len=2)
+    assert cache.match_prefix([1, 2]).hits == 1
+    assert cache.match_prefix([1, 2, 3, 4]).hits == 1
+    # Another request's insert counts every node it passes.
+    cache.insert([1, 2, 3, 4], [9, 9, 9, 9])
+    assert cache.match_prefix([1, 2]).hits == 2
+    # slru with a threshold of 2: the leaf hit twice outlives the one hit once.
+    slru = radixkv.RadixCache(eviction_policy="slru", hit_counts="insert", slru_protected_threshold=2)
+    slru.insert([1], [10])
+    slru.insert([1], [11])
+    slru.insert([2], [20])
+    assert slru.evict(1).values.tolist() == [20]
+    with pytest.raises(errors.InvalidArgument, match="hit_counts"):
+        radixkv.RadixCache(hit_counts="sometimes")
+    with pytest.raises(errors.InvalidArgument, match="threshold"):
+        radixkv.RadixCache(slru_protected_threshold=0)
+
+
 def test_events_report_stores_splits_and_removals():
     cache = radixkv.RadixCache(page_size=2, events=True)
     cache.insert([1, 2, 3, 4], [5, 6, 7, 8])

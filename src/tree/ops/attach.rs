@@ -19,13 +19,16 @@ use crate::tree::state::{Conflict, StoreAt, Tree};
 use crossbeam_epoch::Guard;
 
 /// Whom a change is made for: the tier whose residency it adds, the
-/// priority it raises nodes to, and whether it pins what it makes
-/// resident (a request's insert).
+/// priority it raises nodes to, whether it pins what it makes resident (a
+/// request's insert), and, when inserts count hits, from which end offset
+/// on (`count_from`: a node whose key ends past it gets a hit, once per
+/// insert).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Writer {
     pub(crate) tier: usize,
     pub(crate) priority: i64,
     pub(crate) pin: bool,
+    pub(crate) count_from: Option<usize>,
 }
 
 /// A new leaf to attach below `parent`: the tokens `at` names, with
@@ -82,6 +85,10 @@ impl Tree {
             .store(self.tick(t), Ordering::Relaxed);
         leaf.slot(t).created.store(self.tick(t), Ordering::Relaxed);
         let depth = a.at.path.len();
+        if a.writer.count_from.is_some_and(|from| depth > from) {
+            // Relaxed: not published yet (the publication orders it).
+            leaf.slot(t).hits.store(1, Ordering::Relaxed);
+        }
         born_pinned(leaf, a.writer, depth, |leaf| {
             self.publish_leaf(&a, leaf, hash, guard)
         })

@@ -3,7 +3,7 @@
 //! the writer's tier, and attaching a leaf for the rest (`attach.rs`);
 //! with a pin, pinning hand over hand as it goes.
 
-use crate::sync::spin_wait;
+use crate::sync::{spin_wait, Ordering};
 use crate::tree::node::Node;
 use crate::tree::ops::attach::{Adopt, Attach, Writer};
 use crate::tree::ops::split::Split;
@@ -88,6 +88,11 @@ impl Tree {
         if stamp.is_multiple_of(4) && self.reclaimer.pending() > RECLAIM_AT {
             self.reclaimer.reclaim_some(4 * RECLAIM_STEP);
         }
+        // With hits counted on inserts: the end offset up to which nodes
+        // have had this insert's hit (a pass that restarts walks the same
+        // path again and counts no node twice; a node split meanwhile took
+        // its counted hits with it).
+        let mut counted_to = writer.count_from;
         // Pins: `walk` is this pass's deepest pin, `kept` a pin kept across a
         // restart (protecting the path adopted so far) until the end. Both
         // are `HeldPin`s: replaced, dropped or unwound (a panic mid-insert),
@@ -211,6 +216,11 @@ impl Tree {
                             }
                             // SAFETY: the pin just taken, released only by this.
                             walk = Some(unsafe { HeldPin::new(node, t, pos + k) });
+                        }
+                        if counted_to.is_some_and(|done| pos + k > done) {
+                            // Relaxed: a statistic (see the slot's docs).
+                            node.slot(t).hits.fetch_add(1, Ordering::Relaxed);
+                            counted_to = Some(pos + k);
                         }
                         pos += k;
                         cur = node;

@@ -349,7 +349,12 @@ impl Tree {
                     // Relaxed suffices: hit counts are statistics for
                     // eviction keys, read in quiescent state or tolerated
                     // stale.
-                    w.hits = child.slot(t).hits.fetch_add(1, Ordering::Relaxed) + 1;
+                    let hits = &child.slot(t).hits;
+                    w.hits = if self.hits_on_match() {
+                        hits.fetch_add(1, Ordering::Relaxed) + 1
+                    } else {
+                        hits.load(Ordering::Relaxed)
+                    };
                     w.end = End::Node(child);
                     w.len = pos + k;
                     w.generation = st.generation();

@@ -111,6 +111,8 @@ class RadixCache(_Cache):
         host_pages: Optional[int] = None,
         replica_aware: bool = False,
         events: bool = False,
+        hit_counts: Literal["match", "insert"] = "match",
+        slru_protected_threshold: Optional[int] = None,
     ) -> None: ...
     def insert(
         self,
@@ -120,6 +122,7 @@ class RadixCache(_Cache):
         tier: Optional[Tier] = None,
         namespace: Optional[str] = None,
         priority: int = 0,
+        inserted_len: int = 0,
     ) -> InsertResult: ...
 
 class PageSpan:
@@ -188,6 +191,8 @@ class PagedCache(_Cache):
         replica_aware: bool = False,
         watermarks: Optional[Tuple[int, int]] = None,
         events: bool = False,
+        hit_counts: Literal["match", "insert"] = "match",
+        slru_protected_threshold: Optional[int] = None,
     ) -> None: ...
     def alloc(self, num_tokens: int, *, tier: Optional[Tier] = None) -> PageSpan: ...
     def insert_pages(

@@ -1,0 +1,185 @@
+"""radixkv's tree against SGLang 0.5.23's own `RadixCache`, operation by
+operation, on random sequences: inserts (priorities, namespaces as
+`extra_key`, a request's `inserted_len`), matches (which split nodes),
+locks and unlocks of matched nodes, evictions. After every operation the
+two must agree on the insert's `prefix_len`, the match's length, the
+evicted token count and the freed values in the order SGLang frees them,
+and the evictable / protected / total sizes. Both run on a logical clock
+(SGLang's `time` patched in its module), so eviction order is exact.
+
+radixkv is configured as SGLang 0.5.23 behaves: hits counted on insert
+past `inserted_len`, slru protected at 2 hits. Policies: SGLang's seven
+(lru, lfu, fifo, mru, filo, priority, slru); page sizes 1, 2, 4, 16.
+
+Prints the operation count per configuration; on a difference, the seed
+and the step that reproduce it, and exits 1.
+
+The negative controls, each of which must fail the run:
+`RADIXKV_DIFF_FAULT=priority` drops the insert priority on radixkv's side;
+`RADIXKV_DIFF_FAULT=hits` counts hits on match (SGLang 0.5.9's rule);
+`RADIXKV_DIFF_FAULT=slru` protects a node after one hit since it became a
+leaf (0.5.9's slru) rather than after 2 in all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from array import array
+
+import torch
+from sglang.srt.mem_cache import radix_cache as rc
+from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+
+import radixkv
+
+POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
+PAGE_SIZES = (1, 2, 4, 16)
+FAULT = os.environ.get("RADIXKV_DIFF_FAULT", "")
+
+
+class LogicalClock:
+    """`time` for SGLang's radix_cache module: a strictly increasing
+    `monotonic`, the real `perf_counter` (eviction metrics)."""
+
+    def __init__(self) -> None:
+        self.t = 0
+
+    def monotonic(self) -> float:
+        self.t += 1
+        return float(self.t)
+
+    perf_counter = staticmethod(time.perf_counter)
+
+
+class RecordingAllocator:
+    """The slot allocator SGLang's tree frees evicted values to: records
+    each free call's values, in order."""
+
+    def __init__(self, page_size: int) -> None:
+        self.freed: list[list[int]] = []
+        self.device = "cpu"
+        self.page_size = page_size
+
+    def free_segment(self, values, start_pos: int = 0) -> None:
+        self.freed.append(values.tolist())
+
+    def free(self, values) -> None:
+        self.freed.append(values.tolist())
+
+
+class Difference(AssertionError):
+    pass
+
+
+def check(cond: bool, *what) -> None:
+    if not cond:
+        raise Difference(what)
+
+
+def run(seed: int, ps: int, policy: str, ops: int) -> int:
+    rng = random.Random(seed)
+    rc.time = LogicalClock()
+    alloc = RecordingAllocator(ps)
+    sglang = rc.RadixCache(
+        CacheInitParams(
+            disable=False,
+            req_to_token_pool=None,
+            token_to_kv_pool_allocator=alloc,
+            page_size=ps,
+            eviction_policy=policy,
+        )
+    )
+    ours = radixkv.RadixCache(
+        page_size=ps,
+        eviction_policy=policy,
+        hit_counts="match" if FAULT == "hits" else "insert",
+        slru_protected_threshold=2 if policy == "slru" and FAULT != "slru" else None,
+    )
+    next_value = 1
+    held = []  # (SGLang's node, our lease)
+    for step in range(ops):
+        op = rng.random()
+        n = rng.randint(1, 6) * ps
+        key = [rng.randint(0, 2) for _ in range(n)]
+        ns = rng.choice([None, None, None, "a", "b"])
+        where = (policy, ps, seed, step)
+        if op < 0.45:
+            values = list(range(next_value, next_value + n))
+            next_value += n
+            prio = rng.choice([0, 0, 0, 1, 5])
+            inserted = rng.choice([0, 0, rng.randint(0, n // ps) * ps])
+            a = sglang.insert(
+                InsertParams(
+                    key=rc.RadixKey(array("q", key), extra_key=ns),
+                    value=torch.tensor(values, dtype=torch.int64),
+                    priority=prio,
+                    inserted_len=inserted,
+                )
+            ).prefix_len
+            b = ours.insert(
+                key,
+                values,
+                priority=0 if FAULT == "priority" else prio,
+                namespace=ns,
+                inserted_len=inserted,
+            ).prefix_len
+            check(a == b, where, "insert prefix_len", a, b)
+        elif op < 0.75:
+            m1 = sglang.match_prefix(MatchPrefixParams(key=rc.RadixKey(array("q", key), extra_key=ns)))
+            m2 = ours.match_prefix(key, namespace=ns)
+            check(m1.device_prefix_len == m2.len, where, "match len", m1.device_prefix_len, m2.len)
+            if rng.random() < 0.4 and m1.device_prefix_len > 0:
+                sglang.inc_lock_ref(m1.last_device_node)
+                held.append((m1.last_device_node, ours.pin(m2.handle)))
+        elif op < 0.85 and held:
+            node, lease = held.pop(rng.randrange(len(held)))
+            sglang.dec_lock_ref(node)
+            lease.close()
+        else:
+            alloc.freed.clear()
+            k = rng.randint(1, 12)
+            e1 = sglang.evict(EvictParams(num_tokens=k)).num_tokens_evicted
+            e2 = ours.evict(k)
+            freed = [v for call in alloc.freed for v in call]
+            check(e1 == e2.tokens, where, "evicted tokens", e1, e2.tokens)
+            check(freed == e2.values.tolist(), where, "evicted values", freed, e2.values.tolist())
+        s = ours.sizes()
+        got = (s.evictable, s.protected, s.total)
+        want = (sglang.evictable_size(), sglang.protected_size(), sglang.total_size())
+        check(got == want, where, "sizes (evictable, protected, total)", want, got)
+    for _, lease in held:
+        lease.close()
+    ours.audit()
+    return ops
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, default=8)
+    p.add_argument("--ops", type=int, default=300)
+    p.add_argument("--policies", default=",".join(POLICIES))
+    a = p.parse_args()
+    total = 0
+    for policy in a.policies.split(","):
+        for ps in PAGE_SIZES:
+            count = 0
+            for seed in range(a.seeds):
+                try:
+                    count += run(seed, ps, policy, a.ops)
+                except Difference as e:
+                    print(f"DIFFERENT: {e.args[0]}", flush=True)
+                    print(f"reproduce: --policies {policy} (page size {ps}, seed {seed})", flush=True)
+                    return 1
+            print(f"{policy:8s} page size {ps:2d}: {count} operations equal to SGLang's RadixCache", flush=True)
+            total += count
+    print(f"radixkv's tree equals SGLang 0.5.23's RadixCache over {total} operations", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
