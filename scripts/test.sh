@@ -47,7 +47,7 @@ echo "== the Python package: pip install ./crates/radixkv-py into a fresh venv, 
 cargo test --manifest-path crates/radixkv-py/Cargo.toml --target-dir target/py --quiet
 bash scripts/python-package-check.sh
 
-echo "== radixkv against SGLang 0.5.23's own RadixCache on the CPU: random operation sequences, every result and freed value compared (7 policies, 4 page sizes), with negative controls (scripts/sglang-check.sh; its own venv, about 3 GB on first run)"
+echo "== radixkv against SGLang 0.5.23's own code on the CPU: the tree and the --radix-cache-backend radixkv backend beside SGLang's RadixCache step by step, SGLang's plug-in loading and refusals, the conformance vectors through Python, with negative controls (scripts/sglang-check.sh; its own venv, about 3 GB on first run)"
 bash scripts/sglang-check.sh
 
 echo "== docs build without warnings (every public item documented, links resolve)"

@@ -274,6 +274,8 @@ impl<P: Ownership> RadixCache<P> {
             out.pages += pages.len();
             a.give_back(&pages);
             out.values.truncate(before);
+        } else {
+            out.leaf_ends.push(out.values.len());
         }
     }
 

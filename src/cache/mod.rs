@@ -303,6 +303,7 @@ impl<P: Ownership> RadixCache<P> {
                 tier: self.tier_of(t),
                 slot: t,
                 generation: w.generation,
+                len: w.len,
             },
             any_len: w.any_len,
             any_device: w.any_device.map(|e| crate::DeviceId(e as u32)),

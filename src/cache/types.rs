@@ -260,6 +260,8 @@ pub struct NodeHandle {
     /// The tier's residency slot.
     pub(super) slot: usize,
     pub(super) generation: u64,
+    /// Tokens root → the node.
+    pub(super) len: usize,
 }
 
 impl NodeHandle {
@@ -271,6 +273,24 @@ impl NodeHandle {
     /// The tier of the match.
     pub fn tier(&self) -> Tier {
         self.tier
+    }
+
+    /// The id of the end node (`None` at the root): unique for the cache's
+    /// life, the id [`events`](crate::events) name it by. A split of the
+    /// node moves its first pages to a new node and keeps this id on the
+    /// rest, so the handle names the same end position after it.
+    pub fn id(&self) -> Option<u64> {
+        self.node.as_ref().map(|n| n.id)
+    }
+
+    /// Tokens from the root through the end node (the match's length).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the handle names the root (as [`is_root`](Self::is_root)).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
@@ -377,6 +397,10 @@ pub struct Evicted {
     /// ([`RadixCache::evict_with_write_back`](super::RadixCache::evict_with_write_back)),
     /// ancestors included.
     pub written_back: usize,
+    /// Where each evicted leaf's values end in [`values`](Self::values),
+    /// in eviction order (external-value mode; empty when the cache owns
+    /// its pages): leaf `i` holds `values[leaf_ends[i - 1]..leaf_ends[i]]`.
+    pub leaf_ends: Vec<usize>,
     /// Candidates the call looked at: newly inserted leaves taken in, heap
     /// entries popped, or, for the policies that rank by a scan (mru,
     /// filo), every leaf of the device. A measure of the call's work.

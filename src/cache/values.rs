@@ -3,7 +3,7 @@
 //! KV allocator).
 
 use super::ownership::CallerValues;
-use super::{CacheError, InsertResult, RadixCache, TokenKey};
+use super::{CacheError, InsertResult, NodeHandle, RadixCache, TokenKey};
 use crate::device::Tier;
 use crate::tree::ops::attach::Writer;
 use crate::tree::ops::insert::Insert;
@@ -95,5 +95,33 @@ impl RadixCache<CallerValues> {
             &guard,
         );
         Ok(InsertResult::from_adopted(w.adopted, len))
+    }
+
+    /// The values of the path from the root through `handle`'s end node
+    /// (as a match of that path returns them), read under a pin of the
+    /// node held for the call: [`CacheError::StaleHandle`] if the node
+    /// left the tree on the handle's tier since the match. A split since
+    /// then changes nothing (the handle names the same end position).
+    ///
+    /// ```
+    /// use radixkv::{DeviceId, RadixCache, TokenKey};
+    /// let c = RadixCache::builder().build().unwrap();
+    /// let d = DeviceId(0);
+    /// c.insert(TokenKey::new(&[1, 2, 3]), d, &[7, 8, 9], 0).unwrap();
+    /// let h = c.match_prefix(TokenKey::new(&[1, 2, 3]), d).unwrap().handle;
+    /// c.insert(TokenKey::new(&[1, 5]), d, &[7, 4], 0).unwrap(); // splits [1 2 3]
+    /// assert_eq!(c.path_values(&h).unwrap(), [7, 8, 9]);
+    /// c.evict(d, 3).unwrap();
+    /// assert!(c.path_values(&h).is_err());
+    /// ```
+    pub fn path_values(&self, handle: &NodeHandle) -> Result<Vec<u32>, CacheError> {
+        let lease = self.pin(handle)?;
+        let Some(node) = &handle.node else {
+            return Ok(Vec::new());
+        };
+        let guard = crossbeam_epoch::pin();
+        let values = self.tree.path_values(node, handle.slot, handle.len, &guard);
+        drop(lease);
+        values.ok_or(CacheError::StaleHandle(handle.tier()))
     }
 }

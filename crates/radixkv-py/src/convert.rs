@@ -62,3 +62,16 @@ pub(crate) fn array(py: Python<'_>, v: &[u32]) -> PyResult<Py<PyAny>> {
     let buf = PyByteArray::new(py, bytes);
     Ok(frombuffer.call1((buf, "<u4"))?.unbind())
 }
+
+/// `v` as a one-dimensional `numpy.int64` array (SGLang's slot indices;
+/// one copy, widened, into memory the array owns: writable, so
+/// `torch.from_numpy` shares it).
+pub(crate) fn array_i64(py: Python<'_>, v: &[u32]) -> PyResult<Py<PyAny>> {
+    let frombuffer = FROMBUFFER.import(py, "numpy", "frombuffer")?;
+    let mut bytes = Vec::with_capacity(8 * v.len());
+    for &x in v {
+        bytes.extend_from_slice(&i64::from(x).to_le_bytes());
+    }
+    let buf = PyByteArray::new(py, &bytes);
+    Ok(frombuffer.call1((buf, "<i8"))?.unbind())
+}

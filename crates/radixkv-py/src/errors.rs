@@ -88,6 +88,11 @@ pub(crate) fn invalid(py: Python<'_>, message: String) -> PyErr {
     raise(py, &INVALID, "InvalidArgument", message)
 }
 
+/// A `radixkv.errors.CacheError` with `message` (a failed audit).
+pub(crate) fn failed(py: Python<'_>, message: String) -> PyErr {
+    raise(py, &BASE, "CacheError", message)
+}
+
 /// Runs `f`, turning a Rust panic into a `RuntimeError` that says so (a
 /// panic is a bug of radixkv's, never the caller's input): nothing unwinds
 /// into the interpreter.

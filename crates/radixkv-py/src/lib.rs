@@ -11,6 +11,7 @@
 //! | `events.rs` | the residency events queued for `take_events` |
 //! | `errors.rs` | the core's errors as `radixkv.errors` exceptions; panics as `RuntimeError` |
 //! | `gil.rs` | the GIL released around an insert, and that step's negative control |
+//! | `sglang/` | the tree under `radixkv.sglang`, SGLang's `--radix-cache-backend radixkv` |
 //!
 //! Every call that walks the tree releases the GIL; a Rust panic is caught
 //! at the boundary and raised as a `RuntimeError`.
@@ -25,6 +26,8 @@ mod gil;
 mod ids;
 mod pages;
 mod results;
+mod sglang;
+mod tensor;
 
 use pyo3::prelude::*;
 
@@ -69,6 +72,8 @@ fn _radixkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pages::PrefixCopy>()?;
     m.add_class::<pages::CopyView>()?;
     m.add_class::<pages::Evictor>()?;
+    m.add_class::<sglang::SglangTree>()?;
+    m.add_class::<sglang::SglangNode>()?;
     m.add_function(wrap_pyfunction!(namespace_for, m)?)?;
     m.add_function(wrap_pyfunction!(reads_without_copy, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_inside, m)?)?;

@@ -14,6 +14,10 @@ Tiers are device indices ``0, 1, …`` and ``"host"`` (the host tier, with
 arrays, torch tensors or lists; results are ``numpy.uint32`` arrays.
 Every call that walks the tree releases the GIL. Errors are
 :mod:`radixkv.errors` exceptions with the core's message.
+
+:mod:`radixkv.sglang` is SGLang 0.5.23's ``--radix-cache-backend radixkv``
+(loaded by SGLang through the package's entry point); :class:`SglangTree`
+is the tree under it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from ._radixkv import (
     PrefixCopy,
     RadixCache,
     Request,
+    SglangNode,
+    SglangTree,
     Sizes,
     namespace_for,
     reads_without_copy,
@@ -58,6 +64,8 @@ __all__ = [
     "PrefixCopy",
     "RadixCache",
     "Request",
+    "SglangNode",
+    "SglangTree",
     "Sizes",
     "errors",
     "namespace_for",

@@ -30,12 +30,11 @@ import sys
 import time
 from array import array
 
+import radixkv
 import torch
 from sglang.srt.mem_cache import radix_cache as rc
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-
-import radixkv
 
 POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
 PAGE_SIZES = (1, 2, 4, 16)

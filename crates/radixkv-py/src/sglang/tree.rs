@@ -1,0 +1,531 @@
+//! `SglangTree` and `SglangNode`: the tree under `radixkv.sglang`'s
+//! backend, with the operations SGLang's `RadixCache` performs, each one
+//! call (GIL released while the tree is walked).
+
+use crate::convert::array_i64;
+use crate::errors::{cache_error, failed, guarded, invalid};
+use crate::ids::{ids, Ids};
+use crate::sglang::mirror::{LockRefused, Mirror, Namespace, RawEvent, ROOT};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+use radixkv::{CacheError, ClockKind, DeviceId, EvictionPolicy, HitCounts, Lease, TokenKey};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The one device of an SGLang scheduler's tree.
+const DEVICE: DeviceId = DeviceId(0);
+
+/// Tells trees apart (a node of one is refused by another).
+static NEXT_TREE: AtomicU64 = AtomicU64::new(1);
+
+/// A node of an `SglangTree`, as SGLang holds it (`req.last_node`, a match
+/// result's nodes): opaque, hashable; it names the same end position
+/// across splits (the split's upper part is a new node) and is refused
+/// once its node left the tree.
+#[pyclass(module = "radixkv", frozen)]
+pub struct SglangNode {
+    tree: u64,
+    id: u64,
+    handle: Option<radixkv::NodeHandle>,
+    mirror: Arc<Mirror>,
+}
+
+#[pymethods]
+impl SglangNode {
+    /// The node's id (unique for its tree's life).
+    #[getter]
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether this is the root (an empty match).
+    #[getter]
+    fn is_root(&self) -> bool {
+        self.id == ROOT
+    }
+
+    /// Locks held on this node or below it (the root: 1, as in SGLang);
+    /// `None` once the node left the tree.
+    #[getter]
+    fn lock_ref(&self) -> Option<u64> {
+        self.mirror.shape().lock_ref(self.id)
+    }
+
+    fn __hash__(&self) -> u64 {
+        self.id ^ self.tree.rotate_left(32)
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<SglangNode>()
+            .is_ok_and(|o| o.get().tree == self.tree && o.get().id == self.id)
+    }
+
+    fn __repr__(&self) -> String {
+        if self.id == ROOT {
+            "SglangNode(root)".into()
+        } else {
+            format!("SglangNode(id={})", self.id)
+        }
+    }
+}
+
+/// The tree of SGLang's backend: one device, SGLang 0.5.23's rules (hits
+/// on insert, slru's threshold, a logical clock), and the mirror that
+/// answers sizes, lock counts, the dfs-weight order and KV events.
+#[pyclass(module = "radixkv", frozen)]
+pub struct SglangTree {
+    id: u64,
+    cache: Arc<radixkv::RadixCache>,
+    mirror: Arc<Mirror>,
+    root: Py<SglangNode>,
+    page_size: usize,
+    /// The core pins behind the locks, by node.
+    held: Mutex<HashMap<u64, Vec<Lease>>>,
+}
+
+/// A key SGLang passes (a `RadixKey`): its ids up to its limit, floored
+/// to whole pages, and its namespace.
+struct SgKey {
+    ids: Ids,
+    len: usize,
+    namespace: Option<String>,
+}
+
+impl SgKey {
+    fn read(key: &Bound<'_, PyAny>, page_size: usize) -> PyResult<SgKey> {
+        let py = key.py();
+        if key.getattr(intern!(py, "is_bigram"))?.is_truthy()? {
+            return Err(invalid(
+                py,
+                "key: bigram (EAGLE) keys are not supported by radixkv's backend".into(),
+            ));
+        }
+        let ids = ids(&key.getattr(intern!(py, "token_ids"))?, "key.token_ids")?;
+        let limit: Option<usize> = key.getattr(intern!(py, "limit"))?.extract()?;
+        let raw = limit.map_or(ids.as_slice().len(), |l| l.min(ids.as_slice().len()));
+        let extra: Option<String> = key.getattr(intern!(py, "extra_key"))?.extract()?;
+        let salt: Option<String> = key.getattr(intern!(py, "cache_salt"))?.extract()?;
+        Ok(SgKey {
+            len: raw / page_size * page_size,
+            namespace: Namespace::encode(extra.as_deref(), salt.as_deref()),
+            ids,
+        })
+    }
+
+    fn key(&self) -> TokenKey<'_> {
+        TokenKey::new(&self.ids.as_slice()[..self.len]).in_namespace(self.namespace.as_deref())
+    }
+}
+
+impl SglangTree {
+    fn node(&self, py: Python<'_>, handle: radixkv::NodeHandle) -> PyResult<Py<SglangNode>> {
+        match handle.id() {
+            None => Ok(self.root.clone_ref(py)),
+            Some(id) => Py::new(
+                py,
+                SglangNode {
+                    tree: self.id,
+                    id,
+                    handle: Some(handle),
+                    mirror: Arc::clone(&self.mirror),
+                },
+            ),
+        }
+    }
+
+    /// `node` if it is this tree's.
+    fn own<'a>(&self, py: Python<'_>, node: &'a SglangNode) -> PyResult<&'a SglangNode> {
+        if node.tree != self.id {
+            return Err(cache_error(py, CacheError::ForeignHandle));
+        }
+        Ok(node)
+    }
+
+    fn stale(py: Python<'_>) -> PyErr {
+        cache_error(py, CacheError::StaleHandle(DEVICE.into()))
+    }
+}
+
+#[pymethods]
+impl SglangTree {
+    /// An empty tree of `page_size` tokens a page evicting by
+    /// `eviction_policy` (SGLang's lru, lfu, fifo, mru, filo, priority,
+    /// slru); slru protects a node with `slru_protected_threshold` hits;
+    /// with `events`, KV events are kept for `take_events`.
+    #[new]
+    #[pyo3(signature = (*, page_size, eviction_policy="lru", slru_protected_threshold=None, events=false))]
+    fn new(
+        py: Python<'_>,
+        page_size: usize,
+        eviction_policy: &str,
+        slru_protected_threshold: Option<u64>,
+        events: bool,
+    ) -> PyResult<Self> {
+        let policy: EvictionPolicy = eviction_policy
+            .parse()
+            .map_err(|e: radixkv::cache::UnknownPolicy| invalid(py, e.to_string()))?;
+        let mirror = Arc::new(Mirror::new(page_size, events));
+        let mut b = radixkv::RadixCache::builder()
+            .page_size(page_size)
+            .devices(1)
+            .eviction_policy(policy)
+            .clock(ClockKind::Logical)
+            .hit_counts(HitCounts::OnInsert)
+            .listener(Arc::clone(&mirror) as Arc<dyn radixkv::events::CacheListener>);
+        if let Some(n) = slru_protected_threshold {
+            b = b.slru_protected_threshold(n);
+        }
+        let cache = b.build().map_err(|e| cache_error(py, e))?;
+        let id = NEXT_TREE.fetch_add(1, Ordering::Relaxed);
+        let root = Py::new(
+            py,
+            SglangNode {
+                tree: id,
+                id: ROOT,
+                handle: None,
+                mirror: Arc::clone(&mirror),
+            },
+        )?;
+        Ok(SglangTree {
+            id,
+            cache: Arc::new(cache),
+            mirror,
+            root,
+            page_size,
+            held: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The root node (the end of every empty match).
+    #[getter]
+    fn root(&self, py: Python<'_>) -> Py<SglangNode> {
+        self.root.clone_ref(py)
+    }
+
+    /// Tokens per page.
+    #[getter]
+    fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Matches SGLang's `RadixKey` `key` (up to its limit, whole pages):
+    /// the matched length and the end node (splitting a node where the
+    /// match ends inside it).
+    fn match_key(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+    ) -> PyResult<(usize, Py<SglangNode>)> {
+        let k = SgKey::read(key, self.page_size)?;
+        if k.len == 0 {
+            return Ok((0, self.root.clone_ref(py)));
+        }
+        let cache = Arc::clone(&self.cache);
+        let m = guarded(|| {
+            py.detach(|| cache.match_prefix(k.key(), DEVICE))
+                .map_err(|e| cache_error(py, e))
+        })?;
+        Ok((m.len, self.node(py, m.handle)?))
+    }
+
+    /// Inserts `key` (a `RadixKey`, up to its limit, whole pages) with the
+    /// first `len(key)` of `values` at `priority`, counting hits past
+    /// `inserted_len`: how many leading tokens were cached before.
+    fn insert_key(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        values: &Bound<'_, PyAny>,
+        priority: i64,
+        inserted_len: usize,
+    ) -> PyResult<usize> {
+        let k = SgKey::read(key, self.page_size)?;
+        let v = ids(values, "value")?;
+        if v.as_slice().len() < k.len {
+            return Err(invalid(
+                py,
+                format!(
+                    "value: {} values for a key of {} tokens",
+                    v.as_slice().len(),
+                    k.len
+                ),
+            ));
+        }
+        if k.len == 0 {
+            return Ok(0);
+        }
+        let cache = Arc::clone(&self.cache);
+        guarded(|| {
+            py.detach(|| {
+                cache.insert_counting(
+                    k.key(),
+                    DEVICE,
+                    &v.as_slice()[..k.len],
+                    priority,
+                    inserted_len,
+                )
+            })
+            .map(|r| r.prefix_len)
+            .map_err(|e| cache_error(py, e))
+        })
+    }
+
+    /// A request's checkpoint (SGLang's `RadixCache.checkpoint`, the tree
+    /// part): inserts the first `key_len` of `ids` (whole pages) with
+    /// `values`, at `priority`, counting hits past `inserted_len`; if the
+    /// prompt (`prompt_len` tokens, floored to pages) ends inside that key,
+    /// re-inserts the prompt one priority higher so that a node ends there;
+    /// then matches the key. Returns the first insert's prefix length, the
+    /// end node and its path's values (int64).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (ids_, values, key_len, extra_key, cache_salt, priority, inserted_len, prompt_len))]
+    fn checkpoint(
+        &self,
+        py: Python<'_>,
+        ids_: &Bound<'_, PyAny>,
+        values: &Bound<'_, PyAny>,
+        key_len: usize,
+        extra_key: Option<&str>,
+        cache_salt: Option<&str>,
+        priority: i64,
+        inserted_len: usize,
+        prompt_len: usize,
+    ) -> PyResult<(usize, Py<SglangNode>, Py<PyAny>)> {
+        let t = ids(ids_, "ids")?;
+        let v = ids(values, "values")?;
+        let ps = self.page_size;
+        if !key_len.is_multiple_of(ps)
+            || key_len > t.as_slice().len()
+            || v.as_slice().len() != key_len
+        {
+            return Err(invalid(
+                py,
+                format!(
+                    "checkpoint: key_len {key_len} must be whole pages of the {} ids, with as many values (got {})",
+                    t.as_slice().len(),
+                    v.as_slice().len()
+                ),
+            ));
+        }
+        if key_len == 0 {
+            return Ok((0, self.root.clone_ref(py), array_i64(py, &[])?));
+        }
+        let ns = Namespace::encode(extra_key, cache_salt);
+        let tokens = &t.as_slice()[..key_len];
+        let vals = v.as_slice();
+        let prompt = prompt_len.min(key_len) / ps * ps;
+        let cache = Arc::clone(&self.cache);
+        let (prefix_len, handle, path) = guarded(|| {
+            py.detach(|| -> Result<_, CacheError> {
+                let key = TokenKey::new(tokens).in_namespace(ns.as_deref());
+                let r = cache.insert_counting(key, DEVICE, vals, priority, inserted_len)?;
+                if prompt > 0 && prompt < key_len {
+                    let pk = TokenKey::new(&tokens[..prompt]).in_namespace(ns.as_deref());
+                    cache.insert_counting(
+                        pk,
+                        DEVICE,
+                        &vals[..prompt],
+                        priority.saturating_add(1),
+                        prompt,
+                    )?;
+                }
+                let m = cache.match_prefix(key, DEVICE)?;
+                let path = cache.path_values(&m.handle)?;
+                Ok((r.prefix_len, m.handle, path))
+            })
+            .map_err(|e| cache_error(py, e))
+        })?;
+        if path.len() != key_len {
+            return Err(failed(
+                py,
+                format!(
+                    "checkpoint: the key's {key_len} tokens matched {} after the insert",
+                    path.len()
+                ),
+            ));
+        }
+        Ok((prefix_len, self.node(py, handle)?, array_i64(py, &path)?))
+    }
+
+    /// Evicts unlocked leaves in policy order until `num_tokens` are gone
+    /// (whole nodes): the tokens evicted, their values (int64, in eviction
+    /// order) and where each node's values end in them.
+    fn evict(&self, py: Python<'_>, num_tokens: usize) -> PyResult<(usize, Py<PyAny>, Vec<usize>)> {
+        let cache = Arc::clone(&self.cache);
+        let e = guarded(|| {
+            py.detach(|| cache.evict(DEVICE, num_tokens))
+                .map_err(|e| cache_error(py, e))
+        })?;
+        Ok((e.tokens, array_i64(py, &e.values)?, e.leaf_ends))
+    }
+
+    /// Locks `node`'s path against eviction (locks nest): the change of
+    /// the evictable size (≤ 0).
+    fn inc_lock_ref(&self, py: Python<'_>, node: &Bound<'_, SglangNode>) -> PyResult<i64> {
+        let n = self.own(py, node.get())?;
+        let Some(handle) = &n.handle else {
+            return Ok(0);
+        };
+        let lease = self.cache.pin(handle).map_err(|e| cache_error(py, e))?;
+        let delta = match self.mirror.shape().lock(n.id) {
+            Ok(d) => d,
+            Err(_) => return Err(Self::stale(py)),
+        };
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(n.id)
+            .or_default()
+            .push(lease);
+        Ok(delta)
+    }
+
+    /// Releases one lock of `node`: the change of the evictable size (≥ 0).
+    fn dec_lock_ref(&self, py: Python<'_>, node: &Bound<'_, SglangNode>) -> PyResult<i64> {
+        let n = self.own(py, node.get())?;
+        if n.id == ROOT {
+            return Ok(0);
+        }
+        let delta = match self.mirror.shape().unlock(n.id) {
+            Ok(d) => d,
+            Err(LockRefused::Gone) => return Err(Self::stale(py)),
+            Err(LockRefused::NotLocked) => {
+                return Err(invalid(
+                    py,
+                    format!("node {} holds no lock to release", n.id),
+                ))
+            }
+        };
+        let lease = {
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            let leases = held.get_mut(&n.id);
+            let lease = leases.and_then(Vec::pop);
+            if held.get(&n.id).is_some_and(Vec::is_empty) {
+                held.remove(&n.id);
+            }
+            lease
+        };
+        // Unpinned here, outside both locks.
+        drop(lease);
+        Ok(delta)
+    }
+
+    /// The values of the path root → `node` (int64).
+    fn path_values(&self, py: Python<'_>, node: &Bound<'_, SglangNode>) -> PyResult<Py<PyAny>> {
+        let n = self.own(py, node.get())?;
+        let Some(handle) = &n.handle else {
+            return array_i64(py, &[]);
+        };
+        let cache = Arc::clone(&self.cache);
+        let path = guarded(|| {
+            py.detach(|| cache.path_values(handle))
+                .map_err(|e| cache_error(py, e))
+        })?;
+        array_i64(py, &path)
+    }
+
+    /// Tokens no lock protects (O(1)).
+    fn evictable_size(&self) -> usize {
+        self.mirror.shape().evictable()
+    }
+
+    /// Tokens on a locked path (O(1)).
+    fn protected_size(&self) -> usize {
+        self.mirror.shape().protected()
+    }
+
+    /// Nodes in the tree, the root not counted.
+    fn node_count(&self) -> usize {
+        self.mirror.shape().node_count()
+    }
+
+    /// SGLang's dfs-weight order of a waiting queue whose matches ended at
+    /// `nodes`: indices into `nodes`.
+    fn dfs_weight_order(&self, py: Python<'_>, nodes: &Bound<'_, PyList>) -> PyResult<Vec<usize>> {
+        let mut ends = Vec::with_capacity(nodes.len());
+        for item in nodes.iter() {
+            let node = item.cast::<SglangNode>().map_err(|_| {
+                invalid(
+                    py,
+                    format!("dfs_weight_order: not a node of this tree: {item}"),
+                )
+            })?;
+            ends.push(self.own(py, node.get())?.id);
+        }
+        Ok(self.mirror.shape().dfs_weight_order(&ends))
+    }
+
+    /// The KV events since the last call, raw: `("stored", extra_key,
+    /// cache_salt, parent_hash, hashes, tokens, block_size)` and
+    /// `("removed", extra_key, cache_salt, hashes)`, hashes before SGLang's
+    /// namespace seeding.
+    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        let raw = self.mirror.shape().take_events();
+        let mut out = Vec::with_capacity(raw.len());
+        for e in raw {
+            out.push(match e {
+                RawEvent::Stored {
+                    ns,
+                    parent,
+                    hashes,
+                    tokens,
+                } => (
+                    "stored",
+                    ns.extra_key.clone(),
+                    ns.cache_salt.clone(),
+                    parent,
+                    hashes,
+                    tokens,
+                    self.page_size,
+                )
+                    .into_pyobject(py)?,
+                RawEvent::Removed { ns, hashes } => (
+                    "removed",
+                    ns.extra_key.clone(),
+                    ns.cache_salt.clone(),
+                    hashes,
+                )
+                    .into_pyobject(py)?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// (depth, tokens, locks) of every node, depth-first, children in the
+    /// order they joined.
+    fn outline(&self) -> Vec<(usize, usize, u64)> {
+        self.mirror.shape().outline()
+    }
+
+    /// Checks the core tree's invariants, the mirror against itself and
+    /// the sizes against a scan of the tree; raises `CacheError` naming
+    /// the first violation.
+    fn audit(&self, py: Python<'_>) -> PyResult<()> {
+        let cache = Arc::clone(&self.cache);
+        let (checked, sizes) = py.detach(|| (cache.check(), cache.sizes(DEVICE)));
+        if let Err(v) = checked {
+            return Err(failed(py, format!("audit failed: {v}")));
+        }
+        let sizes = sizes.map_err(|e| cache_error(py, e))?;
+        let shape = self.mirror.shape();
+        if let Some(v) = shape.check(sizes.total) {
+            return Err(failed(py, format!("audit failed: {v}")));
+        }
+        if (shape.evictable(), shape.protected()) != (sizes.evictable, sizes.protected) {
+            return Err(failed(
+                py,
+                format!(
+                    "audit failed: sizes (evictable, protected) ({}, {}) but the tree's scan ({}, {})",
+                    shape.evictable(),
+                    shape.protected(),
+                    sizes.evictable,
+                    sizes.protected
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
