@@ -74,7 +74,7 @@ control() {
 }
 # radixkv's tree without insert priorities.
 control tree_vs_sglang.py priority --policies priority
-# radixkv's tree counting hits on match, as SGLang 0.5.9 did.
+# radixkv's tree counting hits on match (its default rule).
 control tree_vs_sglang.py hits --policies lfu,slru
 # radixkv's slru without SGLang 0.5.23's threshold.
 control tree_vs_sglang.py slru --policies slru

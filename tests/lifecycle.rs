@@ -1,4 +1,4 @@
-//! The request lifecycle, step by step as SEMANTICS.md describes it, plus
+//! The request lifecycle, step by step as docs/semantics.md describes it, plus
 //! a panic inside a request and a concurrent run against an evictor.
 
 use radixkv::{DeviceId, PagedCache, RadixCache, TokenKey};

@@ -44,7 +44,7 @@ proptest! {
 
 /// The model itself is checked against the shipped SGLang vectors in
 /// `conformance.rs`; this checks that a hand-written multi-device scenario
-/// behaves as SEMANTICS.md says, so the model is not merely self-consistent.
+/// behaves as docs/semantics.md says, so the model is not merely self-consistent.
 #[test]
 fn multi_device_semantics_by_hand() {
     let cache = RadixCache::builder().devices(2).build().unwrap();

@@ -1,4 +1,4 @@
-//! The host tier and copies between tiers (issue 16, TIERS.md): a host
+//! The host tier and copies between tiers (docs/tiers.md): a host
 //! residency slot shared by all devices, prefix-closed and audited; matches
 //! that report the host's and the other devices' further prefix; copies
 //! that pin their source, own their destination pages until they complete,

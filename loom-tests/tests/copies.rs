@@ -12,7 +12,7 @@ use loom_tests::{key, model, paged, D0, D1};
 use radixkv::RadixCache;
 use std::sync::Arc;
 
-/// Copy vs eviction of its source (TIERS.md, "Copy safety"): a copy from
+/// Copy vs eviction of its source (docs/tiers.md): a copy from
 /// device 0 to device 1 reads the source's slots and then moves the KV
 /// while device 0's evictor runs. Protecting step: the copy holds a pin on
 /// the source's prefix for its whole life (`PrefixCopy`'s source lease), so

@@ -156,8 +156,8 @@ impl<P: Ownership> RadixCacheBuilder<P> {
         self
     }
 
-    /// When hit counts grow (default [`HitCounts::OnMatch`], SGLang 0.5.9;
-    /// [`HitCounts::OnInsert`] is SGLang 0.5.23's rule): what lfu and slru
+    /// When hit counts grow (default [`HitCounts::OnMatch`], radixkv's
+    /// rule; [`HitCounts::OnInsert`] is SGLang 0.5.23's): what lfu and slru
     /// rank by.
     pub fn hit_counts(mut self, h: HitCounts) -> Self {
         self.hit_counts = h;

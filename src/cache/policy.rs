@@ -185,7 +185,8 @@ impl EvictionPolicy {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HitCounts {
     /// Every match that consumes or ends on a node counts a hit on it
-    /// (SGLang 0.5.9; the default).
+    /// (radixkv's rule, the default; SGLang 0.5.9 counted no hits, so its
+    /// conformance vectors leave lfu out).
     #[default]
     OnMatch,
     /// Every insert that passes or creates a node whose key ends past the

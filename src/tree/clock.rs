@@ -1,6 +1,6 @@
 //! Access and creation stamps.
 //!
-//! Eviction order depends only on the order of stamps (SEMANTICS.md, Clock).
+//! Eviction order depends only on the order of stamps (docs/semantics.md).
 //! Each match or insert takes one *path stamp* before it creates anything,
 //! and each node it creates takes two fresh ticks (last access, then
 //! creation).

@@ -377,6 +377,13 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+// The engine is shared by reference between threads (the HTTP server's
+// handlers hold it in an `Arc`, without a lock): it must stay `Send + Sync`.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Engine>();
+};
+
 impl Engine {
     /// Builds the cache(s) and starts one scheduler thread per device.
     pub fn start(cfg: EngineConfig, backend: Arc<dyn ModelBackend>) -> Result<Engine, EngineError> {

@@ -52,7 +52,7 @@ use radixkv_engine::{Engine, EngineError, EngineReport, EngineRequest};
 use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -104,9 +104,9 @@ impl Default for ServerConfig {
 /// What the handlers share.
 #[derive(Debug)]
 pub(crate) struct AppState {
-    /// The engine (behind a mutex: `Engine` is `Send` but not `Sync`);
-    /// every call under it is short.
-    engine: Mutex<Engine>,
+    /// The engine, shared by every handler without a lock (`Engine` is
+    /// `Sync`: its calls send messages to the schedulers and read atomics).
+    engine: Engine,
     /// Each device's cache and its id there, for scans outside the lock.
     caches: Vec<(Arc<PagedCache>, DeviceId)>,
     cfg: ServerConfig,
@@ -122,10 +122,8 @@ pub(crate) struct AppState {
 }
 
 impl AppState {
-    fn engine(&self) -> MutexGuard<'_, Engine> {
-        // A panic under the lock cannot leave the engine inconsistent (its
-        // methods only send messages and read counters).
-        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    fn engine(&self) -> &Engine {
+        &self.engine
     }
 
     /// `/stats`, computed on a blocking thread.
@@ -220,7 +218,7 @@ impl Server {
             .filter_map(|d| engine.cache(d).map(|(c, dev)| (Arc::clone(c), dev)))
             .collect();
         let state = Arc::new(AppState {
-            engine: Mutex::new(engine),
+            engine,
             caches,
             admission: Arc::new(Semaphore::new(cfg.max_queue)),
             cfg,
@@ -311,9 +309,7 @@ impl Server {
         while Arc::strong_count(&state) > 1 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let engine = Arc::try_unwrap(state)
-            .ok()
-            .map(|s| s.engine.into_inner().unwrap_or_else(|p| p.into_inner()));
+        let engine = Arc::try_unwrap(state).ok().map(|s| s.engine);
         let engine = match engine {
             Some(e) => tokio::task::spawn_blocking(move || e.shutdown()).await.ok(),
             None => None,
@@ -603,7 +599,7 @@ async fn admin_config(
     axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>,
 ) -> Result<Response, ApiError> {
     admin_allowed(&s, peer)?;
-    let v = admin::current(&s.engine());
+    let v = admin::current(s.engine());
     Ok(json_response(StatusCode::OK, &v))
 }
 
@@ -615,7 +611,7 @@ async fn admin_set_config(
 ) -> Result<Response, ApiError> {
     admin_allowed(&s, peer)?;
     let body = body_or_error(&s, body)?;
-    let v = admin::apply(&s.engine(), &body)?;
+    let v = admin::apply(s.engine(), &body)?;
     Ok(json_response(StatusCode::OK, &v))
 }
 

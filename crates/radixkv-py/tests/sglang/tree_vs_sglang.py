@@ -16,7 +16,7 @@ and the step that reproduce it, and exits 1.
 
 The negative controls, each of which must fail the run:
 `RADIXKV_DIFF_FAULT=priority` drops the insert priority on radixkv's side;
-`RADIXKV_DIFF_FAULT=hits` counts hits on match (SGLang 0.5.9's rule);
+`RADIXKV_DIFF_FAULT=hits` counts hits on match (radixkv's default rule);
 `RADIXKV_DIFF_FAULT=slru` protects a node after one hit since it became a
 leaf (0.5.9's slru) rather than after 2 in all.
 """
