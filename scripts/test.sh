@@ -18,6 +18,18 @@ echo "== the core stays in rooms: files under 700 lines, no too_many_arguments, 
 bash scripts/check-core-structure.sh
 bash scripts/check-core-structure.sh --self-test
 
+echo "== every relative link in the Markdown files resolves inside the repository (scripts/check-doc-links.sh, and its self-test)"
+bash scripts/check-doc-links.sh
+bash scripts/check-doc-links.sh --self-test
+
+echo "== the serving runtime carries no tools: radixkv-engine and radixkv-server depend on neither ruzstd nor indicatif (cargo tree -e normal)"
+for crate in radixkv-engine radixkv-server; do
+  if cargo tree -e normal -p "$crate" --prefix none | grep -E '^(ruzstd|indicatif) '; then
+    echo "FAIL: $crate depends on a tool's dependency (above); it belongs in radixkv-tools"
+    exit 1
+  fi
+done
+
 traces="${RADIXKV_TRACES:-$(pwd)/../shared/workloads}"
 if [ -f "$traces/mooncake_synthetic_trace.jsonl.zst" ]; then
   echo "== shipped traces found in $traces: the trace tests read them"
@@ -57,7 +69,7 @@ echo "== doctests"
 cargo test --workspace --doc
 
 echo "== the engine and CLI without the candle model (feature candle off)"
-cargo clippy -p radixkv-engine -p radixkv-server -p radixkv-cli --no-default-features -- -D warnings
+cargo clippy -p radixkv-engine -p radixkv-tools -p radixkv-server -p radixkv-cli --no-default-features -- -D warnings
 
 echo "== --features cuda (cudarc loaded at run time: builds without a toolkit; the GPU tests are #[ignore]d: they need a driver, scripts/gpu-check.sh runs them)"
 # The whole workspace with cuda on (the CLI included) was compiled and linted

@@ -135,7 +135,7 @@ pub fn mooncake(
     devices: usize,
     limit: usize,
 ) -> Result<Workload, String> {
-    let trace = radixkv_engine::trace::read_mooncake(path).map_err(|e| e.to_string())?;
+    let trace = radixkv_tools::trace::read_mooncake(path).map_err(|e| e.to_string())?;
     let n = if limit == 0 {
         trace.requests.len()
     } else {

@@ -1,8 +1,8 @@
 //! Options shared by several commands: the engine's (`replay`, `serve`),
 //! the workload's (`replay`, `hitrate`), and writing JSON.
 
-use radixkv_engine::trace::{self, ChatShape, Trace, TreeShape};
 use radixkv_engine::EngineConfig;
+use radixkv_tools::trace::{self, ChatShape, Trace, TreeShape};
 use std::path::{Path, PathBuf};
 
 /// The engine's options, shared by `serve` and `replay`.
@@ -90,7 +90,7 @@ impl EngineArgs {
 }
 
 /// Which requests to run, shared by `replay` and `hitrate`: a built-in
-/// generator or a trace file, all from `radixkv_engine::trace`.
+/// generator or a trace file, all from `radixkv_tools::trace`.
 #[derive(clap::Args, Debug)]
 pub struct WorkloadArgs {
     /// The workload: `gsp`, `chat` or `tot` (built-in generators), or a

@@ -4,7 +4,7 @@
 use crate::args::WorkloadArgs;
 use crate::CmdResult;
 use radixkv::EvictionPolicy;
-use radixkv_engine::hitrate::{self, HitRow};
+use radixkv_tools::hitrate::{self, HitRow};
 use std::path::PathBuf;
 
 /// `radixkv hitrate` options.

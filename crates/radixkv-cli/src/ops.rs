@@ -2,7 +2,7 @@
 
 use crate::CmdResult;
 use radixkv::EvictionPolicy;
-use radixkv_engine::conformance::Runner;
+use radixkv_tools::conformance::Runner;
 use std::io::{self, BufReader};
 use std::path::PathBuf;
 

@@ -3,8 +3,8 @@
 
 use crate::args::{EngineArgs, WorkloadArgs};
 use crate::CmdResult;
-use radixkv_engine::replay::{format_summaries, replay, ReplayConfig};
 use radixkv_engine::router::RouterKind;
+use radixkv_tools::replay::{format_summaries, replay, ReplayConfig};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -119,7 +119,7 @@ pub fn run(a: ReplayArgs) -> CmdResult {
     let tiny_default = tiny && a.workload.is_default_gsp();
     let w = match () {
         #[cfg(feature = "candle")]
-        () if tiny_default => radixkv_engine::tiny::default_workload(a.workload.seed),
+        () if tiny_default => radixkv_tools::replay::tiny_default_workload(a.workload.seed),
         () => a.workload.load()?,
     };
     let w = w.for_replay(a.workload.output_len, a.workload.max_requests)?;
@@ -147,7 +147,7 @@ pub fn run(a: ReplayArgs) -> CmdResult {
     a.engine.apply(&mut cfg.engine)?;
     #[cfg(feature = "candle")]
     if tiny {
-        cfg.model = radixkv_engine::replay::ReplayModel::Tiny {
+        cfg.model = radixkv_tools::replay::ReplayModel::Tiny {
             model: radixkv_engine::tiny::TinyConfig::default(),
             pool: a.kv_pool.parse()?,
             verify: a.verify,

@@ -34,7 +34,7 @@ pub fn run(a: StressArgs) -> CmdResult {
     if !(a.seconds.is_finite() && a.seconds >= 0.0) {
         return Err(format!("--seconds must be a non-negative number, not {}", a.seconds).into());
     }
-    let cfg = radixkv_engine::torture::TortureConfig {
+    let cfg = radixkv_tools::torture::TortureConfig {
         devices: a.devices,
         pages: a.pages,
         page_size: a.page_size,
@@ -42,7 +42,7 @@ pub fn run(a: StressArgs) -> CmdResult {
         duration: std::time::Duration::from_secs_f64(a.seconds),
         seed: a.seed,
     };
-    let report = radixkv_engine::torture::run(&cfg)?;
+    let report = radixkv_tools::torture::run(&cfg)?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     if let Some(p) = &a.json {
         crate::args::write_json(p, &report)?;

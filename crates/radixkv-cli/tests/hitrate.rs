@@ -1,6 +1,6 @@
 //! `radixkv hitrate`: rows for every (policy, capacity) plus Belady's bound,
 //! `--pages`, and errors. The readers and generators it shares with
-//! `replay` are tested in `radixkv-engine/tests/trace.rs`.
+//! `replay` are tested in `radixkv-tools/tests/trace.rs`.
 
 #[path = "common/cli.rs"]
 mod cli;
@@ -8,7 +8,7 @@ mod cli;
 use std::process::{Command, Output};
 
 /// The agentic fixture of the engine's trace tests.
-const AGENTIC: &str = include_str!("../../radixkv-engine/tests/fixtures/agentic.jsonl");
+const AGENTIC: &str = include_str!("../../radixkv-tools/tests/fixtures/agentic.jsonl");
 
 fn radixkv(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_radixkv"))

@@ -4,9 +4,9 @@
 #[path = "common/cli.rs"]
 mod cli;
 
-use radixkv_engine::replay::{format_summaries, replay, ReplayConfig};
-use radixkv_engine::trace::{chat, gsp, tree_of_thought, ChatShape, TreeShape};
 use radixkv_engine::EngineConfig;
+use radixkv_tools::replay::{format_summaries, replay, ReplayConfig};
+use radixkv_tools::trace::{chat, gsp, tree_of_thought, ChatShape, TreeShape};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 

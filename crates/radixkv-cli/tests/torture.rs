@@ -4,7 +4,7 @@
 #[path = "common/cli.rs"]
 mod cli;
 
-use radixkv_engine::torture::{run, TortureConfig};
+use radixkv_tools::torture::{run, TortureConfig};
 use std::time::Duration;
 
 #[test]

@@ -35,34 +35,28 @@
 //! | [`tiers`] | the host tier, copy and write policies, and the copy-or-recompute cost model |
 //! | `tiny` | a tiny candle transformer computing for real, its KV in [`kvpool`] pools (feature `candle`) |
 //! | [`kvpool`] | KV memory per device: host, or CUDA (feature `cuda`) |
-//! | [`trace`] | request traces: one type, the Mooncake and agentic readers, the gsp / chat / tot generators |
 //! | [`rng`] | the one seeded generator of workloads, policies and weights |
-//! | [`replay`] | `radixkv replay`: a trace through the engine, summarized |
-//! | [`hitrate`] | `radixkv hitrate`: single-device lifecycle replay per policy and capacity, Belady's bound |
-//! | [`conformance`] | `radixkv ops`: the SGLang conformance runner |
-//! | [`torture`] | `radixkv stress`: random lifecycles under memory pressure, then an audit |
+//!
+//! The tools that drive the engine (traces and their generators, `replay`,
+//! `hitrate`, the conformance runner, the torture run) are the crate
+//! `radixkv-tools`, so the serving runtime carries none of them.
 //!
 //! ## Cargo features
 //!
 //! | feature | default | what it adds |
 //! | --- | --- | --- |
-//! | `candle` | on | the tiny candle transformer (`tiny`, `replay --model tiny`) |
+//! | `candle` | on | the tiny candle transformer (`tiny`) |
 //! | `cuda` | off | KV pools in GPU memory through cudarc, loaded at run time (builds without a toolkit) |
 
 pub mod backend;
-pub mod conformance;
 mod engine;
-pub mod hitrate;
 pub mod kvpool;
-pub mod replay;
 pub mod rng;
 pub mod router;
 pub mod sched;
 pub mod tiers;
 #[cfg(feature = "candle")]
 pub mod tiny;
-pub mod torture;
-pub mod trace;
 
 pub use engine::{
     CacheListeners, DeviceLatencies, DeviceMetrics, DeviceReport, Engine, EngineConfig,

@@ -11,15 +11,13 @@
 use radixkv::{DeviceId, PagedCache, RadixCache, Tier, TokenKey};
 use radixkv_engine::backend::{Batch, DecodeWork, ModelBackend, PrefillWork, WorkData};
 use radixkv_engine::kvpool::{HostKvPool, Kv, KvPool};
-use radixkv_engine::replay::{replay, ReplayConfig, ReplayModel};
 use radixkv_engine::router::RouterKind;
 use radixkv_engine::tiers::{CopyPolicy, TierConfig, WritePolicy, HOST_TIER};
 use radixkv_engine::tiny::{
-    argmax, compare_rows, default_pages_per_device, default_workload, Comparison, Logits, PagedSeq,
-    PoolKind, TinyBackend, TinyBackendConfig, TinyConfig, TinyError, TinyModel, LOGIT_TOLERANCE,
+    argmax, compare_rows, Comparison, Logits, PagedSeq, PoolKind, TinyBackend, TinyBackendConfig,
+    TinyConfig, TinyError, TinyModel, LOGIT_TOLERANCE,
 };
 use radixkv_engine::{Engine, EngineConfig, EngineRequest};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 /// Deterministic token ids spread over the whole id space (below 2³¹).
@@ -642,45 +640,6 @@ fn a_cuda_pool_is_an_error_not_a_panic_without_a_gpu() {
         Ok(_) if cuda => {} // a machine with a GPU
         Ok(_) => panic!("a GPU pool without feature cuda"),
         Err(e) => panic!("unexpected: {e}"),
-    }
-}
-
-fn tiny_replay(page_size: usize) -> ReplayConfig {
-    ReplayConfig {
-        engine: EngineConfig {
-            devices: 2,
-            page_size,
-            pages_per_device: default_pages_per_device(page_size),
-            ..EngineConfig::default()
-        },
-        model: ReplayModel::Tiny {
-            model: TinyConfig::default(),
-            pool: PoolKind::Host,
-            verify: true,
-        },
-        ..ReplayConfig::default()
-    }
-}
-
-#[test]
-fn the_default_tiny_replay_verifies_with_evictions() {
-    let w = default_workload(42);
-    assert!(w.requests.len() >= 200);
-    for ps in [1usize, 16] {
-        let s = replay(&w, &tiny_replay(ps), &AtomicBool::new(false)).unwrap();
-        let evicted: u64 = s.evicted_tokens_per_device.iter().sum();
-        assert_eq!(s.finished, w.requests.len(), "page size {ps}: {s:?}");
-        assert!(s.devices >= 2);
-        assert!(evicted > 0, "page size {ps}: no eviction");
-        assert!(s.reuse_rate > 0.2, "page size {ps}: reuse {}", s.reuse_rate);
-        assert!(s.verified_requests >= w.requests.len() as u64);
-        assert_eq!(s.mismatches, 0, "page size {ps}");
-        let v: serde_json::Value = serde_json::to_value(&s).unwrap();
-        assert_eq!(v["mismatches"], 0);
-        assert!(v["verified_requests"].as_u64().unwrap() >= 256);
-        let text = radixkv_engine::replay::format_summaries(&[s]);
-        assert!(text.contains("verified requests") && text.contains("mismatches"));
-        eprintln!("page size {ps}:\n{text}");
     }
 }
 

@@ -10,7 +10,6 @@ use super::verify::{argmax, Comparison, RequestLog};
 use super::{Logits, PagedSeq, TinyConfig, TinyError, TinyModel};
 use crate::kvpool::{HostKvPool, KvLayout, KvPool};
 use crate::sched::batch::{BackendError, Batch, ModelBackend, StepOutput, Verification};
-use crate::trace::Trace;
 use crate::EngineConfig;
 use radixkv::cache::SlotRun;
 use radixkv::device::DeviceId;
@@ -567,14 +566,6 @@ impl ModelBackend for TinyBackend {
             if self.verify { ", verifying" } else { "" }
         )
     }
-}
-
-/// The default workload of `radixkv replay --model tiny` (when no size is
-/// given): generated shared prefixes, 32 groups × 8 prompts (256
-/// requests), 64-token system prompts, 16-token questions, 4 output
-/// tokens, small enough to run in seconds on two cores.
-pub fn default_workload(seed: u64) -> Trace {
-    crate::trace::gsp(32, 8, 64, 16, 4, seed)
 }
 
 /// KV tokens per device of the default tiny replay: far less than the

@@ -69,8 +69,8 @@ mod backend;
 mod verify;
 
 pub use backend::{
-    default_pages_per_device, default_workload, PoolKind, TinyBackend, TinyBackendConfig,
-    TinyStats, DEFAULT_POOL_TOKENS,
+    default_pages_per_device, PoolKind, TinyBackend, TinyBackendConfig, TinyStats,
+    DEFAULT_POOL_TOKENS,
 };
 pub use verify::{argmax, compare_rows, Comparison, ARGMAX_MARGIN, LOGIT_TOLERANCE};
 

@@ -12,7 +12,7 @@
 //! same requests.
 
 use super::{BlockTrie, Prompt, Trace, TraceRequest};
-use crate::rng::SplitMix64;
+use radixkv_engine::rng::SplitMix64;
 use std::sync::Arc;
 
 /// Prompt tokens from the seeded generator.

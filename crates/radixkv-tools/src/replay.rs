@@ -9,8 +9,8 @@
 //!
 //! ```
 //! use radixkv_engine::EngineConfig;
-//! use radixkv_engine::replay::{replay, ReplayConfig};
-//! use radixkv_engine::trace::gsp;
+//! use radixkv_tools::replay::{replay, ReplayConfig};
+//! use radixkv_tools::trace::gsp;
 //! let w = gsp(4, 4, 256, 32, 4, 1);
 //! let cfg = ReplayConfig {
 //!     engine: EngineConfig { devices: 2, pages_per_device: 1024, ..EngineConfig::default() },
@@ -32,10 +32,10 @@
 //! # Ok::<(), radixkv_engine::EngineError>(())
 //! ```
 
-use crate::backend::{CostModel, SimulatedBackend};
 use crate::trace::Trace;
-use crate::{Engine, EngineConfig, EngineError, EngineRequest};
 use radixkv::metrics::LatencyHistogram;
+use radixkv_engine::backend::{CostModel, SimulatedBackend};
+use radixkv_engine::{Engine, EngineConfig, EngineError, EngineRequest};
 use serde::Serialize;
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -77,7 +77,7 @@ pub enum ReplayModel {
     /// model's time / `speedup`).
     #[default]
     Simulated,
-    /// The tiny candle transformer ([`crate::tiny::TinyBackend`]):
+    /// The tiny candle transformer ([`radixkv_engine::tiny::TinyBackend`]):
     /// real compute with its KV in per-device pools sized like the cache
     /// (the pool, model, device count and slots come from the engine's
     /// configuration). Times are wall time: `speedup` is taken as 1.
@@ -85,9 +85,9 @@ pub enum ReplayModel {
     #[cfg(feature = "candle")]
     Tiny {
         /// The model.
-        model: crate::tiny::TinyConfig,
+        model: radixkv_engine::tiny::TinyConfig,
         /// Host or GPU pools.
-        pool: crate::tiny::PoolKind,
+        pool: radixkv_engine::tiny::PoolKind,
         /// Check every computed position against the dense reference.
         verify: bool,
     },
@@ -276,7 +276,7 @@ fn arrivals(w: &Trace, rate: Option<f64>, seed: u64) -> Vec<f64> {
         None => w.requests.iter().map(|r| r.arrival_ms).collect(),
         Some(r) if !r.is_finite() || r <= 0.0 => vec![0.0; w.requests.len()],
         Some(r) => {
-            let mut rng = crate::rng::SplitMix64::new(seed);
+            let mut rng = radixkv_engine::rng::SplitMix64::new(seed);
             let mut t = 0.0;
             w.requests
                 .iter()
@@ -288,6 +288,14 @@ fn arrivals(w: &Trace, rate: Option<f64>, seed: u64) -> Vec<f64> {
                 .collect()
         }
     }
+}
+
+/// The default workload of `radixkv replay --model tiny` (when no size is
+/// given): generated shared prefixes, 32 groups × 8 prompts (256
+/// requests), 64-token system prompts, 16-token questions, 4 output
+/// tokens, small enough to run in seconds on two cores.
+pub fn tiny_default_workload(seed: u64) -> Trace {
+    crate::trace::gsp(32, 8, 64, 16, 4, seed)
 }
 
 /// Replays `w` on a fresh engine; `interrupt` (e.g. set by Ctrl-C) stops
@@ -306,7 +314,7 @@ pub fn replay(
     // The tiny model (feature candle) runs in wall time: speedup 1.
     #[cfg_attr(not(feature = "candle"), allow(unused_mut))]
     let mut cfg = cfg.clone();
-    let backend: Arc<dyn crate::sched::batch::ModelBackend> = match &cfg.model {
+    let backend: Arc<dyn radixkv_engine::sched::batch::ModelBackend> = match &cfg.model {
         ReplayModel::Simulated => Arc::new(
             SimulatedBackend::new(cfg.cost, cfg.speedup).with_layers(cfg.engine.tiers.shape.layers),
         ),
@@ -316,7 +324,7 @@ pub fn replay(
             pool,
             verify,
         } => {
-            use crate::tiny::{TinyBackend, TinyBackendConfig};
+            use radixkv_engine::tiny::{TinyBackend, TinyBackendConfig};
             cfg.speedup = 1.0; // real compute: model time is wall time
             let t = TinyBackendConfig {
                 model: model.clone(),
@@ -347,35 +355,36 @@ pub fn replay(
     let max_concurrency = cfg.max_concurrency.map(|c| c.max(1));
     let cap = max_concurrency.unwrap_or(usize::MAX);
     let mut last_done = wall;
-    let mut record =
-        |c: crate::sched::scheduler::Completion, done: &mut usize, progress: &mut Progress| {
-            *done += 1;
-            if c.error.is_some() {
-                failed += 1;
+    let mut record = |c: radixkv_engine::sched::scheduler::Completion,
+                      done: &mut usize,
+                      progress: &mut Progress| {
+        *done += 1;
+        if c.error.is_some() {
+            failed += 1;
+        } else {
+            finished += 1;
+            prompt += c.prompt_tokens;
+            output += c.output_tokens;
+            let d = c.device.index().min(devices - 1);
+            per_dev[d].0 += c.cached_tokens;
+            per_dev[d].1 += c.prompt_tokens;
+            per_dev_copies[d].0 += c.host_loaded_tokens;
+            per_dev_copies[d].1 += c.peer_copied_tokens;
+            copy_bytes += c.copy_bytes;
+            copy_time += c.copy_time;
+        }
+        retractions_seen += u64::from(c.retractions);
+        let cached: usize = per_dev.iter().map(|p| p.0).sum();
+        let total: usize = per_dev.iter().map(|p| p.1).sum();
+        progress.set(
+            *done,
+            if total == 0 {
+                0.0
             } else {
-                finished += 1;
-                prompt += c.prompt_tokens;
-                output += c.output_tokens;
-                let d = c.device.index().min(devices - 1);
-                per_dev[d].0 += c.cached_tokens;
-                per_dev[d].1 += c.prompt_tokens;
-                per_dev_copies[d].0 += c.host_loaded_tokens;
-                per_dev_copies[d].1 += c.peer_copied_tokens;
-                copy_bytes += c.copy_bytes;
-                copy_time += c.copy_time;
-            }
-            retractions_seen += u64::from(c.retractions);
-            let cached: usize = per_dev.iter().map(|p| p.0).sum();
-            let total: usize = per_dev.iter().map(|p| p.1).sum();
-            progress.set(
-                *done,
-                if total == 0 {
-                    0.0
-                } else {
-                    cached as f64 / total as f64
-                },
-            );
-        };
+                cached as f64 / total as f64
+            },
+        );
+    };
     // Feed in arrival order from this thread, collecting between arrivals.
     for (i, r) in w.requests.iter().enumerate() {
         let due = wall + Duration::from_secs_f64(at[i].max(0.0) / 1000.0 / cfg.speedup);

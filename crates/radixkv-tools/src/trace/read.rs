@@ -8,7 +8,7 @@
 //! tells the formats apart by the first line.
 
 use super::{BlockTrie, Prompt, Trace, TraceError, TraceRequest, NONE};
-use crate::rng::SplitMix64;
+use radixkv_engine::rng::SplitMix64;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::ops::ControlFlow;

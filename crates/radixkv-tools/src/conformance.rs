@@ -14,7 +14,7 @@
 //! ```
 //!
 //! ```
-//! use radixkv_engine::conformance::Runner;
+//! use radixkv_tools::conformance::Runner;
 //! use radixkv::EvictionPolicy;
 //! let mut r = Runner::new(1, EvictionPolicy::Lru).unwrap();
 //! let out = r.apply(r#"{"op":"insert","key":[1,2],"value":[5,6]}"#);

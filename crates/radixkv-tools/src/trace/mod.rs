@@ -14,7 +14,7 @@
 //! single-device policy sweep) take their requests from here.
 //!
 //! ```
-//! use radixkv_engine::trace::gsp;
+//! use radixkv_tools::trace::gsp;
 //! let w = gsp(4, 3, 64, 8, 16, 42);
 //! assert_eq!(w.requests.len(), 12);
 //! // 3 prompts per group: the last 2 reuse the group's 64-token system prompt.

@@ -3,8 +3,8 @@
 //! enough that eviction runs all the time, then the invariants are audited
 //! and every page is accounted for.
 
-use crate::rng::SplitMix64;
 use radixkv::{CacheError, DeviceId, RadixCache, TokenKey};
+use radixkv_engine::rng::SplitMix64;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -2,8 +2,8 @@
 //! the chat generator, and their hit rates through the evaluation.
 
 use radixkv::EvictionPolicy;
-use radixkv_engine::hitrate;
-use radixkv_engine::trace::{self, chat, ChatShape, Prompt, Trace};
+use radixkv_tools::hitrate;
+use radixkv_tools::trace::{self, chat, ChatShape, Prompt, Trace};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
@@ -302,7 +302,7 @@ fn fingerprint(t: &Trace) -> u64 {
 /// `radixkv::workload` generators (commit b28de5d) with the same hash.
 #[test]
 fn built_in_generators_make_the_same_requests_as_before() {
-    use radixkv_engine::trace::{gsp, tree_of_thought, TreeShape};
+    use radixkv_tools::trace::{gsp, tree_of_thought, TreeShape};
     let w = gsp(64, 16, 2048, 128, 256, 42);
     assert_eq!(w.requests.len(), 1024);
     assert_eq!(fingerprint(&w), 0x2fe4_3fba_a883_3061, "gsp defaults");

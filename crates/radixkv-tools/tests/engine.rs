@@ -2,12 +2,12 @@
 //! chunked prefill, retraction, rejection and stopping.
 
 use radixkv_engine::backend::{CostModel, SimulatedBackend};
-use radixkv_engine::replay::{replay, ReplayConfig};
 use radixkv_engine::router::{RouterConfig, RouterKind};
 use radixkv_engine::sched::scheduler::Completion;
 use radixkv_engine::tiers::{CopyPolicy, TierConfig};
-use radixkv_engine::trace::gsp;
 use radixkv_engine::{Engine, EngineConfig, EngineError, EngineRequest};
+use radixkv_tools::replay::{replay, ReplayConfig};
+use radixkv_tools::trace::gsp;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Every shipped SGLang vector reproduced exactly by the runner's code.
 
 use radixkv::EvictionPolicy;
-use radixkv_engine::conformance::Runner;
+use radixkv_tools::conformance::Runner;
 use serde_json::Value;
 use std::path::Path;
 
