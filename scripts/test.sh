@@ -18,6 +18,10 @@ echo "== the core stays in rooms: files under 700 lines, no too_many_arguments, 
 bash scripts/check-core-structure.sh
 bash scripts/check-core-structure.sh --self-test
 
+echo "== outside the core, no Rust file under a crate's src/ over 800 lines (scripts/check-workspace-structure.sh, and its self-test)"
+bash scripts/check-workspace-structure.sh
+bash scripts/check-workspace-structure.sh --self-test
+
 echo "== every relative link in the Markdown files resolves inside the repository (scripts/check-doc-links.sh, and its self-test)"
 bash scripts/check-doc-links.sh
 bash scripts/check-doc-links.sh --self-test

@@ -23,64 +23,37 @@
 //! rows are no index: they read each query's tokens once (cold, as the
 //! indexes get them), the least any index that checks exact tokens pays.
 
+mod args;
 mod dynamo;
 mod measure;
+mod mixed;
+mod phases;
+mod setup;
 mod workload;
 
+use args::Args;
 use clap::Parser;
 use dynamo_kv_router::indexer::{SyncIndexer, ThreadPoolIndexer};
 use dynamo_kv_router::{ConcurrentRadixTreeCompressed, PositionalIndexer, RadixTree};
-use hdrhistogram::Histogram;
 use measure::{hist, timed, Figures, Report};
+use mixed::*;
+use phases::*;
 use radixkv::reference::SequentialCache;
-use radixkv::{DeviceId, EvictionPolicy, RadixCache, TokenKey};
+use radixkv::{DeviceId, EvictionPolicy, TokenKey};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
+use setup::*;
 use std::collections::HashSet;
-use std::path::PathBuf;
-use std::sync::{Arc, Barrier, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 use workload::Workload;
 
 #[path = "../../tests/common/counting_alloc.rs"]
 mod counting_alloc;
 use counting_alloc::{flush_epoch, live, Counting};
-use dynamo::Lane;
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
-
-/// radixkv against Dynamo's KV indexes (dynamo-kv-router 1.6.1) in one run.
-#[derive(Parser, Debug, Clone)]
-#[command(version, about)]
-struct Args {
-    /// CI size: 100 requests per prompt instead of 1,000, fewer queries.
-    #[arg(long)]
-    quick: bool,
-    /// Write every figure as flat JSON to this file.
-    #[arg(long)]
-    json: Option<PathBuf>,
-    /// Run the whole bench in N fresh processes and report the median of
-    /// each figure (the "medians of 3 fresh processes").
-    #[arg(long, default_value_t = 1)]
-    processes: usize,
-    /// Only the scaling phase, at these thread counts (e.g. 1,2,4,8,16):
-    /// queries and mixed 50/50 on W1 with 16 devices.
-    #[arg(long, value_delimiter = ',')]
-    scaling: Vec<usize>,
-    /// Workloads to run (w1, w2, mooncake).
-    #[arg(long, value_delimiter = ',', default_value = "w1,w2,mooncake")]
-    workloads: Vec<String>,
-    /// Requests in prompt order instead of shuffled (the old bench's order).
-    #[arg(long)]
-    in_order: bool,
-    /// Directory of the shipped traces (the Mooncake phase).
-    #[arg(long, default_value = "../shared/workloads")]
-    traces: PathBuf,
-}
-
-const PAGE: usize = 16;
-const DEVICES: usize = 4;
 
 fn main() {
     let args = Args::parse();
@@ -166,94 +139,7 @@ fn main() {
     }
 }
 
-// ---------------------------------------------------------------- indexes
-
-fn radixkv_cache(devices: usize) -> Arc<RadixCache> {
-    Arc::new(
-        RadixCache::builder()
-            .page_size(PAGE)
-            .devices(devices)
-            .eviction_policy(EvictionPolicy::Lru)
-            .build()
-            .expect("cache"),
-    )
-}
-
-fn radixkv_store(cache: &RadixCache, r: &workload::Request, vals: &mut Vec<u32>) {
-    r.values_into(vals);
-    cache
-        .insert(TokenKey::new(&r.tokens), DeviceId(r.device as u32), vals, 0)
-        .expect("insert");
-}
-
-/// The store event of the `i`-th request (event ids from 1).
-fn store_event(i: usize, r: &workload::Request) -> dynamo_kv_router::protocols::RouterEvent {
-    dynamo::stored(r.device, i as u64 + 1, &r.local, &r.seq)
-}
-
-/// Every request's store event, in order.
-fn store_events(reqs: &[workload::Request]) -> Vec<dynamo_kv_router::protocols::RouterEvent> {
-    reqs.iter()
-        .enumerate()
-        .map(|(i, r)| store_event(i, r))
-        .collect()
-}
-
-/// Runs `f` on each of `picks` (indexes of stored requests), split evenly
-/// over `threads` threads that start together; one histogram for all.
-fn queries_on(
-    w: &Workload,
-    picks: &[usize],
-    threads: usize,
-    f: &(dyn Fn(&workload::Request) + Sync),
-) -> Figures {
-    let barrier = Barrier::new(threads);
-    let per = picks.len() / threads;
-    let out: Vec<(Histogram<u64>, Duration)> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads)
-            .map(|t| {
-                let mine = &picks[t * per..(t + 1) * per];
-                let barrier = &barrier;
-                s.spawn(move || {
-                    let mut h = hist();
-                    barrier.wait();
-                    let start = Instant::now();
-                    for &i in mine {
-                        timed(&mut h, || f(&w.stored[i]));
-                    }
-                    (h, start.elapsed())
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().expect("thread")).collect()
-    });
-    merge(&out, per * threads)
-}
-
 // ---------------------------------------------------------------- the suite
-
-fn sample(rng: &mut StdRng, n: usize, of: usize) -> Vec<usize> {
-    (0..n).map(|_| rng.random_range(0..of)).collect()
-}
-
-/// Answers of radixkv and CRTC agree (in blocks per device) on `probe`.
-fn check_agree(w: &Workload, cache: &RadixCache, crtc: &ConcurrentRadixTreeCompressed, what: &str) {
-    let mut rng = StdRng::seed_from_u64(7);
-    for i in sample(&mut rng, 500, w.stored.len()) {
-        let r = &w.stored[i];
-        let ours: Vec<usize> = cache
-            .peek(TokenKey::new(&r.tokens))
-            .iter()
-            .map(|t| t / w.page)
-            .collect();
-        let theirs = dynamo::per_worker(&crtc.find_matches(&r.local, false), w.devices);
-        assert_eq!(
-            ours, theirs,
-            "{}: radixkv and CRTC disagree on request {i} ({what})",
-            w.name
-        );
-    }
-}
 
 fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
     let wl = w.name.clone();
@@ -578,302 +464,6 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
         b as f64 / tokens as f64
     };
     rep.memory(&wl, "bytes_per_token_1dev", &[("radixkv", one_dev)]);
-}
-
-/// Lets the allocator sort what was freed before a timed phase, so that no
-/// index pays for another's frees: a request of a few kilobytes is served
-/// from the sorted bins (glibc consolidates its fast bins for it), and
-/// freeing it returns it there.
-fn settle_allocator() {
-    drop(std::hint::black_box(Vec::<u8>::with_capacity(4096)));
-}
-
-fn merge(out: &[(Histogram<u64>, Duration)], ops: usize) -> Figures {
-    let mut h = hist();
-    let mut wall = Duration::ZERO;
-    for (r, d) in out {
-        h.add(r).expect("histogram add");
-        wall = wall.max(*d);
-    }
-    Figures::of(&h, ops, wall)
-}
-
-/// The blocks behind evicted `values` (page by page), grouped into one
-/// removal per run of consecutive blocks of the same request.
-fn removed_blocks(w: &Workload, values: &[u32]) -> Vec<Vec<u64>> {
-    let all: Vec<&workload::Request> = w.stored.iter().chain(&w.fresh).collect();
-    let mut by_base: Vec<(u32, usize)> = all.iter().enumerate().map(|(i, r)| (r.base, i)).collect();
-    by_base.sort_unstable();
-    let mut out: Vec<Vec<u64>> = Vec::new();
-    let mut last: Option<(usize, usize)> = None;
-    for page in values.chunks(w.page) {
-        let v = page[0];
-        let at = by_base.partition_point(|(b, _)| *b <= v) - 1;
-        let (base, ri) = by_base[at];
-        let block = (v - base) as usize / w.page;
-        let hash = all[ri].seq[block];
-        match (last, out.last_mut()) {
-            (Some((lr, lb)), Some(run)) if lr == ri && lb + 1 == block => run.push(hash),
-            _ => out.push(vec![hash]),
-        }
-        last = Some((ri, block));
-    }
-    out
-}
-
-/// Per thread: the fresh requests it stores, and a query before each.
-fn mixed_plan(w: &Workload, threads: usize, t: usize, seed: u64) -> (Vec<usize>, Vec<usize>) {
-    let stores: Vec<usize> = (0..w.fresh.len())
-        .filter(|&i| w.fresh[i].device % threads == t)
-        .collect();
-    let mut rng = StdRng::seed_from_u64(seed + t as u64);
-    let queries = sample(&mut rng, stores.len(), w.stored.len());
-    (stores, queries)
-}
-
-fn mixed_radixkv(cache: &RadixCache, w: &Workload, threads: usize, seed: u64) -> Figures {
-    let barrier = Barrier::new(threads);
-    let out: Vec<(Histogram<u64>, Duration)> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..threads)
-            .map(|t| {
-                let barrier = &barrier;
-                s.spawn(move || {
-                    let (stores, queries) = mixed_plan(w, threads, t, seed);
-                    let mut h = hist();
-                    let mut vals = Vec::new();
-                    barrier.wait();
-                    let start = Instant::now();
-                    for (&si, &qi) in stores.iter().zip(&queries) {
-                        let q = &w.stored[qi];
-                        timed(&mut h, || {
-                            std::hint::black_box(cache.peek(TokenKey::new(&q.tokens)));
-                        });
-                        let r = &w.fresh[si];
-                        r.values_into(&mut vals);
-                        timed(&mut h, || {
-                            cache
-                                .insert(
-                                    TokenKey::new(&r.tokens),
-                                    DeviceId(r.device as u32),
-                                    &vals,
-                                    0,
-                                )
-                                .expect("insert")
-                        });
-                    }
-                    (h, start.elapsed())
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().expect("thread")).collect()
-    });
-    let ops = out.iter().map(|(h, _)| h.len() as usize).sum();
-    merge(&out, ops)
-}
-
-/// Mixed 50/50 on one caller per lane: lane t stores thread t's fresh
-/// requests and, right after each store, runs the next query.
-fn mixed_dynamo<I: SyncIndexer>(
-    index: &Arc<I>,
-    lanes: &[Lane],
-    w: &Arc<Workload>,
-    seed: u64,
-) -> Figures {
-    let threads = lanes.len();
-    let barrier = Barrier::new(threads);
-    let out: Vec<(Histogram<u64>, Duration)> = std::thread::scope(|s| {
-        let hs: Vec<_> = lanes
-            .iter()
-            .enumerate()
-            .map(|(t, lane)| {
-                let barrier = &barrier;
-                s.spawn(move || {
-                    let (stores, queries) = mixed_plan(w, threads, t, seed);
-                    let events: Vec<_> = stores
-                        .iter()
-                        .map(|&i| {
-                            let r = &w.fresh[i];
-                            dynamo::stored(r.device, 2_000_000_000 + i as u64, &r.local, &r.seq)
-                        })
-                        .collect();
-                    let n = queries.len();
-                    let (ix, wi) = (Arc::clone(index), Arc::clone(w));
-                    barrier.wait();
-                    // Query j runs before store j (query 0 before the first
-                    // event, query i + 1 right after event i).
-                    let b = lane.run(
-                        events,
-                        Box::new(move |i, q| {
-                            let j = i.map_or(0, |i| i + 1);
-                            if j < n {
-                                let r = &wi.stored[queries[j]];
-                                timed(q, || {
-                                    std::hint::black_box(ix.find_matches(&r.local, false));
-                                });
-                            }
-                        }),
-                    );
-                    let mut h = b.store;
-                    h.add(&b.query).expect("histogram add");
-                    (h, b.wall)
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().expect("thread")).collect()
-    });
-    let ops = out.iter().map(|(h, _)| h.len() as usize).sum();
-    merge(&out, ops)
-}
-
-/// `n` event threads of `index`.
-fn lanes<I: SyncIndexer>(index: &Arc<I>, n: usize) -> Vec<Lane> {
-    (0..n).map(|_| Lane::new(Arc::clone(index), None)).collect()
-}
-
-/// Live bytes of `index` after `reqs` were stored, its event thread (and so
-/// its per-thread lookup state) still alive; fed through a bounded channel
-/// so no backlog is counted.
-fn memory_of<I: SyncIndexer>(index: Arc<I>, reqs: &[workload::Request]) -> isize {
-    let before = live();
-    let lane = Lane::new(Arc::clone(&index), Some(64));
-    lane.feed(reqs.iter().enumerate().map(|(i, r)| store_event(i, r)));
-    let b = live() - before;
-    drop(lane);
-    b
-}
-
-// ---------------------------------------------------------------- Mooncake
-
-/// A real trace in trace order on 4 devices: each request is first routed
-/// (a query from its tokens), then stored on its device.
-fn mooncake_phase(rep: &mut Report, w: Arc<Workload>) {
-    let wl = w.name.clone();
-    rep.header(&format!("{wl}: {}", w.about));
-    let cache = radixkv_cache(w.devices);
-    let (mut hq, mut hs) = (hist(), hist());
-    let mut vals = Vec::new();
-    let t = Instant::now();
-    for r in &w.stored {
-        timed(&mut hq, || {
-            std::hint::black_box(cache.peek(TokenKey::new(&r.tokens)));
-        });
-        timed(&mut hs, || radixkv_store(&cache, r, &mut vals));
-    }
-    let wall = t.elapsed();
-    let n = w.stored.len();
-    let ours_q = Figures::of(&hq, n, wall);
-    let ours_s = Figures::of(&hs, n, wall);
-    let mut both = hq.clone();
-    both.add(&hs).expect("histogram add");
-    let ours = Figures::of(&both, 2 * n, wall);
-
-    let crtc = Arc::new(ConcurrentRadixTreeCompressed::new());
-    let lane = Lane::new(Arc::clone(&crtc), None);
-    let (ix, wi) = (Arc::clone(&crtc), Arc::clone(&w));
-    let d = lane.run(
-        store_events(&w.stored),
-        Box::new(move |i, q| {
-            let j = i.map_or(0, |i| i + 1);
-            if let Some(r) = wi.stored.get(j) {
-                timed(q, || {
-                    let hs = dynamo::local_hashes(&r.tokens, PAGE as u32);
-                    std::hint::black_box(ix.find_matches(&hs, false));
-                });
-            }
-        }),
-    );
-    let (cs, cq) = (d.store, d.query);
-    let crtc_s = Figures::of(&cs, n, d.wall);
-    let crtc_q = Figures::of(&cq, n, d.wall);
-    let mut cboth = cs.clone();
-    cboth.add(&cq).expect("histogram add");
-    let crtc_both = Figures::of(&cboth, 2 * n, d.wall);
-    rep.phase(
-        &wl,
-        "route_then_store",
-        &[("radixkv", ours), ("crtc-tokens", crtc_both)],
-    );
-    rep.phase(
-        &wl,
-        "its_queries",
-        &[("radixkv", ours_q), ("crtc-tokens", crtc_q)],
-    );
-    rep.phase(&wl, "its_stores", &[("radixkv", ours_s), ("crtc", crtc_s)]);
-    check_agree(&w, &cache, &crtc, "after the trace");
-}
-
-// ---------------------------------------------------------------- scaling
-
-/// Queries and mixed 50/50 at each thread count, on W1 with 16 devices
-/// (thread t stores for devices t, t + n, ...), radixkv against CRTC.
-fn scaling(rep: &mut Report, args: &Args) {
-    let per_prompt = if args.quick { 100 } else { 1_000 };
-    let w = Arc::new(workload::shared_prefix(
-        "scaling",
-        64,
-        per_prompt,
-        1_000,
-        200,
-        PAGE,
-        16,
-        args.in_order,
-        1,
-    ));
-    rep.header(&format!("scaling: {}", w.about));
-    let queries = if args.quick { 20_000 } else { 400_000 };
-    for &threads in &args.scaling {
-        let threads = threads.max(1);
-        let cache = radixkv_cache(w.devices);
-        let mut vals = Vec::new();
-        for r in &w.stored {
-            radixkv_store(&cache, r, &mut vals);
-        }
-        let crtc = Arc::new(ConcurrentRadixTreeCompressed::new());
-        let crtc_lanes = lanes(&crtc, threads);
-        std::thread::scope(|s| {
-            for (t, lane) in crtc_lanes.iter().enumerate() {
-                let w = &w;
-                s.spawn(move || {
-                    lane.feed(
-                        w.stored
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, r)| r.device % threads == t)
-                            .map(|(i, r)| store_event(i, r)),
-                    )
-                });
-            }
-        });
-        let mut rng = StdRng::seed_from_u64(31);
-        let picks = sample(&mut rng, queries, w.stored.len());
-        let run = |f: &(dyn Fn(&workload::Request) + Sync)| queries_on(&w, &picks, threads, f);
-        let q_ours = run(&|r| {
-            std::hint::black_box(cache.peek(TokenKey::new(&r.tokens)));
-        });
-        let q_crtc = run(&|r| {
-            std::hint::black_box(crtc.find_matches(&r.local, false));
-        });
-        let q_crtc_tok = run(&|r| {
-            let hs = dynamo::local_hashes(&r.tokens, PAGE as u32);
-            std::hint::black_box(crtc.find_matches(&hs, false));
-        });
-        rep.phase(
-            "scaling",
-            &format!("query_{threads}t"),
-            &[
-                ("radixkv", q_ours),
-                ("crtc-pre", q_crtc),
-                ("crtc-tokens", q_crtc_tok),
-            ],
-        );
-        let m_ours = mixed_radixkv(&cache, &w, threads, 41);
-        let m_crtc = mixed_dynamo(&crtc, &crtc_lanes, &w, 41);
-        rep.phase(
-            "scaling",
-            &format!("mixed_50_{threads}t"),
-            &[("radixkv", m_ours), ("crtc-pre", m_crtc)],
-        );
-    }
 }
 
 // ---------------------------------------------------------------- medians

@@ -13,7 +13,8 @@
 //! stable ABI from CPython 3.11 and unchanged since 3.3, so an abi3 wheel
 //! built for 3.9 uses them as they are on 3.9 and 3.10 too.
 
-use crate::tensor::tensor_ids;
+use crate::narrow::{narrow, out_of_range};
+use crate::tensor::{tensor_ids, FromTensor};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use std::os::raw::{c_char, c_int, c_void};
@@ -118,7 +119,7 @@ impl Ids {
         self.view.is_some()
     }
 
-    pub(crate) fn owned(owned: Vec<u32>) -> Ids {
+    fn owned(owned: Vec<u32>) -> Ids {
         Ids {
             view: None,
             owned,
@@ -129,15 +130,19 @@ impl Ids {
 
 /// Reads `obj` (argument `what`) as ids in `0..2^32`.
 pub(crate) fn ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Ids> {
-    if let Some(ids) = tensor_ids(obj, what, false)? {
-        return Ok(ids);
+    match tensor_ids(obj, what, false)? {
+        Some(FromTensor::Read(ids)) => return Ok(Ids::owned(ids)),
+        Some(FromTensor::Array(array)) => return ids(&array, what),
+        None => {}
     }
     if let Some(ids) = from_buffer(obj, what)? {
         return Ok(ids);
     }
     // No buffer: a torch tensor (the first one seen), or a sequence.
-    if let Some(ids) = tensor_ids(obj, what, true)? {
-        return Ok(ids);
+    match tensor_ids(obj, what, true)? {
+        Some(FromTensor::Read(ids)) => return Ok(Ids::owned(ids)),
+        Some(FromTensor::Array(array)) => return ids(&array, what),
+        None => {}
     }
     if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<pyo3::types::PyBytes>()
     {
@@ -164,13 +169,6 @@ pub(crate) fn ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Ids> {
 /// `v` as an id, or a `ValueError` naming the argument and the index.
 fn checked(v: i128, what: &str, i: usize) -> PyResult<u32> {
     u32::try_from(v).map_err(|_| out_of_range(v, what, i))
-}
-
-/// The `ValueError` for `what[i] = v`, outside the ids' range.
-fn out_of_range(v: i128, what: &str, i: usize) -> PyErr {
-    PyValueError::new_err(format!(
-        "{what}[{i}] = {v} is outside 0..2^32 (ids are unsigned 32-bit)"
-    ))
 }
 
 /// The ids of `obj`'s buffer, if it exports a C-contiguous one of
@@ -251,73 +249,6 @@ fn from_buffer(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<Ids>> {
     // function returns.
     let out = unsafe { read(base, n, what) }?;
     Ok(Some(Ids::owned(out)))
-}
-
-/// An integer element type of a buffer, narrowed to an id.
-pub(crate) trait Element: Copy {
-    /// The value widened to 64 bits (sign-extended if signed): its top 32
-    /// bits are zero exactly when it lies in `0..2^32`.
-    fn bits(self) -> u64;
-    /// The value as an id (truncating; call once `bits` showed it in range).
-    fn narrow(self) -> u32;
-    /// The value, for an error message.
-    fn wide(self) -> i128;
-}
-
-macro_rules! element {
-    ($($t:ty),*) => {$(
-        impl Element for $t {
-            #[inline(always)]
-            fn bits(self) -> u64 {
-                // Widening sign-extends a signed value (a negative one
-                // sets the top bits) and zero-extends an unsigned one.
-                self as i64 as u64
-            }
-            #[inline(always)]
-            fn narrow(self) -> u32 {
-                self as u32
-            }
-            fn wide(self) -> i128 {
-                self as i128
-            }
-        }
-    )*};
-}
-element!(u8, u16, u32, u64, i8, i16, i32, i64);
-
-/// The `n` elements of type `T` at `base` as ids, each checked to lie in
-/// `0..2^32`. An aligned buffer is read as a slice: one branch-free pass
-/// checks every element (the compiler vectorises it) and one narrows them.
-///
-/// # Safety
-/// `base` points at `n` initialised elements of `T` (any alignment) that
-/// stay valid and unchanged while this runs.
-pub(crate) unsafe fn narrow<T: Element>(
-    base: *const u8,
-    n: usize,
-    what: &str,
-) -> PyResult<Vec<u32>> {
-    if (base as usize).is_multiple_of(std::mem::align_of::<T>()) {
-        // SAFETY: aligned, and `n` initialised `T`s (the caller's contract).
-        let src = unsafe { std::slice::from_raw_parts(base.cast::<T>(), n) };
-        // The top bits of all of them at once: one OR per element.
-        if src.iter().fold(0u64, |acc, v| acc | v.bits()) >> 32 == 0 {
-            return Ok(src.iter().map(|v| v.narrow()).collect());
-        }
-        let i = src.iter().position(|v| v.bits() >> 32 != 0).unwrap_or(0);
-        return Err(out_of_range(src[i].wide(), what, i));
-    }
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n {
-        // SAFETY: `i < n`, so the element lies inside the caller's range;
-        // an unaligned read takes any alignment.
-        let v = unsafe { base.cast::<T>().add(i).read_unaligned() };
-        if v.bits() >> 32 != 0 {
-            return Err(out_of_range(v.wide(), what, i));
-        }
-        out.push(v.narrow());
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

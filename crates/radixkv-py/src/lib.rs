@@ -24,6 +24,7 @@ mod errors;
 mod events;
 mod gil;
 mod ids;
+mod narrow;
 mod pages;
 mod results;
 mod sglang;

@@ -11,7 +11,7 @@
 //! type's module (torch is imported by then), after which `torch.Tensor`
 //! is compared by pointer.
 
-use crate::ids::{ids, narrow, Ids};
+use crate::narrow::narrow;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -42,10 +42,22 @@ impl Torch {
     }
 }
 
-/// `obj`'s ids if it is a torch tensor, `None` if it is not. Cheap for
-/// anything else once torch is known; before that, it looks at the
+/// What a torch tensor gives.
+pub(crate) enum FromTensor<'py> {
+    /// Its ids, read where they lie.
+    Read(Vec<u32>),
+    /// Its `numpy(force=True)` array, for the buffer path to read.
+    Array(Bound<'py, PyAny>),
+}
+
+/// What `obj` gives if it is a torch tensor, `None` if it is not. Cheap
+/// for anything else once torch is known; before that, it looks at the
 /// type's module only when `probe` is set (the caller found no buffer).
-pub(crate) fn tensor_ids(obj: &Bound<'_, PyAny>, what: &str, probe: bool) -> PyResult<Option<Ids>> {
+pub(crate) fn tensor_ids<'py>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+    probe: bool,
+) -> PyResult<Option<FromTensor<'py>>> {
     let py = obj.py();
     let torch = match TORCH.get(py) {
         Some(torch) => torch,
@@ -56,10 +68,10 @@ pub(crate) fn tensor_ids(obj: &Bound<'_, PyAny>, what: &str, probe: bool) -> PyR
         return Ok(None);
     }
     if let Some(out) = in_place(obj, torch, what)? {
-        return Ok(Some(Ids::owned(out)));
+        return Ok(Some(FromTensor::Read(out)));
     }
     let array = obj.call_method(intern!(py, "numpy"), (), Some(torch.force.bind(py)))?;
-    ids(&array, what).map(Some)
+    Ok(Some(FromTensor::Array(array)))
 }
 
 /// Whether `obj`'s type is defined in torch.

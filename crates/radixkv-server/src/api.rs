@@ -1,21 +1,11 @@
-//! The wire format of `POST /v1/completions` (an OpenAI subset), its
-//! validation, and the byte-level tokenizer.
+//! The requests of `POST /v1/completions` and `POST /v1/chat/completions`
+//! (an OpenAI subset) and their validation.
 //!
-//! ## Tokenizer
-//!
-//! A prompt given as a string is UTF-8 encoded and each byte is one token
-//! (ids 0..256). A prompt given as an array of integers is used as token
-//! ids unchanged (any `u32`).
-//!
-//! Output tokens become text one byte each ([`token_byte`]): an id below
-//! 256 is that byte; any other id (the simulator's outputs are synthetic
-//! ids ≥ 2³¹) maps to a printable ASCII character, `0x20 + id % 95`. The
-//! bytes are decoded as UTF-8 incrementally ([`Utf8Decoder`]): a character
-//! split across tokens appears with its last byte; invalid bytes become
-//! U+FFFD.
+//! The byte tokenizer is [`crate::tokenizer`]; the response shapes are
+//! [`crate::wire`].
 
 use super::error::ApiError;
-use serde::Serialize;
+use super::tokenizer::encode;
 use serde_json::{Map, Value};
 
 /// A validated completion request.
@@ -291,198 +281,6 @@ fn opt_str(obj: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiErr
     }
 }
 
-/// The byte-level tokenizer: one token per UTF-8 byte of `text`.
-///
-/// ```
-/// assert_eq!(radixkv_server::api::encode("hé"), vec![0x68, 0xc3, 0xa9]);
-/// ```
-pub fn encode(text: &str) -> Vec<u32> {
-    text.bytes().map(u32::from).collect()
-}
-
-/// The byte an output token stands for: itself below 256, else a printable
-/// ASCII character (`0x20 + id % 95`).
-///
-/// ```
-/// use radixkv_server::api::token_byte;
-/// assert_eq!(token_byte(b'A' as u32), b'A');
-/// assert!((0x20..0x7f).contains(&token_byte(0x8000_1234)));
-/// ```
-pub fn token_byte(id: u32) -> u8 {
-    match u8::try_from(id) {
-        Ok(b) => b,
-        Err(_) => 0x20 + (id % 95) as u8,
-    }
-}
-
-/// Decodes output tokens to text in one go (see [`token_byte`]).
-pub fn decode(tokens: &[u32]) -> String {
-    let mut d = Utf8Decoder::default();
-    let mut s: String = tokens.iter().map(|&t| d.push(token_byte(t))).collect();
-    s.push_str(&d.finish());
-    s
-}
-
-/// An incremental UTF-8 decoder: bytes in, text out as soon as each
-/// character is complete; invalid bytes become U+FFFD.
-///
-/// ```
-/// use radixkv_server::api::Utf8Decoder;
-/// let mut d = Utf8Decoder::default();
-/// assert_eq!(d.push(0xc3), "");
-/// assert_eq!(d.push(0xa9), "é");
-/// assert_eq!(d.push(0xff), "\u{fffd}");
-/// ```
-#[derive(Clone, Debug, Default)]
-pub struct Utf8Decoder {
-    pending: Vec<u8>,
-}
-
-impl Utf8Decoder {
-    /// Adds one byte; returns the text it completes (often empty or one
-    /// character).
-    pub fn push(&mut self, b: u8) -> String {
-        self.pending.push(b);
-        let mut out = String::new();
-        loop {
-            match std::str::from_utf8(&self.pending) {
-                Ok(s) => {
-                    out.push_str(s);
-                    self.pending.clear();
-                    return out;
-                }
-                Err(e) => {
-                    let valid = e.valid_up_to();
-                    out.push_str(&String::from_utf8_lossy(&self.pending[..valid]));
-                    match e.error_len() {
-                        // An incomplete character at the end: wait for more.
-                        None => {
-                            self.pending.drain(..valid);
-                            return out;
-                        }
-                        Some(bad) => {
-                            out.push('\u{fffd}');
-                            self.pending.drain(..valid + bad);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Whatever is left (an incomplete character) as U+FFFD.
-    pub fn finish(&mut self) -> String {
-        if self.pending.is_empty() {
-            String::new()
-        } else {
-            self.pending.clear();
-            "\u{fffd}".into()
-        }
-    }
-}
-
-/// `usage.prompt_tokens_details`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct PromptTokensDetails {
-    /// Prompt tokens not computed: served from the device's prefix cache,
-    /// loaded from the host tier or copied from another device (the
-    /// `radixkv` part of the response breaks it down).
-    pub cached_tokens: usize,
-}
-
-/// A response's `usage`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Usage {
-    /// Prompt tokens.
-    pub prompt_tokens: usize,
-    /// Generated tokens.
-    pub completion_tokens: usize,
-    /// Both.
-    pub total_tokens: usize,
-    /// Prompt tokens not computed (device hits, host loads, peer copies;
-    /// also under `prompt_tokens_details`, OpenAI's place for it).
-    pub cached_tokens: usize,
-    /// OpenAI's details.
-    pub prompt_tokens_details: PromptTokensDetails,
-}
-
-impl Usage {
-    /// Usage of a finished request: every prompt token it did not compute
-    /// counts as cached.
-    pub fn of(c: &radixkv_engine::sched::scheduler::Completion) -> Usage {
-        Usage::new(
-            c.prompt_tokens,
-            c.output_tokens,
-            c.cached_tokens + c.host_loaded_tokens + c.peer_copied_tokens,
-        )
-    }
-
-    /// Usage of a finished request.
-    pub fn new(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -> Usage {
-        Usage {
-            prompt_tokens,
-            completion_tokens,
-            total_tokens: prompt_tokens + completion_tokens,
-            cached_tokens,
-            prompt_tokens_details: PromptTokensDetails { cached_tokens },
-        }
-    }
-}
-
-/// One choice of a completion (always index 0 here).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Choice {
-    /// Generated text (the whole of it, or a stream chunk's part).
-    pub text: String,
-    /// Always 0.
-    pub index: u32,
-    /// Always null.
-    pub logprobs: Option<()>,
-    /// `"length"` once `max_tokens` tokens are generated; null in stream
-    /// chunks before the last.
-    pub finish_reason: Option<&'static str>,
-}
-
-/// Where and how fast the request ran (radixkv's addition).
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct RunInfo {
-    /// The device that served it.
-    pub device: u32,
-    /// Prompt tokens served from that device's prefix cache.
-    pub device_hit_tokens: usize,
-    /// Prompt tokens loaded from the host tier.
-    pub host_loaded_tokens: usize,
-    /// Prompt tokens copied from another device.
-    pub peer_copied_tokens: usize,
-    /// Arrival to first token, milliseconds.
-    pub ttft_ms: f64,
-    /// Arrival to last token, milliseconds.
-    pub e2e_ms: f64,
-    /// Times it was retracted and re-queued.
-    pub retractions: u32,
-}
-
-/// A completion, or one chunk of a streamed one.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct CompletionResponse {
-    /// `cmpl-<engine request id>`.
-    pub id: String,
-    /// Always `text_completion`.
-    pub object: &'static str,
-    /// Unix time in seconds.
-    pub created: u64,
-    /// The model name.
-    pub model: String,
-    /// One choice (none in a stream's usage chunk).
-    pub choices: Vec<Choice>,
-    /// Token counts (absent from token chunks).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-    /// Device and timings (absent from token chunks).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub radixkv: Option<RunInfo>,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -534,20 +332,5 @@ mod tests {
         assert!(
             bad(r#"{"prompt":"a","stream_options":{"include_usage":1}}"#).contains("include_usage")
         );
-    }
-
-    #[test]
-    fn decoding_is_incremental_and_lossy() {
-        let text = "añ€😀";
-        let toks = encode(text);
-        assert_eq!(decode(&toks), text);
-        let mut d = Utf8Decoder::default();
-        let joined: String = text.bytes().map(|b| d.push(b)).collect();
-        assert_eq!(joined, text);
-        assert_eq!(decode(&[0xe2, 0x82]), "\u{fffd}");
-        assert_eq!(decode(&[0x80, u32::from(b'a')]), "\u{fffd}a");
-        assert!(decode(&[0x8000_0000, 0xffff_ffff])
-            .chars()
-            .all(|c| c.is_ascii_graphic() || c == ' '));
     }
 }

@@ -5,7 +5,7 @@
 //!
 //! Each message becomes `<|ROLE|>\n` + its content + `\n`, in order, and
 //! the prompt ends with `<|assistant|>\n` (the generation prompt); the
-//! result is byte-tokenized ([`crate::api::encode`]). Roles: `system`,
+//! result is byte-tokenized ([`crate::tokenizer::encode`]). Roles: `system`,
 //! `developer`, `user`, `assistant`, `tool`. Content is a string or an
 //! array of `{"type": "text", "text": …}` parts (concatenated).
 //!
@@ -28,8 +28,9 @@
 //! assert!(t2.starts_with(&t1));
 //! ```
 
-use super::api::{encode, Usage};
 use super::error::ApiError;
+use super::tokenizer::encode;
+use super::wire::{RunInfo, Usage};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -144,5 +145,5 @@ pub struct ChatResponse {
     /// Token counts, cached tokens under `prompt_tokens_details`.
     pub usage: Usage,
     /// Device and timings.
-    pub radixkv: super::api::RunInfo,
+    pub radixkv: RunInfo,
 }

@@ -33,8 +33,10 @@ pub mod error;
 pub mod metrics;
 pub mod query;
 mod stream;
+pub mod tokenizer;
+pub mod wire;
 
-use api::{Choice, CompletionRequest, CompletionResponse, Limits, RunInfo, Usage};
+use api::{CompletionRequest, Limits};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -56,6 +58,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use wire::{Choice, CompletionResponse, RunInfo, Usage};
 
 /// The server's limits and settings; every field has a default.
 #[derive(Clone, Debug, PartialEq)]
@@ -704,7 +707,7 @@ async fn run(
     if let Some(e) = completion_error(&c) {
         return Err(e);
     }
-    let text = api::decode(&tokens);
+    let text = tokenizer::decode(&tokens);
     let (text, stopped) = api::cut_at_stop(&text, &req.stop);
     let finish = if stopped { "stop" } else { "length" };
     let info = RunInfo {

@@ -98,7 +98,7 @@ impl Query {
             opt_str(&o, "prompt")?,
         ) {
             (Some(t), None) => t.into_iter().map(|x| x as u32).collect(),
-            (None, Some(p)) => super::api::encode(p),
+            (None, Some(p)) => super::tokenizer::encode(p),
             (Some(_), Some(_)) => {
                 return Err(ApiError::BadRequest(
                     "give `token_ids` or `prompt`, not both".into(),

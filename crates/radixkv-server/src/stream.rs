@@ -9,7 +9,8 @@
 //! aborted), it cancels the request in the engine, which releases its
 //! pages and pins.
 
-use super::api::{token_byte, Choice, CompletionResponse, Usage, Utf8Decoder};
+use super::tokenizer::{token_byte, Utf8Decoder};
+use super::wire::{Choice, CompletionResponse, Usage};
 use super::AppState;
 use axum::response::sse::Event;
 use radixkv_engine::sched::scheduler::StreamSink;
