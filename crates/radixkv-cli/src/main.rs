@@ -45,8 +45,11 @@ enum Command {
     /// Torture run: scheduler threads run request lifecycles at random under
     /// memory pressure; then audit. Exits non-zero if anything is wrong.
     Stress(stress::StressArgs),
-    /// Serve the engine over HTTP: POST /v1/completions (OpenAI-style),
-    /// GET /metrics (Prometheus), /stats (JSON), /health. Stops on
+    /// Serve the engine over HTTP, OpenAI-style: POST /v1/completions and
+    /// /v1/chat/completions (streaming too), GET /v1/models; the cache's
+    /// view for routers: POST /query and /query_by_hash; GET/POST
+    /// /admin/config (run-time settings; loopback only by default); GET
+    /// /metrics (Prometheus), /stats (JSON), /health. Stops on
     /// SIGINT/SIGTERM after draining in-flight requests.
     Serve(serve::ServeArgs),
 }

@@ -9,6 +9,12 @@
 //!   `stream_options.include_usage`, `cache_salt` (a cache namespace).
 //!   `usage` has `prompt_tokens`, `completion_tokens`, `total_tokens`,
 //!   `cached_tokens` and `prompt_tokens_details.cached_tokens`.
+//! * `POST /v1/chat/completions`: the same over `messages`, rendered by the
+//!   chat template ([`chat`]); `GET /v1/models` and `/v1/models/{id}`.
+//! * `POST /query` and `/query_by_hash`: each device's cached prefix of a
+//!   prompt, by tokens or by KV-event block hashes ([`query`]), for routers.
+//! * `GET /admin/config` and `POST /admin/config`: the run-time settings
+//!   (router, copies, eviction), loopback clients only unless configured.
 //! * `GET /metrics`: Prometheus metrics in the OpenMetrics text format
 //!   ([`metrics::prometheus`], encoded by `prometheus-client`).
 //! * `GET /stats`: the same figures as JSON plus `audit_ok`
