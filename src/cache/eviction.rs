@@ -1,6 +1,6 @@
-//! The eviction engine: per device, a candidate heap of leaves in policy
+//! The eviction engine: per tier, a candidate heap of leaves in policy
 //! order (lazily validated), the eviction loop over it (or, for the
-//! policies ranked by a scan, over the device's leaves), replica-aware
+//! policies ranked by a scan, over the tier's leaves), replica-aware
 //! choice among the next candidates, the accounting of evicted values and
 //! pages, eviction metrics, and reclamation of what evictions unlinked.
 //! The background thread that calls it is `evictor`; the orders themselves

@@ -1,6 +1,7 @@
 //! The background evictor: one thread per cache, woken by the page
 //! allocators' low-watermark signal, that evicts unpinned leaves until every
-//! device is back at its high watermark.
+//! tier with an allocator (each device, and the host tier) is back at its
+//! high watermark.
 //!
 //! ```
 //! use radixkv::{DeviceId, RadixCache, TokenKey};

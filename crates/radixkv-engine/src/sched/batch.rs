@@ -135,7 +135,7 @@ pub trait ModelBackend: Send + Sync {
     }
 
     /// Moves the KV of `runs` from tier `from` to tier `to` (devices, or
-    /// the host tier: the cache's id one past the last device), before the
+    /// the host tier: [`HOST_TIER`](crate::tiers::HOST_TIER)), before the
     /// copy is completed in the cache. A cost model has no KV to move
     /// (default: nothing to do); a backend that holds KV
     /// ([`wants_data`](Self::wants_data)) must move it, and by default it
