@@ -14,7 +14,10 @@ pub struct EngineArgs {
     /// Tokens per KV page.
     #[arg(long, default_value_t = 16)]
     pub page_size: usize,
-    /// KV pages per device, page 0 reserved (default: see the command).
+    /// KV pages per device, page 0 reserved (default: replay, enough for
+    /// the whole workload's prompt and output tokens, at most 4,194,304,
+    /// or 512 tokens' worth with --model tiny and the default gsp sizes;
+    /// serve, 16,384, or 4,096 tokens' worth with --model tiny).
     #[arg(long)]
     pub pages_per_device: Option<usize>,
     /// Router: cache-aware, round-robin, least-loaded or private.
@@ -23,19 +26,21 @@ pub struct EngineArgs {
     /// Waiting-queue policy: fcfs, lof, random, lpm or dfs-weight.
     #[arg(long, default_value = "lpm")]
     pub schedule_policy: String,
-    /// Eviction policy of the tree.
+    /// Eviction policy of the tree: lru, lfu, fifo, mru, filo, priority,
+    /// slru or sieve.
     #[arg(long, default_value = "lru")]
     pub eviction: String,
     /// Pages of the host tier shared by all devices (default: 4 × a
     /// device's pool, host memory being typically 4–10× a GPU's KV pool;
-    /// 0: no host tier).
+    /// 0: no host tier; otherwise at least 2). With --router private each
+    /// device's tree gets an equal share (none with --model tiny).
     #[arg(long)]
     pub host_pages: Option<usize>,
     /// Copies made instead of recomputing: none, host (loads from the host
     /// tier), peer (copies from another device) or all.
     #[arg(long, default_value = "all")]
     pub copy: String,
-    /// When prompts go to the host tier: write-through,
+    /// When prompts go to the host tier: write-through (once cached),
     /// write-through-selective (once hit twice) or write-back (before an
     /// eviction).
     #[arg(long, default_value = "write-back")]
@@ -95,7 +100,7 @@ impl EngineArgs {
 pub struct WorkloadArgs {
     /// The workload: `gsp`, `chat` or `tot` (built-in generators), or a
     /// trace file (Mooncake requests or agentic conversations, JSONL, plain
-    /// or zstd-compressed; the first line tells which).
+    /// or zstd-compressed; the first line tells which). Alias: --trace.
     #[arg(long, alias = "trace", default_value = "gsp")]
     pub workload: String,
     /// GSP: groups (system prompts).

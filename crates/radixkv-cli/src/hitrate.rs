@@ -22,15 +22,16 @@ pub struct HitrateArgs {
     /// report the share pages x page size / distinct tokens.
     #[arg(long, value_delimiter = ',')]
     pages: Vec<usize>,
-    /// Policies (default: all).
+    /// Eviction policies: lru, lfu, fifo, mru, filo, priority, slru, sieve
+    /// (default: all). Belady's bound is reported at every capacity too.
     #[arg(long, value_delimiter = ',')]
     policy: Vec<String>,
     /// Tokens per page.
     #[arg(long, default_value_t = 16)]
     page_size: usize,
-    /// A host tier behind the device, as a share of the distinct tokens
-    /// (write-back: the device's victims go there; requests load from it
-    /// what the device lacks). Belady's rows stay device-only.
+    /// A host tier behind the device, as a positive share of the distinct
+    /// tokens (write-back: the device's victims go there; requests load
+    /// from it what the device lacks). Belady's rows stay device-only.
     #[arg(long)]
     host_capacity: Option<f64>,
     /// Also write the rows as JSON to this file.
@@ -57,7 +58,10 @@ pub fn run(a: HitrateArgs) -> CmdResult {
             .map(|p| p.parse())
             .collect::<Result<_, _>>()?
     };
-    let t = a.workload.load()?;
+    let mut t = a.workload.load()?;
+    if let Some(n) = a.workload.max_requests {
+        t.requests.truncate(n);
+    }
     let ps = a.page_size;
     let distinct = t.distinct_tokens(ps);
     println!(

@@ -10,7 +10,9 @@ use std::sync::Arc;
 pub struct KvEventArgs {
     /// Publish KV events (vLLM's format) on this ZeroMQ PUB endpoint,
     /// `tcp://HOST:PORT`: device 0 on PORT, device d on PORT + d; the host
-    /// tier's pages on every device's socket with medium CPU.
+    /// tier's pages on every device's socket with medium CPU. `serve` then
+    /// answers POST /query_by_hash; `replay` takes no --compare,
+    /// --compare-copy or --compare-write with it.
     #[arg(long, value_name = "ENDPOINT")]
     pub kv_events: Option<String>,
     /// Answer replay requests (ROUTER) here, device d on PORT + d, from a

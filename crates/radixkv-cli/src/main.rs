@@ -47,10 +47,11 @@ enum Command {
     Stress(stress::StressArgs),
     /// Serve the engine over HTTP, OpenAI-style: POST /v1/completions and
     /// /v1/chat/completions (streaming too), GET /v1/models; the cache's
-    /// view for routers: POST /query and /query_by_hash; GET/POST
-    /// /admin/config (run-time settings; loopback only by default); GET
-    /// /metrics (Prometheus), /stats (JSON), /health. Stops on
-    /// SIGINT/SIGTERM after draining in-flight requests.
+    /// view for routers: POST /query and /query_by_hash (with --kv-events);
+    /// GET/POST /admin/config (run-time settings; loopback only by
+    /// default); GET /metrics (Prometheus), /stats (JSON), /health. Stops
+    /// on SIGINT/SIGTERM after draining in-flight requests (at most
+    /// --drain-timeout-s).
     Serve(serve::ServeArgs),
 }
 

@@ -22,7 +22,8 @@ pub struct ReplayArgs {
     /// The engine (pools default to enough for the whole workload).
     #[command(flatten)]
     engine: EngineArgs,
-    /// Model time per wall time of the simulated GPUs.
+    /// Model time per wall time of the simulated GPUs (positive; --model
+    /// tiny runs in wall time and ignores it).
     #[arg(long, default_value_t = 4.0)]
     speedup: f64,
     /// Requests per second (Poisson, model time) instead of the workload's
@@ -35,16 +36,19 @@ pub struct ReplayArgs {
     /// one request at a time, the same way on every machine.
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_concurrency: Option<usize>,
-    /// Run the workload under several routers and print them side by side
-    /// (default when given without a list: all four).
+    /// Run the workload under each of these routers instead of --router and
+    /// print them side by side (default when given without a list: all
+    /// four).
     #[arg(long, value_delimiter = ',', num_args = 0.., default_missing_value = "cache-aware,round-robin,least-loaded,private")]
     compare: Option<Vec<String>>,
-    /// Run under each of these copy policies too (none, host, peer, all),
-    /// side by side: with --compare, every router under every policy.
+    /// Run under each of these copy policies (none, host, peer, all)
+    /// instead of --copy, side by side: with --compare, every router under
+    /// every policy.
     #[arg(long, value_delimiter = ',')]
     compare_copy: Option<Vec<String>>,
-    /// Run under each of these write policies too (write-back,
-    /// write-through, write-through-selective), side by side.
+    /// Run under each of these write policies (write-back, write-through,
+    /// write-through-selective) instead of --write-policy, side by side:
+    /// with --compare or --compare-copy, under every combination.
     #[arg(long, value_delimiter = ',')]
     compare_write: Option<Vec<String>>,
     /// Write the summary (a list with --compare, --compare-copy or
@@ -54,12 +58,13 @@ pub struct ReplayArgs {
     /// No progress output.
     #[arg(long)]
     quiet: bool,
-    /// The model behind the engine: `simulated` (a cost model) or `tiny` (a
-    /// small candle transformer computing for real on the CPU, its KV in
-    /// per-device pools at the slots the cache allocates). With `tiny` and
-    /// the default gsp sizes and pool, a smaller workload runs: 256
-    /// requests of 64 + 16 tokens, 4 output tokens, 512 KV tokens per
-    /// device (prefixes get evicted and inserted again).
+    /// The model behind the engine: `simulated` or `sim` (a cost model) or
+    /// `tiny` (a small candle transformer computing for real on the CPU,
+    /// its KV in per-device pools at the slots the cache allocates).
+    /// With `tiny`, `--workload gsp` and the default gsp sizes and
+    /// --output-len, a smaller workload runs: 256 requests of 64 + 16
+    /// tokens, 4 output tokens; and without --pages-per-device, 512 KV
+    /// tokens per device (prefixes get evicted and inserted again).
     #[arg(long, default_value = "simulated")]
     model: String,
     /// With --model tiny: check every computed position against a dense

@@ -15,19 +15,22 @@ pub struct ServeArgs {
     port: u16,
     #[command(flatten)]
     engine: EngineArgs,
-    /// Model backend: `sim` (the cost-model simulator) or `tiny` (the tiny
-    /// candle transformer on the CPU, K/V in host pools). Pools default to
-    /// 16,384 pages per device, or 4,096 tokens' worth with `tiny`.
+    /// Model backend: `sim` or `simulated` (the cost-model simulator) or
+    /// `tiny` (the tiny candle transformer on the CPU, K/V in host pools).
+    /// Pools default to 16,384 pages per device, or 4,096 tokens' worth
+    /// with `tiny`.
     #[arg(long, default_value = "sim")]
     model: String,
-    /// Model time per wall time of the simulated GPUs (`--model sim`).
+    /// Model time per wall time of the simulated GPUs (`--model sim`; 0, a
+    /// negative value or `inf`: no waiting at all).
     #[arg(long, default_value_t = 50.0)]
     speedup: f64,
     /// Requests admitted at once (queued, running or streaming); more are
     /// answered 429 with Retry-After.
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
-    /// Largest max_tokens a request may ask for.
+    /// Largest max_tokens (or chat max_completion_tokens) a request may ask
+    /// for (larger: 400).
     #[arg(long, default_value_t = 4096)]
     max_tokens_limit: usize,
     /// Largest request body in bytes (larger: 413).
@@ -37,19 +40,23 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 30.0)]
     drain_timeout_s: f64,
     /// Require `Authorization: Bearer KEY` on /v1/*, /query* and /admin/*
-    /// (OpenAI's API-key header; 401 otherwise). Also read from
-    /// RADIXKV_API_KEY.
+    /// (OpenAI's API-key header; 401 otherwise); /health, /metrics and
+    /// /stats stay open. Also read from RADIXKV_API_KEY; an empty key
+    /// requires nothing.
     #[arg(long, env = "RADIXKV_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
-    /// The model name served (/v1/models; echoed in responses). Default:
-    /// radixkv-<model>.
+    /// The model name served: /v1/models, and the `model` of responses to
+    /// requests that give none. Default: radixkv-<model>.
     #[arg(long)]
     served_model_name: Option<String>,
-    /// Background eviction: keep HIGH pages free per device, starting when
-    /// fewer than LOW are (`LOW,HIGH`; changeable at run time through
-    /// POST /admin/config). Default: evict only when an allocation needs it.
-    #[arg(long, value_name = "LOW,HIGH", value_delimiter = ',', num_args = 2)]
-    watermarks: Option<Vec<usize>>,
+    /// Background eviction (`LOW,HIGH`, free pages, LOW < HIGH <
+    /// --pages-per-device): a thread evicts until HIGH pages are free on
+    /// every device and on the host tier, woken at once when an allocation
+    /// leaves fewer than LOW free and checking every 20 ms otherwise
+    /// (changeable at run time through POST /admin/config). Default: evict
+    /// only when an allocation needs it.
+    #[arg(long, value_name = "LOW,HIGH", value_parser = parse_watermarks)]
+    watermarks: Option<(usize, usize)>,
     /// Accept /admin/* from any address (default: loopback clients only).
     #[arg(long)]
     admin_from_anywhere: bool,
@@ -82,9 +89,7 @@ pub fn run(a: ServeArgs) -> CmdResult {
     };
     e.apply(&mut cfg)?;
     e.apply_tiers(&mut cfg)?;
-    if let Some(w) = &a.watermarks {
-        cfg.watermarks = Some((w[0], w[1]));
-    }
+    cfg.watermarks = a.watermarks;
     let backend: std::sync::Arc<dyn ModelBackend> = match a.model.as_str() {
         "sim" | "simulated" => std::sync::Arc::new(
             SimulatedBackend::new(CostModel::default(), a.speedup)
@@ -151,4 +156,28 @@ pub fn run(a: ServeArgs) -> CmdResult {
         );
     }
     Ok(())
+}
+
+/// `LOW,HIGH`: two page counts (their order is checked with the pool size,
+/// when the cache is built).
+fn parse_watermarks(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("expected LOW,HIGH (two page counts, e.g. 256,1024), not `{s}`");
+    let (low, high) = s.split_once(',').ok_or_else(bad)?;
+    let num = |v: &str| v.trim().parse::<usize>().map_err(|_| bad());
+    Ok((num(low)?, num(high)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_watermarks;
+
+    #[test]
+    fn watermarks_are_two_page_counts() {
+        assert_eq!(parse_watermarks("16,64"), Ok((16, 64)));
+        assert_eq!(parse_watermarks(" 16, 64"), Ok((16, 64)));
+        for bad in ["16", "16,64,128", "a,b", "16,", ",64", "-1,4", ""] {
+            let e = parse_watermarks(bad).unwrap_err();
+            assert!(e.contains("LOW,HIGH"), "{bad}: {e}");
+        }
+    }
 }

@@ -15,7 +15,7 @@ pub struct StressArgs {
     /// Tokens per page.
     #[arg(long, default_value_t = 16)]
     page_size: usize,
-    /// Scheduler threads.
+    /// Scheduler threads (0 is taken as 1).
     #[arg(long, default_value_t = 4)]
     threads: usize,
     /// Duration in seconds.

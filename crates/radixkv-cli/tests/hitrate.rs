@@ -99,6 +99,25 @@ fn pages_option_sizes_the_pool_and_bad_options_are_errors() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("chat-64x8"));
+    // --max-requests keeps the first N requests of a trace.
+    let out = radixkv(&[
+        "hitrate",
+        "--trace",
+        f.to_str().unwrap(),
+        "--max-requests",
+        "1",
+        "--policy",
+        "lru",
+        "--pages",
+        "8",
+        "--page-size",
+        "4",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("(1 requests"),
+        "{text}"
+    );
     for (args, want) in [
         (&["--capacity", "0.5", "--pages", "3"][..], "not both"),
         (&["--pages", "0"][..], "at least 1"),

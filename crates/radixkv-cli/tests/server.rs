@@ -842,7 +842,8 @@ async fn terminate(mut child: std::process::Child) -> std::process::ExitStatus {
     .unwrap()
 }
 
-/// The binary: SIGTERM drains the in-flight stream and exits 0.
+/// The binary: `--watermarks LOW,HIGH` is taken; SIGTERM drains the
+/// in-flight stream and exits 0.
 #[cfg(unix)]
 #[tokio::test]
 async fn sigterm_drains_and_exits_zero() {
@@ -853,8 +854,18 @@ async fn sigterm_drains_and_exits_zero() {
         "256",
         "--speedup",
         "5",
+        "--watermarks",
+        "16,64",
     ];
     let (child, s) = spawn_binary(&args).await;
+    // `--watermarks LOW,HIGH`, as documented, reaches the cache.
+    let config = s.get("/admin/config").await;
+    assert_eq!(
+        config.json()["watermarks"],
+        json!([16, 64]),
+        "{}",
+        config.body
+    );
     let body = json!({"prompt": "bye", "max_tokens": 100, "stream": true});
     let mut sse = Sse::new(
         s.send("POST", "/v1/completions", body.to_string().into_bytes())

@@ -48,6 +48,7 @@
 //! | `candle` | on | the tiny candle transformer (`tiny`) |
 //! | `cuda` | off | KV pools in GPU memory through cudarc, loaded at run time (builds without a toolkit) |
 
+mod accounting;
 pub mod backend;
 mod engine;
 pub mod kvpool;
@@ -58,8 +59,9 @@ pub mod tiers;
 #[cfg(feature = "candle")]
 pub mod tiny;
 
+pub use accounting::{CopiedIn, PromptTokens};
 pub use engine::{
     CacheListeners, DeviceLatencies, DeviceMetrics, DeviceReport, Engine, EngineConfig,
     EngineError, EngineReport, EngineRequest, HostTierMetrics, Latencies,
 };
-pub use sched::scheduler::{Completion, StreamEvent};
+pub use sched::scheduler::{Completion, RequestError, StreamEvent};

@@ -368,11 +368,6 @@ impl Default for TierConfig {
     }
 }
 
-/// How a [`ModelBackend`](crate::backend::ModelBackend) names the host
-/// tier in [`copy`](crate::backend::ModelBackend::copy): devices are the
-/// engine's device ids; the host tier, shared by them all, is this id.
-pub const HOST_TIER: radixkv::device::DeviceId = radixkv::device::DeviceId(u32::MAX);
-
 /// Where a copy comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CopySource {
@@ -380,6 +375,16 @@ pub enum CopySource {
     Host,
     /// Another device.
     Peer(radixkv::device::DeviceId),
+}
+
+impl CopySource {
+    /// The tier the copy reads.
+    pub fn tier(self) -> radixkv::Tier {
+        match self {
+            CopySource::Host => radixkv::Tier::Host,
+            CopySource::Peer(d) => radixkv::Tier::Device(d),
+        }
+    }
 }
 
 impl TierConfig {

@@ -64,30 +64,39 @@ fn audit(e: &Engine) {
 fn round_robin_copies_a_prefix_another_device_computed() {
     let e = engine(2, 1024, RouterKind::RoundRobin, TierConfig::default());
     let a = run(&e, prompt(1, 1));
-    assert_eq!((a.device.index(), a.peer_copied_tokens), (0, 0));
+    assert_eq!(
+        (a.device.index(), a.tokens.copied.peer_copied_tokens),
+        (0, 0)
+    );
     let b = run(&e, prompt(1, 2));
     assert_eq!(b.device.index(), 1);
     assert_eq!(
-        (b.cached_tokens, b.peer_copied_tokens),
+        (b.tokens.cached_tokens, b.tokens.copied.peer_copied_tokens),
         (0, 512),
         "copied, not recomputed"
     );
-    assert_eq!(b.copy_bytes, 512 * ModelShape::LLAMA3_8B.bytes_per_token());
-    assert!(b.copy_time > Duration::ZERO);
+    assert_eq!(
+        b.tokens.copied.bytes,
+        512 * ModelShape::LLAMA3_8B.bytes_per_token()
+    );
+    assert!(b.tokens.copied.time > Duration::ZERO);
     // Now device 1 holds it too: its next request hits locally.
     let _ = run(&e, prompt(2, 1)); // device 0
     let d = run(&e, prompt(1, 3)); // device 1
-    assert_eq!((d.cached_tokens, d.peer_copied_tokens), (512, 0));
+    assert_eq!(
+        (d.tokens.cached_tokens, d.tokens.copied.peer_copied_tokens),
+        (512, 0)
+    );
     audit(&e);
     let m = e.metrics();
-    assert_eq!(m[1].peer_copied_tokens, 512);
+    assert_eq!(m[1].tokens.copied.peer_copied_tokens, 512);
     assert_eq!(
-        m.iter().map(|d| d.prompt_tokens).sum::<u64>(),
+        m.iter().map(|d| d.tokens.prompt_tokens).sum::<u64>(),
         m.iter()
-            .map(|d| d.cached_tokens
-                + d.host_loaded_tokens
-                + d.peer_copied_tokens
-                + d.recomputed_tokens)
+            .map(|d| d.tokens.cached_tokens
+                + d.tokens.copied.host_loaded_tokens
+                + d.tokens.copied.peer_copied_tokens
+                + d.tokens.recomputed_tokens())
             .sum::<u64>()
     );
     e.shutdown();
@@ -103,7 +112,11 @@ fn without_copies_the_other_device_recomputes() {
     let _ = run(&e, prompt(1, 1));
     let b = run(&e, prompt(1, 2));
     assert_eq!(
-        (b.cached_tokens, b.peer_copied_tokens, b.host_loaded_tokens),
+        (
+            b.tokens.cached_tokens,
+            b.tokens.copied.peer_copied_tokens,
+            b.tokens.copied.host_loaded_tokens
+        ),
         (0, 0, 0)
     );
     e.shutdown();
@@ -125,7 +138,8 @@ fn write_back_keeps_an_evicted_prefix_loadable_from_the_host() {
     let _ = run(&e, prompt(4, 1));
     let back = run(&e, prompt(1, 2));
     assert!(
-        back.host_loaded_tokens >= 512 - back.cached_tokens && back.host_loaded_tokens > 0,
+        back.tokens.copied.host_loaded_tokens >= 512 - back.tokens.cached_tokens
+            && back.tokens.copied.host_loaded_tokens > 0,
         "{back:?}"
     );
     audit(&e);
@@ -145,7 +159,11 @@ fn write_through_serves_another_device_from_the_host() {
     let _ = run(&e, prompt(1, 1)); // device 0, written through to the host
     let b = run(&e, prompt(1, 2)); // device 1: host only (no peer copies)
     assert_eq!(
-        (b.device.index(), b.host_loaded_tokens, b.peer_copied_tokens),
+        (
+            b.device.index(),
+            b.tokens.copied.host_loaded_tokens,
+            b.tokens.copied.peer_copied_tokens
+        ),
         (1, 512, 0)
     );
     audit(&e);
@@ -220,7 +238,7 @@ fn the_copy_or_recompute_decision_goes_both_ways() {
     let _ = run(&e, prompt(1, 1));
     let b = run(&e, prompt(1, 2));
     assert_eq!(
-        (b.device.index(), b.host_loaded_tokens),
+        (b.device.index(), b.tokens.copied.host_loaded_tokens),
         (1, 0),
         "recomputed"
     );

@@ -12,7 +12,7 @@ use radixkv::{DeviceId, PagedCache, RadixCache, Tier, TokenKey};
 use radixkv_engine::backend::{Batch, DecodeWork, ModelBackend, PrefillWork, WorkData};
 use radixkv_engine::kvpool::{HostKvPool, Kv, KvPool};
 use radixkv_engine::router::RouterKind;
-use radixkv_engine::tiers::{CopyPolicy, TierConfig, WritePolicy, HOST_TIER};
+use radixkv_engine::tiers::{CopyPolicy, TierConfig, WritePolicy};
 use radixkv_engine::tiny::{
     argmax, compare_rows, Comparison, Logits, PagedSeq, PoolKind, TinyBackend, TinyBackendConfig,
     TinyConfig, TinyError, TinyModel, LOGIT_TOLERANCE,
@@ -332,7 +332,7 @@ fn run_engine(engine: &Engine, waves: &[Vec<Vec<u32>>], out: usize) -> usize {
         for _ in wave {
             let c = engine.completions().recv().unwrap();
             assert!(c.error.is_none(), "{c:?}");
-            cached += c.cached_tokens;
+            cached += c.tokens.cached_tokens as usize;
         }
     }
     cached
@@ -438,7 +438,7 @@ fn copies_match_dense_and_a_corrupted_copy_is_caught(
             run_engine(&engine, &[vec![prompts[0].clone()]], 2);
             run_engine(&engine, &[vec![prompts[1].clone()]], 2);
             let m = &engine.metrics()[1];
-            let moved = m.peer_copied_tokens + m.host_loaded_tokens;
+            let moved = m.tokens.copied.peer_copied_tokens + m.tokens.copied.host_loaded_tokens;
             assert!(moved >= 48 / ps as u64 * ps as u64, "{what}: {m:?}");
             let s = backend.stats();
             assert!(s.copied_positions >= moved, "{what}: {s:?}");
@@ -446,9 +446,9 @@ fn copies_match_dense_and_a_corrupted_copy_is_caught(
             // Corrupt one copied slot: on device 1 (what it copied), or on
             // the host (what the next load reads).
             let (cache, _) = engine.cache(0).unwrap();
-            let (tier, pool) = match copy {
-                CopyPolicy::Peer => (Tier::Device(DeviceId(1)), DeviceId(1)),
-                _ => (Tier::Host, HOST_TIER),
+            let tier = match copy {
+                CopyPolicy::Peer => Tier::Device(DeviceId(1)),
+                _ => Tier::Host,
             };
             let held = cache
                 .match_and_pin(TokenKey::new(&prompts[1][..48]), tier)
@@ -457,7 +457,7 @@ fn copies_match_dense_and_a_corrupted_copy_is_caught(
             let slot = held.values[20];
             drop(held);
             backend
-                .with_pool(pool, |p| {
+                .with_pool(tier, |p| {
                     p.write_rows(0, Kv::V, &[slot], &vec![3.0; 128]).unwrap()
                 })
                 .unwrap();
@@ -731,7 +731,7 @@ mod cuda {
         super::copies_match_dense_and_a_corrupted_copy_is_caught("GPU pools", &|cfg| {
             let backend = gpu_backend(cfg);
             let pinned = backend
-                .with_pool(HOST_TIER, |p| p.as_any().is::<PinnedKvPool>())
+                .with_pool(Tier::Host, |p| p.as_any().is::<PinnedKvPool>())
                 .unwrap();
             assert!(pinned, "the host tier of GPU pools is pinned");
             backend
@@ -765,7 +765,7 @@ fn the_last_output_token_is_not_cached_without_its_kv() {
     engine.shutdown();
     let s = backend.stats();
     assert_eq!(
-        c.cached_tokens, 16,
+        c.tokens.cached_tokens, 16,
         "only what has K/V may be reused: {s:?}"
     );
     assert_eq!((s.stale_reads, s.mismatches), (0, 0), "{s:?}");

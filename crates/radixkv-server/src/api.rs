@@ -7,12 +7,14 @@
 use super::error::ApiError;
 use super::tokenizer::encode;
 use serde_json::{Map, Value};
+use std::sync::Arc;
 
 /// A validated completion request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CompletionRequest {
-    /// Prompt tokens (not empty).
-    pub tokens: Vec<u32>,
+    /// Prompt tokens (not empty), in the one buffer the engine's job and
+    /// its scheduler share until the cache's request takes its own copy.
+    pub tokens: Arc<[u32]>,
     /// Output tokens to generate (1..=the server's limit).
     pub max_tokens: usize,
     /// Server-sent events, one per token.
@@ -239,7 +241,7 @@ fn from_fields(
     let lora_name = opt_str(obj, "lora_name")?.filter(|s| !s.is_empty());
     let model = opt_str(obj, "model")?;
     Ok(CompletionRequest {
-        tokens,
+        tokens: tokens.into(),
         max_tokens,
         stream,
         include_usage,
@@ -300,13 +302,16 @@ mod tests {
     #[test]
     fn parses_strings_and_token_arrays() {
         let r = CompletionRequest::parse(br#"{"prompt":"ab","max_tokens":3}"#, L).unwrap();
-        assert_eq!((r.tokens, r.max_tokens, r.stream), (vec![97, 98], 3, false));
+        assert_eq!(
+            (&*r.tokens, r.max_tokens, r.stream),
+            (&[97, 98][..], 3, false)
+        );
         let r = CompletionRequest::parse(
             br#"{"prompt":[1,2,4294967295],"stream":true,"cache_salt":"t","stream_options":{"include_usage":true}}"#,
             L,
         )
         .unwrap();
-        assert_eq!(r.tokens, vec![1, 2, u32::MAX]);
+        assert_eq!(*r.tokens, [1, 2, u32::MAX]);
         assert_eq!(r.max_tokens, 16);
         assert!(r.stream && r.include_usage);
         assert_eq!(r.cache_salt.as_deref(), Some("t"));

@@ -4,6 +4,7 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use radixkv_engine::RequestError;
 
 /// An error answered to a client, as
 /// `{"error": {"message", "type", "code"}}` with the matching status.
@@ -108,6 +109,22 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl From<&RequestError> for ApiError {
+    /// A request the engine ended without finishing: 503 when it was
+    /// cancelled or the engine stopped (a retry elsewhere may succeed),
+    /// 500 when the cache or the model failed.
+    fn from(e: &RequestError) -> Self {
+        match e {
+            RequestError::Cancelled | RequestError::Stopped => {
+                ApiError::Unavailable(format!("request {e}"))
+            }
+            RequestError::Cache(_) | RequestError::Backend(_) => {
+                ApiError::Internal(format!("request failed: {e}"))
+            }
+        }
+    }
+}
+
 /// Why the server could not start or run.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -123,4 +140,40 @@ pub enum ServerError {
     /// A bad server setting.
     #[error("invalid server configuration: {0}")]
     Config(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use radixkv::DeviceId;
+    use radixkv_engine::sched::batch::BackendError;
+
+    #[test]
+    fn request_errors_map_to_openai_shapes() {
+        let stopped = ApiError::from(&RequestError::Stopped);
+        assert_eq!(stopped.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(stopped.body()["error"]["message"], "request stopped");
+        assert_eq!(stopped.body()["error"]["type"], "server_error");
+        let cancelled = ApiError::from(&RequestError::Cancelled);
+        assert_eq!(cancelled.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+        let backend = ApiError::from(&RequestError::Backend(BackendError {
+            device: DeviceId(1),
+            reason: "out of memory".into(),
+        }));
+        assert_eq!(backend.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let body = backend.body();
+        assert_eq!(body["error"]["type"], "server_error");
+        assert_eq!(body["error"]["code"], 500);
+        let msg = body["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.starts_with("request failed: ") && msg.contains("out of memory"),
+            "{msg}"
+        );
+
+        let cache = ApiError::from(&RequestError::Cache(
+            radixkv::cache::CacheError::ForeignHandle,
+        ));
+        assert_eq!(cache.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
 }

@@ -313,7 +313,7 @@ impl Server {
             state.engine().stop();
         }
         // Connections still open (after a timed-out drain) hold the state
-        // until their requests fail with "stopped": wait a little for them.
+        // until their requests fail as stopped: wait a little for them.
         let deadline = Instant::now() + Duration::from_secs(2);
         while Arc::strong_count(&state) > 1 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -482,11 +482,7 @@ async fn prometheus(State(s): State<Arc<AppState>>) -> Response {
 
 /// The API error for a failed completion, `None` if it finished.
 pub(crate) fn completion_error(c: &Completion) -> Option<ApiError> {
-    let e = c.error.as_deref()?;
-    Some(match e {
-        "cancelled" | "stopped" => ApiError::Unavailable(format!("request {e}")),
-        other => ApiError::Internal(format!("request failed: {other}")),
-    })
+    c.error.as_ref().map(ApiError::from)
 }
 
 fn unix_now() -> u64 {
@@ -657,7 +653,7 @@ async fn run(
             retry_after_s: s.cfg.retry_after_s,
         }
     })?;
-    let mut er = EngineRequest::new(req.tokens.clone(), req.max_tokens);
+    let mut er = EngineRequest::new(Arc::clone(&req.tokens), req.max_tokens);
     // The namespace the KV events and /query name: salt and LoRA together.
     er.namespace =
         radixkv::TokenKey::namespace_for(req.lora_name.as_deref(), req.cache_salt.as_deref())
@@ -718,9 +714,9 @@ async fn run(
     let finish = if stopped { "stop" } else { "length" };
     let info = RunInfo {
         device: c.device.0,
-        device_hit_tokens: c.cached_tokens,
-        host_loaded_tokens: c.host_loaded_tokens,
-        peer_copied_tokens: c.peer_copied_tokens,
+        device_hit_tokens: c.tokens.cached_tokens as usize,
+        host_loaded_tokens: c.tokens.copied.host_loaded_tokens as usize,
+        peer_copied_tokens: c.tokens.copied.peer_copied_tokens as usize,
         ttft_ms: c.ttft.as_secs_f64() * 1e3,
         e2e_ms: c.e2e.as_secs_f64() * 1e3,
         retractions: c.retractions,

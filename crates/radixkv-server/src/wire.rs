@@ -32,10 +32,11 @@ impl Usage {
     /// Usage of a finished request: every prompt token it did not compute
     /// counts as cached.
     pub fn of(c: &radixkv_engine::sched::scheduler::Completion) -> Usage {
+        let t = &c.tokens;
         Usage::new(
-            c.prompt_tokens,
+            t.prompt_tokens as usize,
             c.output_tokens,
-            c.cached_tokens + c.host_loaded_tokens + c.peer_copied_tokens,
+            (t.cached_tokens + t.copied.tokens()) as usize,
         )
     }
 

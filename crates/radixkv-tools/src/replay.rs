@@ -35,7 +35,7 @@
 use crate::trace::Trace;
 use radixkv::metrics::LatencyHistogram;
 use radixkv_engine::backend::{CostModel, SimulatedBackend};
-use radixkv_engine::{Engine, EngineConfig, EngineError, EngineRequest};
+use radixkv_engine::{Engine, EngineConfig, EngineError, EngineRequest, PromptTokens};
 use serde::Serialize;
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -342,12 +342,10 @@ pub fn replay(
     let n = w.requests.len();
     let devices = cfg.engine.devices;
     let mut progress = Progress::new(n, cfg.progress, cfg.engine.router.kind.name());
-    let mut per_dev = vec![(0usize, 0usize); devices];
-    // Per device: host loads, peer copies; and copy bytes and time overall.
-    let mut per_dev_copies = vec![(0usize, 0usize); devices];
-    let (mut copy_bytes, mut copy_time) = (0u64, Duration::ZERO);
+    // Prompt tokens of finished requests per device, by where they came from.
+    let mut per_dev = vec![PromptTokens::default(); devices];
     let (mut finished, mut failed, mut rejected) = (0usize, 0usize, 0usize);
-    let (mut prompt, mut output, mut retractions_seen) = (0usize, 0usize, 0u64);
+    let (mut output, mut retractions_seen) = (0usize, 0u64);
     let mut submitted = 0usize;
     let mut done = 0usize;
     let mut interrupted = false;
@@ -363,27 +361,11 @@ pub fn replay(
             failed += 1;
         } else {
             finished += 1;
-            prompt += c.prompt_tokens;
             output += c.output_tokens;
-            let d = c.device.index().min(devices - 1);
-            per_dev[d].0 += c.cached_tokens;
-            per_dev[d].1 += c.prompt_tokens;
-            per_dev_copies[d].0 += c.host_loaded_tokens;
-            per_dev_copies[d].1 += c.peer_copied_tokens;
-            copy_bytes += c.copy_bytes;
-            copy_time += c.copy_time;
+            per_dev[c.device.index().min(devices - 1)] += c.tokens;
         }
         retractions_seen += u64::from(c.retractions);
-        let cached: usize = per_dev.iter().map(|p| p.0).sum();
-        let total: usize = per_dev.iter().map(|p| p.1).sum();
-        progress.set(
-            *done,
-            if total == 0 {
-                0.0
-            } else {
-                cached as f64 / total as f64
-            },
-        );
+        progress.set(*done, sum(&per_dev).hit_rate());
     };
     // Feed in arrival order from this thread, collecting between arrivals.
     for (i, r) in w.requests.iter().enumerate() {
@@ -450,10 +432,9 @@ pub fn replay(
         0.0
     };
     let duration_s = (scale(last_done - wall).as_secs_f64() - first_arrival / 1000.0).max(1e-9);
-    let cached: usize = per_dev.iter().map(|p| p.0).sum();
-    let host_loaded: usize = per_dev_copies.iter().map(|p| p.0).sum();
-    let peer_copied: usize = per_dev_copies.iter().map(|p| p.1).sum();
-    let recomputed = prompt.saturating_sub(cached + host_loaded + peer_copied);
+    let all = sum(&per_dev);
+    let prompt = all.prompt_tokens as usize;
+    let cached = all.cached_tokens as usize;
     // The engine's wall-time latencies, in model time.
     let ms = |h: &LatencyHistogram, q: fn(&radixkv::metrics::LatencySummary) -> u64| {
         q(&h.summary()) as f64 / 1e6 * cfg.speedup
@@ -471,23 +452,25 @@ pub fn replay(
         not_sent: n - submitted - rejected,
         prompt_tokens: prompt,
         output_tokens: output,
-        hit_rate: ratio(cached, prompt),
+        hit_rate: all.hit_rate(),
         tokens_device_hit: cached,
-        tokens_host_loaded: host_loaded,
-        tokens_peer_copied: peer_copied,
-        tokens_recomputed: recomputed,
+        tokens_host_loaded: all.copied.host_loaded_tokens as usize,
+        tokens_peer_copied: all.copied.peer_copied_tokens as usize,
+        tokens_recomputed: all.recomputed_tokens() as usize,
         // As a ratio of the reused tokens: with no copies it is `hit_rate`
         // exactly.
-        reuse_rate: ratio(prompt - recomputed, prompt),
-        reuse_rate_per_device: per_dev
+        reuse_rate: all.reuse_rate(),
+        reuse_rate_per_device: per_dev.iter().map(PromptTokens::reuse_rate).collect(),
+        tokens_host_loaded_per_device: per_dev
             .iter()
-            .zip(&per_dev_copies)
-            .map(|(&(c, t), &(h, p))| ratio(c + h + p, t))
+            .map(|p| p.copied.host_loaded_tokens as usize)
             .collect(),
-        tokens_host_loaded_per_device: per_dev_copies.iter().map(|p| p.0).collect(),
-        tokens_peer_copied_per_device: per_dev_copies.iter().map(|p| p.1).collect(),
-        copy_bytes,
-        copy_time_s: copy_time.as_secs_f64(),
+        tokens_peer_copied_per_device: per_dev
+            .iter()
+            .map(|p| p.copied.peer_copied_tokens as usize)
+            .collect(),
+        copy_bytes: all.copied.bytes,
+        copy_time_s: all.copied.time.as_secs_f64(),
         host_written_tokens: report
             .devices
             .iter()
@@ -501,7 +484,7 @@ pub fn replay(
         host_pages: cfg.engine.tiers.host_pages.unwrap_or(0),
         copy_policy: cfg.engine.tiers.copy.name().to_string(),
         write_policy: cfg.engine.tiers.write.name().to_string(),
-        hit_rate_per_device: per_dev.iter().map(|&(c, t)| ratio(c, t)).collect(),
+        hit_rate_per_device: per_dev.iter().map(PromptTokens::hit_rate).collect(),
         infinite_cache_hit_rate: w.infinite_cache_hit_rate(cfg.engine.page_size),
         prefill_tokens_saved: cached,
         prefill_tokens_computed: report
@@ -544,6 +527,13 @@ pub fn replay(
         verified_requests: verification.verified,
         mismatches: verification.mismatches,
     })
+}
+
+/// The devices' prompt tokens summed.
+fn sum(per_dev: &[PromptTokens]) -> PromptTokens {
+    let mut all = PromptTokens::default();
+    per_dev.iter().for_each(|&p| all += p);
+    all
 }
 
 fn ratio(a: usize, b: usize) -> f64 {

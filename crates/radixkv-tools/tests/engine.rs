@@ -5,7 +5,7 @@ use radixkv_engine::backend::{CostModel, SimulatedBackend};
 use radixkv_engine::router::{RouterConfig, RouterKind};
 use radixkv_engine::sched::scheduler::Completion;
 use radixkv_engine::tiers::{CopyPolicy, TierConfig};
-use radixkv_engine::{Engine, EngineConfig, EngineError, EngineRequest};
+use radixkv_engine::{Engine, EngineConfig, EngineError, EngineRequest, RequestError};
 use radixkv_tools::replay::{replay, ReplayConfig};
 use radixkv_tools::trace::gsp;
 use std::sync::atomic::AtomicBool;
@@ -163,11 +163,14 @@ fn long_prompts_are_prefilled_in_chunks() {
     let prompt: Vec<u32> = (0..20_000).collect();
     e.submit(EngineRequest::new(prompt.clone(), 2)).unwrap();
     let c = collect(&e, 1).remove(0);
-    assert_eq!((c.error, c.output_tokens, c.cached_tokens), (None, 2, 0));
+    assert_eq!(
+        (c.error, c.output_tokens, c.tokens.cached_tokens),
+        (None, 2, 0)
+    );
     // The same prompt again: everything but the last page is cached.
     e.submit(EngineRequest::new(prompt, 2)).unwrap();
     let c = collect(&e, 1).remove(0);
-    assert_eq!(c.cached_tokens, 19_984);
+    assert_eq!(c.tokens.cached_tokens, 19_984);
     audit(&e);
     let report = e.shutdown();
     let s = &report.devices[0].scheduler;
@@ -238,7 +241,7 @@ fn impossible_requests_are_rejected_and_stop_ends_everything() {
     std::thread::sleep(Duration::from_millis(100));
     e.stop();
     let done = collect(&e, 6);
-    assert!(done.iter().all(|c| c.error.as_deref() == Some("stopped")));
+    assert!(done.iter().all(|c| c.error == Some(RequestError::Stopped)));
     assert!(matches!(
         e.submit(EngineRequest::new(vec![1, 2], 1)),
         Err(EngineError::Stopped)
@@ -325,7 +328,7 @@ fn streaming_delivers_every_token_then_done_and_cancel_releases_everything() {
             StreamEvent::Token(_) => None,
         })
         .unwrap();
-    assert_eq!(done.error.as_deref(), Some("cancelled"));
+    assert_eq!(done.error, Some(RequestError::Cancelled));
     slow.audit().unwrap();
     let m = slow.metrics();
     assert_eq!((m[0].failed, m[0].outstanding), (1, 0));

@@ -6,9 +6,11 @@
 //! | --- | --- |
 //! | `config.rs` | [`EngineConfig`], [`CacheListeners`], [`EngineRequest`], [`EngineError`] |
 //! | `report.rs` | [`EngineReport`], [`DeviceReport`], [`DeviceMetrics`], [`HostTierMetrics`], [`Latencies`], [`DeviceLatencies`] |
+//! | `placement.rs` | the engine's caches, and which cache and device id each engine device has |
 //! | `runtime.rs` | [`Engine`]: starting, submitting, live figures, stopping |
 
 mod config;
+mod placement;
 mod report;
 mod runtime;
 

@@ -1,6 +1,7 @@
 //! What the engine reports: per device at shutdown, live while it runs,
 //! and each device's latency histograms.
 
+use crate::accounting::PromptTokens;
 use crate::sched::scheduler::SchedulerStats;
 use radixkv::device::DeviceId;
 use radixkv::metrics::{EvictionMetrics, LatencyHistogram, LatencySummary};
@@ -32,12 +33,7 @@ pub struct EngineReport {
 pub(super) struct DeviceLive {
     pub(super) finished: u64,
     pub(super) failed: u64,
-    pub(super) prompt_tokens: u64,
-    pub(super) cached_tokens: u64,
-    pub(super) host_loaded_tokens: u64,
-    pub(super) peer_copied_tokens: u64,
-    pub(super) copy_bytes: u64,
-    pub(super) copy_time: std::time::Duration,
+    pub(super) tokens: PromptTokens,
     pub(super) output_tokens: u64,
     pub(super) ttft: LatencyHistogram,
     pub(super) e2e: LatencyHistogram,
@@ -55,24 +51,13 @@ pub struct DeviceMetrics {
     pub finished: u64,
     /// Requests failed, cancelled or stopped.
     pub failed: u64,
-    /// Prompt tokens of finished requests.
-    pub prompt_tokens: u64,
-    /// Of which served from the device's own cache.
-    pub cached_tokens: u64,
-    /// Of which loaded from the host tier.
-    pub host_loaded_tokens: u64,
-    /// Of which copied from another device.
-    pub peer_copied_tokens: u64,
-    /// Of which computed (prompt tokens minus the three above).
-    pub recomputed_tokens: u64,
-    /// Bytes of KV copied into the device for those loads and copies.
-    pub copy_bytes: u64,
-    /// Model time of those copies, seconds.
-    pub copy_time_s: f64,
+    /// Prompt tokens of finished requests and where they came from
+    /// (serialized flat: `prompt_tokens`, `cached_tokens`, …, `hit_rate`;
+    /// see [`PromptTokens`]).
+    #[serde(flatten)]
+    pub tokens: PromptTokens,
     /// Output tokens of finished requests.
     pub output_tokens: u64,
-    /// `cached_tokens / prompt_tokens`.
-    pub hit_rate: f64,
     /// Outstanding requests (queued or running).
     pub outstanding: usize,
     /// Free pages in the device's pool.

@@ -2,6 +2,7 @@
 //! ([`Engine`]), and the state its schedulers' callbacks share.
 
 use super::config::{EngineConfig, EngineError, EngineRequest};
+use super::placement::Placement;
 use super::report::{
     DeviceLatencies, DeviceLive, DeviceMetrics, DeviceReport, EngineReport, HostTierMetrics,
     Latencies,
@@ -12,7 +13,7 @@ use crate::sched::scheduler::{
     CacheOp, Completion, Inbox, Job, Scheduler, SchedulerEvents, SchedulerStats, StreamEvent,
     StreamSink,
 };
-use radixkv::cache::{EvictionPolicy, PagedCache, RadixCache, TokenKey};
+use radixkv::cache::{EvictionPolicy, PagedCache, TokenKey};
 use radixkv::device::DeviceId;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -42,12 +43,7 @@ impl SchedulerEvents for Shared {
         if let Some(Ok(mut l)) = self.live.get(c.device.index()).map(|m| m.lock()) {
             if c.error.is_none() {
                 l.finished += 1;
-                l.prompt_tokens += c.prompt_tokens as u64;
-                l.cached_tokens += c.cached_tokens as u64;
-                l.host_loaded_tokens += c.host_loaded_tokens as u64;
-                l.peer_copied_tokens += c.peer_copied_tokens as u64;
-                l.copy_bytes += c.copy_bytes;
-                l.copy_time += c.copy_time;
+                l.tokens += c.tokens;
                 l.output_tokens += c.output_tokens as u64;
                 l.ttft.record(c.ttft);
                 l.e2e.record(c.e2e);
@@ -95,7 +91,7 @@ impl SchedulerEvents for Shared {
 /// first lets them finish their work.
 pub struct Engine {
     cfg: EngineConfig,
-    caches: Vec<Arc<PagedCache>>,
+    placement: Placement,
     shared: Arc<Shared>,
     inboxes: Vec<Sender<Inbox>>,
     threads: Vec<JoinHandle<SchedulerStats>>,
@@ -134,42 +130,10 @@ impl Engine {
         }
         cfg.tiers.validate().map_err(EngineError::InvalidConfig)?;
         let private = cfg.router.kind.private_trees();
-        let build = |devices: usize, host: Option<usize>, private: Option<usize>| {
-            let mut b = RadixCache::builder()
-                .devices(devices)
-                .page_size(cfg.page_size)
-                .eviction_policy(cfg.eviction_policy)
-                .pages_per_device(cfg.pages_per_device);
-            if let Some((low, high)) = cfg.watermarks {
-                b = b.watermarks(low, high);
-            }
-            if let Some(h) = host {
-                b = b.host_pages(h);
-            }
-            if let Some(l) = &cfg.listeners {
-                b = b.listener(l.make(private));
-            }
-            b.build().map(Arc::new)
-        };
-        let caches: Vec<Arc<PagedCache>> = if private {
-            // Private trees (SGLang's DP ranks): each its own share of the
-            // host tier, as HiCache gives each rank its own; none with a
-            // model that holds KV, whose one host pool cannot hold several
-            // trees' slots (each numbers its pages from 0).
-            let share = cfg
-                .tiers
-                .host_pages
-                .filter(|_| !backend.wants_data())
-                .map(|h| (h / cfg.devices).max(2));
-            (0..cfg.devices)
-                .map(|d| build(1, share, Some(d)))
-                .collect::<Result<_, _>>()?
-        } else {
-            vec![build(cfg.devices, cfg.tiers.host_pages, None)?]
-        };
+        let placement = Placement::build(&cfg, backend.as_ref())?;
         let mut evictor = Vec::new();
         if cfg.watermarks.is_some() {
-            for c in &caches {
+            for c in placement.caches() {
                 evictor.push(c.start_evictor()?);
             }
         }
@@ -190,11 +154,10 @@ impl Engine {
         let mut inboxes = Vec::new();
         let mut threads = Vec::new();
         for d in 0..cfg.devices {
-            let (cache, dev) = if caches.len() > 1 {
-                (Arc::clone(&caches[d]), DeviceId(0))
-            } else {
-                (Arc::clone(&caches[0]), DeviceId(d as u32))
-            };
+            let (cache, dev) = placement
+                .get(d)
+                .map(|(c, dev)| (Arc::clone(c), dev))
+                .ok_or_else(|| EngineError::InvalidConfig(format!("no cache for device {d}")))?;
             let (tx, rx) = channel();
             let sched = Scheduler::new(
                 cfg.scheduler.clone(),
@@ -217,7 +180,7 @@ impl Engine {
         }
         Ok(Engine {
             cfg,
-            caches,
+            placement,
             shared,
             inboxes,
             threads,
@@ -237,14 +200,7 @@ impl Engine {
     /// tree and `device`, or with the `private` router that device's own
     /// tree and device 0).
     pub fn cache(&self, device: usize) -> Option<(&Arc<PagedCache>, DeviceId)> {
-        if device >= self.cfg.devices {
-            return None;
-        }
-        Some(if self.caches.len() > 1 {
-            (&self.caches[device], DeviceId(0))
-        } else {
-            (&self.caches[0], DeviceId(device as u32))
-        })
+        self.placement.get(device)
     }
 
     /// Tokens one request may hold at most on a device (its prompt plus
@@ -310,7 +266,7 @@ impl Engine {
     }
 
     /// Drops request `id` wherever it is: its pages and pins are released
-    /// and it completes with the error "cancelled". Unknown or finished ids
+    /// and it completes with [`RequestError::Cancelled`](crate::RequestError::Cancelled). Unknown or finished ids
     /// are ignored.
     pub fn cancel(&self, id: u64) {
         for inbox in &self.inboxes {
@@ -390,21 +346,8 @@ impl Engine {
                 if let Some(Ok(l)) = self.shared.live.get(d).map(|x| x.lock()) {
                     m.finished = l.finished;
                     m.failed = l.failed;
-                    m.prompt_tokens = l.prompt_tokens;
-                    m.cached_tokens = l.cached_tokens;
-                    m.host_loaded_tokens = l.host_loaded_tokens;
-                    m.peer_copied_tokens = l.peer_copied_tokens;
-                    m.recomputed_tokens = l.prompt_tokens.saturating_sub(
-                        l.cached_tokens + l.host_loaded_tokens + l.peer_copied_tokens,
-                    );
-                    m.copy_bytes = l.copy_bytes;
-                    m.copy_time_s = l.copy_time.as_secs_f64();
+                    m.tokens = l.tokens;
                     m.output_tokens = l.output_tokens;
-                    m.hit_rate = if l.prompt_tokens == 0 {
-                        0.0
-                    } else {
-                        l.cached_tokens as f64 / l.prompt_tokens as f64
-                    };
                     m.ttft = l.ttft.summary();
                     m.e2e = l.e2e.summary();
                     m.match_latency = l.matches.summary();
@@ -425,7 +368,7 @@ impl Engine {
     /// The host tier's figures, when the engine has one.
     pub fn host_tier(&self) -> Option<HostTierMetrics> {
         let mut out: Option<HostTierMetrics> = None;
-        for c in &self.caches {
+        for c in self.placement.caches() {
             if !c.has_host_tier() {
                 continue;
             }
@@ -441,11 +384,11 @@ impl Engine {
     }
 
     /// Checks every cache's invariants and page conservation
-    /// ([`RadixCache::check`]); meaningful when no request is in flight.
+    /// ([`RadixCache::check`](radixkv::RadixCache::check)); meaningful when no request is in flight.
     /// With requests in flight, pages they hold count as held, so a
     /// failure then may be a false alarm: quiesce first.
     pub fn audit(&self) -> Result<(), String> {
-        self.caches.iter().try_for_each(|c| c.check())
+        self.placement.caches().iter().try_for_each(|c| c.check())
     }
 
     fn submit_inner(
@@ -471,7 +414,7 @@ impl Engine {
             )));
         }
         // Relaxed: the flag is advisory (a request racing with `stop` fails
-        // with "stopped" through the scheduler instead).
+        // with `RequestError::Stopped` through the scheduler instead).
         if self.stop.load(Ordering::Relaxed) {
             return Err(EngineError::Stopped);
         }
@@ -489,7 +432,7 @@ impl Engine {
         };
         let device = {
             let key = TokenKey::new(&job.tokens).in_namespace(job.namespace.as_deref());
-            let shared = (self.caches.len() == 1).then(|| &*self.caches[0]);
+            let shared = self.placement.shared().map(|c| &**c);
             self.shared.router.route(key, shared).device
         };
         self.inboxes[device]
@@ -514,22 +457,22 @@ impl Engine {
     }
 
     /// Switches every cache's eviction policy at run time (see
-    /// [`RadixCache::set_eviction_policy`]).
+    /// [`RadixCache::set_eviction_policy`](radixkv::RadixCache::set_eviction_policy)).
     pub fn set_eviction_policy(&self, p: EvictionPolicy) {
-        for c in &self.caches {
+        for c in self.placement.caches() {
             c.set_eviction_policy(p);
         }
     }
 
     /// The eviction policy now.
     pub fn eviction_policy(&self) -> EvictionPolicy {
-        self.caches[0].eviction_policy()
+        self.placement.caches()[0].eviction_policy()
     }
 
     /// Moves every cache's watermarks at run time (the engine must have
-    /// been started with watermarks: see [`RadixCache::set_watermarks`]).
+    /// been started with watermarks: see [`RadixCache::set_watermarks`](radixkv::RadixCache::set_watermarks)).
     pub fn set_watermarks(&self, low: usize, high: usize) -> Result<(), EngineError> {
-        for c in &self.caches {
+        for c in self.placement.caches() {
             c.set_watermarks(low, high)?;
         }
         Ok(())
@@ -537,7 +480,7 @@ impl Engine {
 
     /// The watermarks now (none without a background evictor).
     pub fn watermarks(&self) -> Option<(usize, usize)> {
-        self.caches[0].watermarks()
+        self.placement.caches()[0].watermarks()
     }
 
     /// The router's configuration now.
@@ -555,7 +498,7 @@ impl Engine {
     }
 
     /// Asks the schedulers to stop now: requests still queued or running
-    /// complete with an error ("stopped").
+    /// complete with [`RequestError::Stopped`](crate::RequestError::Stopped).
     pub fn stop(&self) {
         // Relaxed: polled by each scheduler once per round.
         self.stop.store(true, Ordering::Relaxed);
@@ -575,18 +518,19 @@ impl Engine {
             .into_iter()
             .enumerate()
             .map(|(d, scheduler)| {
-                let (cache, dev) = self.cache(d).map_or_else(
-                    || (Arc::clone(&self.caches[0]), DeviceId(0)),
-                    |(c, dev)| (Arc::clone(c), dev),
-                );
-                let (pool_pages, used_pages) = cache.allocator(dev).map_or((0, 0), |a| {
-                    let pool = a.num_pages() - 1;
-                    (pool, pool - a.free_pages())
-                });
+                let (pool_pages, used_pages, eviction) =
+                    self.cache(d)
+                        .map_or((0, 0, Default::default()), |(cache, dev)| {
+                            let (pool, used) = cache.allocator(dev).map_or((0, 0), |a| {
+                                let pool = a.num_pages() - 1;
+                                (pool, pool - a.free_pages())
+                            });
+                            (pool, used, cache.eviction_metrics(dev).unwrap_or_default())
+                        });
                 DeviceReport {
                     device: DeviceId(d as u32),
                     scheduler,
-                    eviction: cache.eviction_metrics(dev).unwrap_or_default(),
+                    eviction,
                     pool_pages,
                     used_pages,
                 }

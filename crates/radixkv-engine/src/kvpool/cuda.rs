@@ -1,7 +1,7 @@
 //! Pools in GPU memory ([`CudaKvPool`]) and in pinned host memory
 //! ([`PinnedKvPool`]) through cudarc, loaded at run time.
 
-use super::host::{read_host_rows, write_host_rows};
+use super::host::HostSlice;
 use super::layout::{outside, Kv, KvLayout, KvPool, KvPoolError, Span};
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, PinnedHostSlice};
@@ -242,44 +242,17 @@ impl PinnedKvPool {
     }
 }
 
-impl KvPool for PinnedKvPool {
-    fn layout(&self) -> KvLayout {
+impl HostSlice for PinnedKvPool {
+    fn slice_layout(&self) -> KvLayout {
         self.layout
     }
 
-    fn write_rows(
-        &mut self,
-        layer: usize,
-        kv: Kv,
-        slots: &[u32],
-        rows: &[f32],
-    ) -> Result<(), KvPoolError> {
-        let l = self.layout;
-        write_host_rows(&l, self.as_mut_slice()?, layer, kv, slots, rows)
+    fn floats(&self) -> Result<&[f32], KvPoolError> {
+        self.as_slice()
     }
 
-    fn read_rows(&self, layer: usize, kv: Kv, slots: &[u32]) -> Result<Vec<f32>, KvPoolError> {
-        read_host_rows(&self.layout, self.as_slice()?, layer, kv, slots)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-
-    fn in_host_memory(&self) -> bool {
-        true
-    }
-
-    fn host_floats(&self) -> Option<Result<&[f32], KvPoolError>> {
-        Some(self.as_slice())
-    }
-
-    fn host_floats_mut(&mut self) -> Option<Result<&mut [f32], KvPoolError>> {
-        Some(self.as_mut_slice())
+    fn floats_mut(&mut self) -> Result<&mut [f32], KvPoolError> {
+        self.as_mut_slice()
     }
 }
 

@@ -1,44 +1,8 @@
 //! The pool in host memory ([`HostKvPool`]) and the row access every pool
-//! held as one host slice shares.
+//! held as one host slice shares ([`HostSlice`]).
 
 use super::layout::{Kv, KvLayout, KvPool, KvPoolError};
 use std::any::Any;
-
-/// [`KvPool::write_rows`] on a pool held as one host slice.
-pub(super) fn write_host_rows(
-    l: &KvLayout,
-    data: &mut [f32],
-    layer: usize,
-    kv: Kv,
-    slots: &[u32],
-    rows: &[f32],
-) -> Result<(), KvPoolError> {
-    l.check_rows(layer, slots, rows.len())?;
-    let n = data.len();
-    for (buf, pool) in l.row_ranges(layer, kv, slots) {
-        let what = || KvPoolError::OutOfRange(format!("row {pool:?} of a pool of {n}"));
-        let to = data.get_mut(pool.clone()).ok_or_else(what)?;
-        to.copy_from_slice(&rows[buf]);
-    }
-    Ok(())
-}
-
-/// [`KvPool::read_rows`] on a pool held as one host slice.
-pub(super) fn read_host_rows(
-    l: &KvLayout,
-    data: &[f32],
-    layer: usize,
-    kv: Kv,
-    slots: &[u32],
-) -> Result<Vec<f32>, KvPoolError> {
-    l.check(layer, slots)?;
-    let mut out = vec![0.0f32; slots.len() * l.row];
-    for (buf, pool) in l.row_ranges(layer, kv, slots) {
-        let what = || KvPoolError::OutOfRange(format!("row {pool:?} of a pool of {}", data.len()));
-        out[buf].copy_from_slice(data.get(pool.clone()).ok_or_else(what)?);
-    }
-    Ok(out)
-}
 
 /// A pool in host memory: one contiguous `Vec<f32>`.
 #[derive(Clone, Debug)]
@@ -62,9 +26,36 @@ impl HostKvPool {
     }
 }
 
-impl KvPool for HostKvPool {
-    fn layout(&self) -> KvLayout {
+impl HostSlice for HostKvPool {
+    fn slice_layout(&self) -> KvLayout {
         self.layout
+    }
+
+    fn floats(&self) -> Result<&[f32], KvPoolError> {
+        Ok(&self.data)
+    }
+
+    fn floats_mut(&mut self) -> Result<&mut [f32], KvPoolError> {
+        Ok(self.data.as_mut_slice())
+    }
+}
+
+/// A pool held as one slice of host memory (the host pool, a pinned
+/// pool): its [`KvPool`] methods are the slice's row access below.
+///
+/// Public in a private module: nothing outside the crate can name it.
+pub trait HostSlice: Send + 'static {
+    /// The pool's shape.
+    fn slice_layout(&self) -> KvLayout;
+    /// The whole pool, `layers × 2 × slots × row` floats.
+    fn floats(&self) -> Result<&[f32], KvPoolError>;
+    /// [`floats`](Self::floats), writable.
+    fn floats_mut(&mut self) -> Result<&mut [f32], KvPoolError>;
+}
+
+impl<T: HostSlice> KvPool for T {
+    fn layout(&self) -> KvLayout {
+        self.slice_layout()
     }
 
     fn write_rows(
@@ -74,11 +65,29 @@ impl KvPool for HostKvPool {
         slots: &[u32],
         rows: &[f32],
     ) -> Result<(), KvPoolError> {
-        write_host_rows(&self.layout, &mut self.data, layer, kv, slots, rows)
+        let l = self.slice_layout();
+        l.check_rows(layer, slots, rows.len())?;
+        let data = self.floats_mut()?;
+        let n = data.len();
+        for (buf, pool) in l.row_ranges(layer, kv, slots) {
+            let what = || KvPoolError::OutOfRange(format!("row {pool:?} of a pool of {n}"));
+            let to = data.get_mut(pool.clone()).ok_or_else(what)?;
+            to.copy_from_slice(&rows[buf]);
+        }
+        Ok(())
     }
 
     fn read_rows(&self, layer: usize, kv: Kv, slots: &[u32]) -> Result<Vec<f32>, KvPoolError> {
-        read_host_rows(&self.layout, &self.data, layer, kv, slots)
+        let l = self.slice_layout();
+        l.check(layer, slots)?;
+        let data = self.floats()?;
+        let mut out = vec![0.0f32; slots.len() * l.row];
+        for (buf, pool) in l.row_ranges(layer, kv, slots) {
+            let what =
+                || KvPoolError::OutOfRange(format!("row {pool:?} of a pool of {}", data.len()));
+            out[buf].copy_from_slice(data.get(pool.clone()).ok_or_else(what)?);
+        }
+        Ok(out)
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -94,10 +103,10 @@ impl KvPool for HostKvPool {
     }
 
     fn host_floats(&self) -> Option<Result<&[f32], KvPoolError>> {
-        Some(Ok(&self.data))
+        Some(self.floats())
     }
 
     fn host_floats_mut(&mut self) -> Option<Result<&mut [f32], KvPoolError>> {
-        Some(Ok(self.data.as_mut_slice()))
+        Some(self.floats_mut())
     }
 }

@@ -3,7 +3,7 @@
 //! default simulator: `engine::backend::SimulatedBackend`).
 
 use radixkv::cache::SlotRun;
-use radixkv::device::DeviceId;
+use radixkv::device::{DeviceId, Tier};
 use std::time::Duration;
 
 /// The token ids and KV slots of one request's work, filled in only for
@@ -71,13 +71,24 @@ impl Batch {
 }
 
 /// An error of a backend (a real model's failure; the simulator has none).
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("model backend failed on {device:?}: {reason}")]
 pub struct BackendError {
-    /// The device.
+    /// The device (for a copy, its device end: the destination when both
+    /// ends are devices, since that is the scheduler that asked).
     pub device: DeviceId,
     /// What went wrong.
     pub reason: String,
+}
+
+impl BackendError {
+    /// The error of a copy from `from` to `to`.
+    pub fn of_copy(from: Tier, to: Tier, reason: String) -> BackendError {
+        BackendError {
+            device: to.device().or(from.device()).unwrap_or_default(),
+            reason,
+        }
+    }
 }
 
 /// What a pass produced.
@@ -134,21 +145,22 @@ pub trait ModelBackend: Send + Sync {
         None
     }
 
-    /// Moves the KV of `runs` from tier `from` to tier `to` (devices, or
-    /// the host tier: [`HOST_TIER`](crate::tiers::HOST_TIER)), before the
-    /// copy is completed in the cache. A cost model has no KV to move
+    /// Moves the KV of `runs` from tier `from` to tier `to` (devices by
+    /// their ids in the engine, or the host tier shared by them all),
+    /// before the copy is completed in the cache. A cost model has no KV to move
     /// (default: nothing to do); a backend that holds KV
     /// ([`wants_data`](Self::wants_data)) must move it, and by default it
     /// refuses, so that no copy ever completes without its data. Empty
     /// `runs` ask whether the backend can copy at all (a scheduler whose
     /// backend cannot makes no copies and no host writes).
-    fn copy(&self, from: DeviceId, to: DeviceId, runs: &[SlotRun]) -> Result<(), BackendError> {
-        let _ = (to, runs);
+    fn copy(&self, from: Tier, to: Tier, runs: &[SlotRun]) -> Result<(), BackendError> {
+        let _ = runs;
         if self.wants_data() {
-            return Err(BackendError {
-                device: from,
-                reason: "this backend cannot copy KV between tiers".into(),
-            });
+            return Err(BackendError::of_copy(
+                from,
+                to,
+                "this backend cannot copy KV between tiers".into(),
+            ));
         }
         Ok(())
     }

@@ -12,7 +12,7 @@ use crate::kvpool::{HostKvPool, KvLayout, KvPool};
 use crate::sched::batch::{BackendError, Batch, ModelBackend, StepOutput, Verification};
 use crate::EngineConfig;
 use radixkv::cache::SlotRun;
-use radixkv::device::DeviceId;
+use radixkv::device::{DeviceId, Tier};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -172,7 +172,7 @@ pub struct TinyBackend {
     pool: PoolKind,
     verify: bool,
     devices: Vec<Mutex<DeviceState>>,
-    /// The host tier's pool ([`HOST_TIER`](crate::tiers::HOST_TIER)).
+    /// The host tier's pool ([`Tier::Host`]).
     host: Option<Mutex<DeviceState>>,
     stats: Mutex<TinyStats>,
 }
@@ -310,31 +310,30 @@ impl TinyBackend {
         self.stats.lock().map(|s| *s).unwrap_or_default()
     }
 
-    /// Runs `f` on `device`'s pool (tests read it, or corrupt a slot as a
-    /// negative control).
+    /// Runs `f` on the pool of `tier` (a device, or [`Tier::Host`]; tests
+    /// read it, or corrupt a slot as a negative control).
     pub fn with_pool<R>(
         &self,
-        device: DeviceId,
+        tier: impl Into<Tier>,
         f: impl FnOnce(&mut dyn KvPool) -> R,
     ) -> Result<R, TinyError> {
-        let mut st = self.state(device)?;
+        let mut st = self.state(tier.into())?;
         Ok(f(st.pool.as_mut()))
     }
 
-    fn state(&self, device: DeviceId) -> Result<std::sync::MutexGuard<'_, DeviceState>, TinyError> {
-        self.tier(device)?
+    fn state(&self, tier: Tier) -> Result<std::sync::MutexGuard<'_, DeviceState>, TinyError> {
+        self.tier(tier)?
             .lock()
-            .map_err(|_| TinyError::Input(format!("{device}'s state is poisoned")))
+            .map_err(|_| TinyError::Input(format!("{tier}'s state is poisoned")))
     }
 
-    /// A device's state, or the host tier's for [`HOST_TIER`](crate::tiers::HOST_TIER).
-    fn tier(&self, device: DeviceId) -> Result<&Mutex<DeviceState>, TinyError> {
-        if device == crate::tiers::HOST_TIER {
-            return self.host.as_ref().ok_or(TinyError::UnknownDevice(device));
+    /// A device's state, or the host tier's.
+    fn tier(&self, tier: Tier) -> Result<&Mutex<DeviceState>, TinyError> {
+        match tier {
+            Tier::Host => self.host.as_ref(),
+            Tier::Device(d) => self.devices.get(d.index()),
         }
-        self.devices
-            .get(device.index())
-            .ok_or(TinyError::UnknownDevice(device))
+        .ok_or(TinyError::UnknownTier(tier))
     }
 
     /// Copies the K/V of `runs` (every layer) from `from`'s pool to `to`'s,
@@ -342,7 +341,7 @@ impl TinyBackend {
     /// host to GPU, GPU to host, GPU to GPU, host to host), and the slots'
     /// provenance tags with them (so a copied slot is checked as its
     /// source was). Runs outside either pool are an error and copy nothing.
-    fn copy_runs(&self, from: DeviceId, to: DeviceId, runs: &[SlotRun]) -> Result<(), TinyError> {
+    fn copy_runs(&self, from: Tier, to: Tier, runs: &[SlotRun]) -> Result<(), TinyError> {
         if from == to {
             return Err(TinyError::Input(format!("a copy from {from} to itself")));
         }
@@ -354,7 +353,7 @@ impl TinyBackend {
         } else {
             (b, a)
         };
-        let poisoned = |d: DeviceId| TinyError::Input(format!("{d}'s state is poisoned"));
+        let poisoned = |t: Tier| TinyError::Input(format!("{t}'s state is poisoned"));
         let g1 = first.lock().map_err(|_| poisoned(from))?;
         let g2 = second.lock().map_err(|_| poisoned(to))?;
         let (src, mut dst) = if std::ptr::eq(first, a) {
@@ -415,7 +414,7 @@ impl TinyBackend {
                 start: n - new,
             });
         }
-        let mut st = self.state(device)?;
+        let mut st = self.state(Tier::Device(device))?;
         let st = &mut *st;
         // Provenance: every read slot must hold its reader's prefix.
         let mut stale = 0u64;
@@ -517,21 +516,19 @@ impl ModelBackend for TinyBackend {
         true
     }
 
-    fn copy(&self, from: DeviceId, to: DeviceId, runs: &[SlotRun]) -> Result<(), BackendError> {
+    fn copy(&self, from: Tier, to: Tier, runs: &[SlotRun]) -> Result<(), BackendError> {
         if runs.is_empty() {
             return Ok(()); // yes, this backend copies
         }
-        self.copy_runs(from, to, runs).map_err(|e| BackendError {
-            device: from,
-            reason: e.to_string(),
-        })
+        self.copy_runs(from, to, runs)
+            .map_err(|e| BackendError::of_copy(from, to, e.to_string()))
     }
 
     fn release(&self, device: DeviceId, request: u64) {
         if !self.verify {
             return;
         }
-        let log = match self.state(device) {
+        let log = match self.state(Tier::Device(device)) {
             Ok(mut st) => st.logs.remove(&request),
             Err(_) => None,
         };

@@ -76,7 +76,7 @@ pub use verify::{argmax, compare_rows, Comparison, ARGMAX_MARGIN, LOGIT_TOLERANC
 
 use crate::kvpool::{Kv, KvLayout, KvPool, KvPoolError};
 use candle_core::{Device, Tensor};
-use radixkv::device::DeviceId;
+use radixkv::device::Tier;
 
 /// The model's shape and seed.
 #[derive(Clone, Debug, PartialEq)]
@@ -153,9 +153,9 @@ pub enum TinyError {
     /// The KV pool refused an access (or has no CUDA driver).
     #[error("KV pool: {0}")]
     Pool(#[from] KvPoolError),
-    /// A device the backend has no pool for.
+    /// A device (or the host tier) the backend has no pool for.
     #[error("no KV pool for {0}")]
-    UnknownDevice(DeviceId),
+    UnknownTier(Tier),
     /// A CUDA pool was asked for, but radixkv was built without feature
     /// `cuda`.
     #[error("CUDA KV pools need radixkv built with `--features cuda`")]

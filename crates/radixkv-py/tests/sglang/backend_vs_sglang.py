@@ -45,7 +45,6 @@ import argparse
 import os
 import random
 import sys
-import time
 import warnings
 from array import array
 from collections import Counter
@@ -70,6 +69,8 @@ from sglang.srt.mem_cache.events import KvEventLoraNames  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
+from logical_clock import LogicalClock  # noqa: E402
+
 POLICIES = ("lru", "lfu", "slru", "priority")
 PAGE_SIZES = (1, 2, 4, 16, 64)
 FAULT = os.environ.get("RADIXKV_DIFF_FAULT", "")
@@ -86,20 +87,6 @@ class Difference(AssertionError):
 def check(cond: bool, *what) -> None:
     if not cond:
         raise Difference(what)
-
-
-class LogicalClock:
-    """`time` for SGLang's radix_cache module: a strictly increasing
-    `monotonic`, the real `perf_counter`."""
-
-    def __init__(self) -> None:
-        self.t = 0
-
-    def monotonic(self) -> float:
-        self.t += 1
-        return float(self.t)
-
-    perf_counter = staticmethod(time.perf_counter)
 
 
 class OneCallEviction(RadixKVCache):

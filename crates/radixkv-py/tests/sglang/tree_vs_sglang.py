@@ -27,7 +27,6 @@ import argparse
 import os
 import random
 import sys
-import time
 from array import array
 
 import radixkv
@@ -36,23 +35,11 @@ from sglang.srt.mem_cache import radix_cache as rc
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 
+from logical_clock import LogicalClock
+
 POLICIES = ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
 PAGE_SIZES = (1, 2, 4, 16)
 FAULT = os.environ.get("RADIXKV_DIFF_FAULT", "")
-
-
-class LogicalClock:
-    """`time` for SGLang's radix_cache module: a strictly increasing
-    `monotonic`, the real `perf_counter` (eviction metrics)."""
-
-    def __init__(self) -> None:
-        self.t = 0
-
-    def monotonic(self) -> float:
-        self.t += 1
-        return float(self.t)
-
-    perf_counter = staticmethod(time.perf_counter)
 
 
 class RecordingAllocator:

@@ -196,22 +196,22 @@ impl Collector for EngineFigures {
             (
                 "host_loaded_tokens",
                 "Prompt tokens of finished requests loaded from the host tier instead of computed.",
-                (|d| d.metrics.host_loaded_tokens) as fn(&DeviceStats) -> u64,
+                (|d| d.metrics.tokens.copied.host_loaded_tokens) as fn(&DeviceStats) -> u64,
             ),
             (
                 "peer_copied_tokens",
                 "Prompt tokens of finished requests copied from another device instead of computed.",
-                |d| d.metrics.peer_copied_tokens,
+                |d| d.metrics.tokens.copied.peer_copied_tokens,
             ),
             (
                 "recomputed_tokens",
                 "Prompt tokens of finished requests computed (neither cached, loaded nor copied).",
-                |d| d.metrics.recomputed_tokens,
+                |d| d.metrics.tokens.recomputed_tokens(),
             ),
             (
                 "copy_bytes",
                 "Bytes of KV copied into the device for host loads and peer copies.",
-                |d| d.metrics.copy_bytes,
+                |d| d.metrics.tokens.copied.bytes,
             ),
         ] {
             per_device(e, (name, help, None), d, |d| counter(f(d)))?;
@@ -224,7 +224,7 @@ impl Collector for EngineFigures {
                 None,
             ),
             d,
-            |d| ConstCounter::new(d.metrics.copy_time_s),
+            |d| ConstCounter::new(d.metrics.tokens.copied.time.as_secs_f64()),
         )?;
         if let Some(h) = &self.1 {
             family(
@@ -269,7 +269,7 @@ impl Collector for EngineFigures {
             e,
             ("prompt_tokens", "Prompt tokens of finished requests.", None),
             d,
-            |d| counter(d.metrics.prompt_tokens),
+            |d| counter(d.metrics.tokens.prompt_tokens),
         )?;
         per_device(
             e,
@@ -279,7 +279,7 @@ impl Collector for EngineFigures {
                 None,
             ),
             d,
-            |d| counter(d.metrics.cached_tokens),
+            |d| counter(d.metrics.tokens.cached_tokens),
         )?;
         per_device(
             e,
@@ -299,7 +299,7 @@ impl Collector for EngineFigures {
                 None,
             ),
             d,
-            |d| ConstGauge::new(d.metrics.hit_rate),
+            |d| ConstGauge::new(d.metrics.tokens.hit_rate()),
         )?;
         per_device(
             e,

@@ -195,8 +195,8 @@ fn engine_and_http_families() {
         tokens: 32,
     };
     let mut d = device(0);
-    d.metrics.peer_copied_tokens = 512;
-    d.metrics.copy_time_s = 0.25;
+    d.metrics.tokens.copied.peer_copied_tokens = 512;
+    d.metrics.tokens.copied.time = std::time::Duration::from_millis(250);
     let text = prometheus(vec![d], Some(host), latencies(1), http(), None).unwrap();
     for line in [
         "radixkv_peer_copied_tokens_total{device=\"0\"} 512",

@@ -1,10 +1,11 @@
 //! Admission: page budgets, eviction and host write-back, copies into the
 //! device, and the wait for a prefix another request is computing.
 
-use super::interface::CacheOp;
-use super::state::{copy_cap, prompt_key, Loaded, Running, Scheduler};
+use super::interface::{CacheOp, RequestError};
+use super::state::{copy_cap, prompt_key, Running, Scheduler};
+use crate::accounting::CopiedIn;
 use crate::sched::policy::Waiting;
-use crate::tiers::{CopySource, WritePolicy, HOST_TIER};
+use crate::tiers::{CopySource, WritePolicy};
 use radixkv::cache::{CacheError, Request, TokenKey};
 use radixkv::device::DeviceId;
 use radixkv::Tier;
@@ -64,11 +65,11 @@ impl Scheduler {
         if free >= tokens {
             return;
         }
-        let (backend, from) = (Arc::clone(&self.backend), self.reported);
+        let (backend, from) = (Arc::clone(&self.backend), Tier::Device(self.reported));
         let ev = self
             .cache
             .evict_with_write_back(self.device, tokens - free, |copy| {
-                backend.copy(from, HOST_TIER, &copy.runs()).is_ok()
+                backend.copy(from, Tier::Host, &copy.runs()).is_ok()
             });
         if let Ok(ev) = ev {
             self.count_host_write(ev.written_back);
@@ -95,7 +96,7 @@ impl Scheduler {
         let n = copy.range().len();
         if self
             .backend
-            .copy(self.reported, HOST_TIER, &copy.runs())
+            .copy(Tier::Device(self.reported), Tier::Host, &copy.runs())
             .is_ok()
             && copy.complete().is_ok()
         {
@@ -106,8 +107,8 @@ impl Scheduler {
     /// Before a request's prefill: loads from the host tier or copies from
     /// another device the part of its prompt they hold beyond the device's
     /// cached prefix, when the cost model says that beats computing it.
-    pub(super) fn load_prefix(&mut self, req: &mut Request) -> Loaded {
-        let mut out = Loaded::default();
+    pub(super) fn load_prefix(&mut self, req: &mut Request) -> CopiedIn {
+        let mut out = CopiedIn::default();
         let cached = req.cached_len();
         let cap = copy_cap(req, self.cache.page_size());
         let mut best: Option<(CopySource, Tier, usize)> = None;
@@ -137,13 +138,9 @@ impl Scheduler {
             return out;
         };
         let n = copy.range().len();
-        let from = match src {
-            CopySource::Host => HOST_TIER,
-            CopySource::Peer(e) => e,
-        };
         if self
             .backend
-            .copy(from, self.reported, &copy.runs())
+            .copy(src.tier(), Tier::Device(self.reported), &copy.runs())
             .is_err()
         {
             return out;
@@ -153,24 +150,17 @@ impl Scheduler {
         }
         let (bytes, time) = (self.tiers.bytes(n), self.tiers.copy_time(src, n));
         match src {
-            CopySource::Host => {
-                out.host = n;
-                self.stats.host_loaded_tokens += n as u64;
-            }
-            CopySource::Peer(_) => {
-                out.peer = n;
-                self.stats.peer_copied_tokens += n as u64;
-            }
+            CopySource::Host => out.host_loaded_tokens = n as u64,
+            CopySource::Peer(_) => out.peer_copied_tokens = n as u64,
         }
         out.bytes = bytes;
         out.time = time;
-        self.stats.copy_bytes += bytes;
-        self.stats.copy_time += time;
+        self.stats.copied += out;
         self.copy_wait += time;
         out
     }
 
-    pub(super) fn round(&mut self) -> Result<(), CacheError> {
+    pub(super) fn round(&mut self) -> Result<(), RequestError> {
         let admitted = self.admit()?;
         let batch = if admitted {
             self.prefill_batch()
@@ -184,17 +174,15 @@ impl Scheduler {
             std::thread::sleep(Duration::from_millis(1));
             return Ok(());
         }
-        let out = self
-            .backend
-            .step(self.reported, &batch)
-            .map_err(|e| CacheError::InvalidConfig(e.to_string()))?;
+        let out = self.backend.step(self.reported, &batch)?;
         self.stats.busy += out.time;
         let sampled: HashMap<u64, u32> = out.next_tokens.into_iter().collect();
         if admitted {
-            self.after_prefill(&batch, &sampled)
+            self.after_prefill(&batch, &sampled)?;
         } else {
-            self.after_decode(&sampled)
+            self.after_decode(&sampled)?;
         }
+        Ok(())
     }
 
     /// Admits waiting requests in policy order; returns whether any

@@ -1,7 +1,9 @@
 //! What the engine and a scheduler exchange.
 
+use crate::accounting::{CopiedIn, PromptTokens};
+use crate::sched::batch::BackendError;
 use crate::sched::policy::PolicyConfig;
-use radixkv::cache::TokenKey;
+use radixkv::cache::{CacheError, TokenKey};
 use radixkv::device::DeviceId;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
@@ -133,7 +135,8 @@ pub enum Inbox {
     /// A new request.
     Job(Job),
     /// Drop request `id` if it is here (its client went away): its pages
-    /// and pins are released and it completes with the error "cancelled".
+    /// and pins are released and it completes with
+    /// [`RequestError::Cancelled`].
     Cancel(u64),
 }
 
@@ -153,21 +156,9 @@ pub struct Completion {
     pub id: u64,
     /// Where it ran.
     pub device: DeviceId,
-    /// Prompt tokens.
-    pub prompt_tokens: usize,
-    /// Prompt tokens served from the device's own cache at its (first)
-    /// admission.
-    pub cached_tokens: usize,
-    /// Prompt tokens loaded from the host tier instead of computed, at its
-    /// first admission.
-    pub host_loaded_tokens: usize,
-    /// Prompt tokens copied from another device instead of computed, at
-    /// its first admission.
-    pub peer_copied_tokens: usize,
-    /// Bytes of KV copied into the device for those tokens.
-    pub copy_bytes: u64,
-    /// Model time of those copies (per the tier cost model).
-    pub copy_time: Duration,
+    /// Its prompt tokens, and where they came from at its first
+    /// admission: the device's own cache, the host tier, another device.
+    pub tokens: PromptTokens,
     /// Output tokens generated.
     pub output_tokens: usize,
     /// Arrival to first output token.
@@ -176,8 +167,46 @@ pub struct Completion {
     pub e2e: Duration,
     /// Times it was retracted and re-queued.
     pub retractions: u32,
-    /// `Some(reason)` when it failed instead of finishing.
-    pub error: Option<String>,
+    /// `Some(why)` when it failed instead of finishing.
+    pub error: Option<RequestError>,
+}
+
+/// Why a request ended without finishing.
+///
+/// The first two are the client's or the operator's doing (retrying
+/// elsewhere may help); the last two are failures of this server.
+///
+/// ```
+/// use radixkv_engine::RequestError;
+///
+/// assert_eq!(RequestError::Cancelled.to_string(), "cancelled");
+/// assert!(RequestError::Stopped.is_shutdown_or_cancel());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// Cancelled by its submitter ([`Inbox::Cancel`]: its client went
+    /// away).
+    #[error("cancelled")]
+    Cancelled,
+    /// The engine stopped before the request finished.
+    #[error("stopped")]
+    Stopped,
+    /// A cache operation of its scheduler failed (every request on that
+    /// device fails with it).
+    #[error("cache failed: {0}")]
+    Cache(#[from] CacheError),
+    /// The model backend failed a pass (every request on that device fails
+    /// with it).
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+impl RequestError {
+    /// Whether the request was cancelled or the engine stopped, rather
+    /// than the server failing.
+    pub fn is_shutdown_or_cancel(&self) -> bool {
+        matches!(self, RequestError::Cancelled | RequestError::Stopped)
+    }
 }
 
 /// What a scheduler tells the engine.
@@ -221,14 +250,10 @@ pub struct SchedulerStats {
     pub max_running: usize,
     /// Model time of all passes.
     pub busy: Duration,
-    /// Prompt tokens loaded from the host tier.
-    pub host_loaded_tokens: u64,
-    /// Prompt tokens copied from other devices.
-    pub peer_copied_tokens: u64,
-    /// Bytes of KV copied into this device (host loads and peer copies).
-    pub copy_bytes: u64,
-    /// Model time of those copies.
-    pub copy_time: Duration,
+    /// Prompt tokens loaded from the host tier or copied from other
+    /// devices into this one, at every admission (a retracted request's
+    /// readmission included).
+    pub copied: CopiedIn,
     /// Tokens this device wrote to the host tier (write-through, or
     /// write-back before evictions).
     pub host_written_tokens: u64,

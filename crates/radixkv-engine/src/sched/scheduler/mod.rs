@@ -42,7 +42,7 @@ mod state;
 mod step;
 
 pub use interface::{
-    CacheOp, Completion, Inbox, Job, SchedulerConfig, SchedulerEvents, SchedulerStats, StreamEvent,
-    StreamSink,
+    CacheOp, Completion, Inbox, Job, RequestError, SchedulerConfig, SchedulerEvents,
+    SchedulerStats, StreamEvent, StreamSink,
 };
 pub use state::Scheduler;

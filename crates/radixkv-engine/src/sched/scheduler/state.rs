@@ -2,11 +2,13 @@
 //! its inbox.
 
 use super::interface::{
-    Completion, Inbox, Job, SchedulerConfig, SchedulerEvents, SchedulerStats, StreamEvent,
+    Completion, Inbox, Job, RequestError, SchedulerConfig, SchedulerEvents, SchedulerStats,
+    StreamEvent,
 };
+use crate::accounting::{CopiedIn, PromptTokens};
 use crate::sched::batch::ModelBackend;
 use crate::sched::policy::{QueueOrderer, Waiting};
-use crate::tiers::{TierConfig, HOST_TIER};
+use crate::tiers::TierConfig;
 use radixkv::cache::{PagedCache, Request, TokenKey};
 use radixkv::device::DeviceId;
 use radixkv::Tier;
@@ -15,20 +17,11 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// What a request's first admission copied into its device.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Loaded {
-    pub(super) host: usize,
-    pub(super) peer: usize,
-    pub(super) bytes: u64,
-    pub(super) time: Duration,
-}
-
 pub(super) struct Entry {
     pub(super) job: Job,
     pub(super) generated: Vec<u32>,
     pub(super) first_cached: Option<usize>,
-    pub(super) first_loaded: Option<Loaded>,
+    pub(super) first_loaded: Option<CopiedIn>,
     pub(super) first_token: Option<Instant>,
     pub(super) retractions: u32,
     pub(super) settled: bool,
@@ -41,18 +34,16 @@ impl Entry {
         &self,
         device: DeviceId,
         now: Instant,
-        error: Option<String>,
+        error: Option<RequestError>,
     ) -> Completion {
-        let loaded = self.first_loaded.unwrap_or_default();
         Completion {
             id: self.job.id,
             device,
-            prompt_tokens: self.job.tokens.len(),
-            cached_tokens: self.first_cached.unwrap_or(0),
-            host_loaded_tokens: loaded.host,
-            peer_copied_tokens: loaded.peer,
-            copy_bytes: loaded.bytes,
-            copy_time: loaded.time,
+            tokens: PromptTokens {
+                prompt_tokens: self.job.tokens.len() as u64,
+                cached_tokens: self.first_cached.unwrap_or(0) as u64,
+                copied: self.first_loaded.unwrap_or_default(),
+            },
             output_tokens: self.generated.len(),
             ttft: self
                 .first_token
@@ -148,7 +139,11 @@ impl Scheduler {
     /// the cache's host tier, if it has one, is used as it finds it).
     pub fn with_tiers(mut self, mut tiers: TierConfig) -> Self {
         self.host = self.cache.has_host_tier().then_some(Tier::Host);
-        if self.backend.copy(self.reported, HOST_TIER, &[]).is_err() {
+        if self
+            .backend
+            .copy(Tier::Device(self.reported), Tier::Host, &[])
+            .is_err()
+        {
             // A backend that cannot move KV: every token is the device's
             // own, cached or computed.
             tiers.copy = crate::tiers::CopyPolicy::None;
@@ -171,7 +166,8 @@ impl Scheduler {
     }
 
     /// Runs until the inbox is closed and every request is done, or `stop`
-    /// says so (then the requests left fail with "stopped").
+    /// says so (then the requests left fail with
+    /// [`RequestError::Stopped`]).
     pub fn run(
         mut self,
         inbox: Receiver<Inbox>,
@@ -181,7 +177,7 @@ impl Scheduler {
         loop {
             // Relaxed: a flag polled every round; nothing is published by it.
             if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                self.fail_all("stopped");
+                self.fail_all(RequestError::Stopped);
                 return self.stats;
             }
             if open {
@@ -217,7 +213,7 @@ impl Scheduler {
                 continue;
             }
             if let Err(e) = self.round() {
-                self.fail_all(&format!("scheduler error: {e}"));
+                self.fail_all(e);
             }
         }
     }
@@ -241,7 +237,7 @@ impl Scheduler {
             self.entries.remove(&id)
         };
         if let Some(e) = entry {
-            self.fail(e, "cancelled");
+            self.fail(e, RequestError::Cancelled);
         }
     }
 
@@ -256,8 +252,19 @@ impl Scheduler {
             retractions: 0,
             settled: false,
         });
-        let mut tokens: Vec<u32> = entry.job.tokens.to_vec();
-        tokens.extend_from_slice(&entry.generated);
+        // The job's prompt buffer itself, until a retraction brings back
+        // output tokens too.
+        let tokens: Arc<[u32]> = if entry.generated.is_empty() {
+            Arc::clone(&entry.job.tokens)
+        } else {
+            entry
+                .job
+                .tokens
+                .iter()
+                .chain(&entry.generated)
+                .copied()
+                .collect()
+        };
         let remaining = entry.job.output_len.saturating_sub(entry.generated.len());
         let mut w = Waiting::new(entry.job.id, tokens, self.arrivals)
             .with_priority(entry.job.priority)

@@ -1,7 +1,7 @@
 //! The passes: prefill and decode batches, what follows each, retraction,
 //! and finishing or failing requests.
 
-use super::interface::{CacheOp, Completion, StreamEvent};
+use super::interface::{CacheOp, Completion, RequestError, StreamEvent};
 use super::state::{emit, next_token, prompt_key, Entry, Scheduler};
 use crate::sched::batch::{Batch, DecodeWork, PrefillWork, WorkData};
 use crate::tiers::WritePolicy;
@@ -231,13 +231,13 @@ impl Scheduler {
             self.backend.release(self.reported, r.entry.job.id);
             let c = r
                 .entry
-                .completion(self.reported, now, result.err().map(|x| x.to_string()));
+                .completion(self.reported, now, result.err().map(RequestError::from));
             self.complete(&r.entry, c);
         }
         Ok(())
     }
 
-    pub(super) fn fail_all(&mut self, why: &str) {
+    pub(super) fn fail_all(&mut self, why: RequestError) {
         let mut entries: Vec<Entry> = Vec::new();
         for r in std::mem::take(&mut self.running) {
             self.done_computing(&r);
@@ -247,18 +247,18 @@ impl Scheduler {
         self.waiting.clear();
         entries.extend(self.entries.drain().map(|(_, e)| e));
         for e in entries {
-            self.fail(e, why);
+            self.fail(e, why.clone());
         }
     }
 
     /// Ends a request that did not finish (its pages are already back).
-    pub(super) fn fail(&mut self, e: Entry, why: &str) {
+    pub(super) fn fail(&mut self, e: Entry, why: RequestError) {
         let now = Instant::now();
         self.backend.release(self.reported, e.job.id);
         if !e.settled {
             self.events.prompt_settled(&e.job, self.reported);
         }
-        let c = e.completion(self.reported, now, Some(why.to_string()));
+        let c = e.completion(self.reported, now, Some(why));
         self.complete(&e, c);
     }
 

@@ -1,0 +1,102 @@
+//! Why a request ends without finishing, as a typed
+//! [`RequestError`]: a model backend's failure, a cancel, a stop. Each
+//! request is awaited before the next step, so every assertion holds
+//! whatever the threads' interleaving.
+
+use radixkv::DeviceId;
+use radixkv_engine::backend::{CostModel, SimulatedBackend};
+use radixkv_engine::sched::batch::{BackendError, Batch, ModelBackend, StepOutput};
+use radixkv_engine::{Completion, Engine, EngineConfig, EngineRequest, RequestError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The simulator, failing every pass once `broken` is set.
+struct Breakable {
+    inner: SimulatedBackend,
+    broken: AtomicBool,
+}
+
+impl ModelBackend for Breakable {
+    fn step(&self, device: DeviceId, batch: &Batch) -> Result<StepOutput, BackendError> {
+        // SeqCst: set by the test thread before it submits; read here.
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(BackendError {
+                device,
+                reason: "the device fell off the bus".into(),
+            });
+        }
+        self.inner.step(device, batch)
+    }
+
+    fn describe(&self) -> String {
+        format!("breakable {}", self.inner.describe())
+    }
+}
+
+fn engine() -> (Engine, Arc<Breakable>) {
+    let backend = Arc::new(Breakable {
+        inner: SimulatedBackend::new(CostModel::default(), 2000.0),
+        broken: AtomicBool::new(false),
+    });
+    let e = Engine::start(
+        EngineConfig {
+            devices: 1,
+            page_size: 4,
+            pages_per_device: 256,
+            ..EngineConfig::default()
+        },
+        Arc::clone(&backend) as Arc<dyn ModelBackend>,
+    )
+    .unwrap();
+    (e, backend)
+}
+
+fn next(e: &Engine) -> Completion {
+    e.completions()
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a completion within a minute")
+}
+
+#[test]
+fn a_backend_failure_is_typed_and_the_engine_stays_sound() {
+    let (e, backend) = engine();
+    e.submit(EngineRequest::new((0..64).collect::<Vec<u32>>(), 4))
+        .unwrap();
+    let ok = next(&e);
+    assert_eq!(ok.error, None);
+
+    backend.broken.store(true, Ordering::SeqCst);
+    e.submit(EngineRequest::new((100..164).collect::<Vec<u32>>(), 4))
+        .unwrap();
+    let failed = next(&e);
+    let want = RequestError::Backend(BackendError {
+        device: DeviceId(0),
+        reason: "the device fell off the bus".into(),
+    });
+    assert_eq!(failed.error, Some(want));
+    let err = failed.error.unwrap();
+    assert!(!err.is_shutdown_or_cancel());
+    assert!(err.to_string().contains("fell off the bus"), "{err}");
+    // The failed request's pages and pins are back.
+    e.audit().unwrap();
+
+    // A repaired backend serves again, and the first prompt is still cached.
+    backend.broken.store(false, Ordering::SeqCst);
+    e.submit(EngineRequest::new((0..64).collect::<Vec<u32>>(), 4))
+        .unwrap();
+    let again = next(&e);
+    assert_eq!(again.error, None);
+    assert!(again.tokens.cached_tokens > 0, "{again:?}");
+    e.audit().unwrap();
+    e.shutdown();
+}
+
+#[test]
+fn stop_and_cancel_are_not_server_failures() {
+    assert!(RequestError::Stopped.is_shutdown_or_cancel());
+    assert!(RequestError::Cancelled.is_shutdown_or_cancel());
+    assert_eq!(RequestError::Stopped.to_string(), "stopped");
+    let cache = RequestError::from(radixkv::cache::CacheError::ForeignHandle);
+    assert!(!cache.is_shutdown_or_cancel());
+}
