@@ -8,6 +8,7 @@
 #   scripts/load.sh                      # defaults below
 #   LOAD_ARGS="--concurrency 64 --requests 5000" scripts/load.sh
 #   SERVE_ARGS="--devices 8 --speedup 100" scripts/load.sh
+#   RADIXKV_BIN=/tmp/old/target/release/radixkv scripts/load.sh   # another build
 #
 # Extra flags: SERVE_ARGS for `radixkv serve`, LOAD_ARGS for the generator
 # (--concurrency, --requests, --max-seconds, --groups, --system-bytes,
@@ -18,7 +19,9 @@ cd "$(dirname "$0")/.."
 
 cargo build --release -p radixkv-cli --bin radixkv -p radixkv-server --example load
 target_dir="$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
-bin="$target_dir/release/radixkv"
+# RADIXKV_BIN: another build of `radixkv` to serve (an earlier revision, for
+# a before/after comparison with the same load generator).
+bin="${RADIXKV_BIN:-$target_dir/release/radixkv}"
 load="$target_dir/release/examples/load"
 
 log="$(mktemp)"

@@ -55,6 +55,9 @@ QUICK=1 THREADS=1,2 PROCESSES=1 bash scripts/scaling.sh "" target/peers/scaling-
 echo "== KV events read by Dynamo's own decoder and index (bench-peers/tests/dynamo_events.rs: a 4-device replay with evictions, every prompt's overlap per rank equal to radixkv's peek)"
 cargo test --release --manifest-path bench-peers/Cargo.toml --target-dir target/peers --test dynamo_events
 
+echo "== the server under faults: 300 held connections under ulimit -n 256, an early 413, a stop that stops, a KV-event subscriber across a SIGKILL restart, every numeric flag at its extremes, the clean state after each (scripts/fault-probe.sh)"
+bash scripts/fault-probe.sh
+
 echo "== the server from Python: the official openai client, pyzmq on the KV events, 1,000 streaming clients (scripts/python-check.sh; its own venv)"
 # The binary the release test run above built (its integration tests run it).
 RADIXKV_BIN=target/release/radixkv bash scripts/python-check.sh

@@ -1,6 +1,7 @@
 //! Options shared by several commands: the engine's (`replay`, `serve`),
 //! the workload's (`replay`, `hitrate`), and writing JSON.
 
+use crate::ranges;
 use radixkv_engine::EngineConfig;
 use radixkv_tools::trace::{self, ChatShape, Trace, TreeShape};
 use std::path::{Path, PathBuf};
@@ -8,17 +9,17 @@ use std::path::{Path, PathBuf};
 /// The engine's options, shared by `serve` and `replay`.
 #[derive(clap::Args, Debug)]
 pub struct EngineArgs {
-    /// Devices (simulated GPUs), one scheduler thread each.
-    #[arg(long, default_value_t = 4)]
+    /// Devices (simulated GPUs), one scheduler thread each (1 to 1,024).
+    #[arg(long, default_value_t = 4, value_parser = ranges::count(ranges::DEVICES))]
     pub devices: usize,
-    /// Tokens per KV page.
-    #[arg(long, default_value_t = 16)]
+    /// Tokens per KV page (1 to 65,536).
+    #[arg(long, default_value_t = 16, value_parser = ranges::count(ranges::PAGE_SIZE))]
     pub page_size: usize,
-    /// KV pages per device, page 0 reserved (default: replay, enough for
+    /// KV pages per device, page 0 reserved (2 to 2³²−1; default: replay, enough for
     /// the whole workload's prompt and output tokens, at most 4,194,304,
     /// or 512 tokens' worth with --model tiny and the default gsp sizes;
     /// serve, 16,384, or 4,096 tokens' worth with --model tiny).
-    #[arg(long)]
+    #[arg(long, value_parser = ranges::count(ranges::POOL_PAGES))]
     pub pages_per_device: Option<usize>,
     /// Router: cache-aware, round-robin, least-loaded or private.
     #[arg(long, default_value = "cache-aware")]
@@ -32,9 +33,9 @@ pub struct EngineArgs {
     pub eviction: String,
     /// Pages of the host tier shared by all devices (default: 4 × a
     /// device's pool, host memory being typically 4–10× a GPU's KV pool;
-    /// 0: no host tier; otherwise at least 2). With --router private each
+    /// 0: no host tier; otherwise 2 to 2³²−1). With --router private each
     /// device's tree gets an equal share (none with --model tiny).
-    #[arg(long)]
+    #[arg(long, value_parser = ranges::host_pages)]
     pub host_pages: Option<usize>,
     /// Copies made instead of recomputing: none, host (loads from the host
     /// tier), peer (copies from another device) or all.
@@ -49,14 +50,17 @@ pub struct EngineArgs {
     /// qwen2.5-7b, or layers=…,kv-heads=…,head-dim=…,dtype=….
     #[arg(long, default_value = "llama3-8b")]
     pub model_shape: String,
-    /// Host ↔ device bandwidth, GB/s per direction (default: PCIe 5).
-    #[arg(long, default_value_t = radixkv_engine::tiers::Link::PCIE5.gb_per_s)]
+    /// Host ↔ device bandwidth, GB/s per direction (0.001 to 10⁶; default:
+    /// PCIe 5).
+    #[arg(long, default_value_t = radixkv_engine::tiers::Link::PCIE5.gb_per_s, value_parser = ranges::gb_per_s)]
     pub host_gbps: f64,
-    /// Device ↔ device bandwidth, GB/s per direction (default: NVLink 4).
-    #[arg(long, default_value_t = radixkv_engine::tiers::Link::NVLINK4.gb_per_s)]
+    /// Device ↔ device bandwidth, GB/s per direction (0.001 to 10⁶;
+    /// default: NVLink 4).
+    #[arg(long, default_value_t = radixkv_engine::tiers::Link::NVLINK4.gb_per_s, value_parser = ranges::gb_per_s)]
     pub peer_gbps: f64,
-    /// Below this many extra tokens a prefix is recomputed, never copied.
-    #[arg(long, default_value_t = 16)]
+    /// Below this many extra tokens a prefix is recomputed, never copied
+    /// (0 to 2³²−1).
+    #[arg(long, default_value_t = 16, value_parser = ranges::count(0..=u32::MAX as u64))]
     pub load_back_threshold: usize,
 }
 

@@ -12,6 +12,7 @@ mod args;
 mod hitrate;
 mod kv_events;
 mod ops;
+mod ranges;
 mod replay;
 mod serve;
 mod stress;

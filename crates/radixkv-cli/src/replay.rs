@@ -22,9 +22,9 @@ pub struct ReplayArgs {
     /// The engine (pools default to enough for the whole workload).
     #[command(flatten)]
     engine: EngineArgs,
-    /// Model time per wall time of the simulated GPUs (positive; --model
-    /// tiny runs in wall time and ignores it).
-    #[arg(long, default_value_t = 4.0)]
+    /// Model time per wall time of the simulated GPUs (0.001 to 10⁹;
+    /// --model tiny runs in wall time and ignores it).
+    #[arg(long, default_value_t = 4.0, value_parser = crate::ranges::speedup)]
     speedup: f64,
     /// Requests per second (Poisson, model time) instead of the workload's
     /// arrival times; `inf` sends everything at once.
@@ -92,7 +92,8 @@ fn interrupt_on_signal() {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        rt.block_on(radixkv_server::shutdown_signal());
+        // Made inside the runtime: the handlers are installed there.
+        rt.block_on(async { radixkv_server::shutdown_signal().await });
         INTERRUPTED.store(true, Ordering::Relaxed);
         Ok::<(), std::io::Error>(())
     };

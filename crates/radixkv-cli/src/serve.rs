@@ -1,8 +1,10 @@
 //! `radixkv serve`: the engine behind the HTTP front end.
 
 use crate::args::EngineArgs;
+use crate::ranges;
 use crate::CmdResult;
 use std::io;
+use std::time::Duration;
 
 /// `radixkv serve` options.
 #[derive(clap::Args, Debug)]
@@ -21,23 +23,43 @@ pub struct ServeArgs {
     /// with `tiny`.
     #[arg(long, default_value = "sim")]
     model: String,
-    /// Model time per wall time of the simulated GPUs (`--model sim`; 0, a
-    /// negative value or `inf`: no waiting at all).
-    #[arg(long, default_value_t = 50.0)]
+    /// Model time per wall time of the simulated GPUs (`--model sim`;
+    /// 0.001 to 10⁹).
+    #[arg(long, default_value_t = 50.0, value_parser = ranges::speedup)]
     speedup: f64,
-    /// Requests admitted at once (queued, running or streaming); more are
-    /// answered 429 with Retry-After.
-    #[arg(long, default_value_t = 256)]
+    /// Requests admitted at once (queued, running or streaming; 1 to
+    /// 1,048,576); more are answered 429 with Retry-After.
+    #[arg(long, default_value_t = 256, value_parser = ranges::count(1..=1 << 20))]
     max_queue: usize,
     /// Largest max_tokens (or chat max_completion_tokens) a request may ask
-    /// for (larger: 400).
-    #[arg(long, default_value_t = 4096)]
+    /// for (1 to 16,777,216; larger requests: 400).
+    #[arg(long, default_value_t = 4096, value_parser = ranges::count(1..=1 << 24))]
     max_tokens_limit: usize,
-    /// Largest request body in bytes (larger: 413).
-    #[arg(long, default_value_t = 4 << 20)]
+    /// Largest request body in bytes (1 to 1 GiB; larger: 413, at once when
+    /// Content-Length says so).
+    #[arg(long, default_value_t = 4 << 20, value_parser = ranges::count(1..=1 << 30))]
     max_body_bytes: usize,
-    /// Seconds a shutdown waits for in-flight requests before stopping them.
-    #[arg(long, default_value_t = 30.0)]
+    /// Seconds a client may take to send a request head (0.001 to 86,400):
+    /// then its connection closes.
+    #[arg(long, default_value_t = 10.0, value_parser = ranges::timeout)]
+    header_read_timeout_s: f64,
+    /// Seconds a client may take to send a request body once its head is
+    /// in (0.001 to 86,400): then 408 and the connection closes.
+    #[arg(long, default_value_t = 30.0, value_parser = ranges::timeout)]
+    body_read_timeout_s: f64,
+    /// Seconds a connection may stay open with no request (0.001 to
+    /// 86,400).
+    #[arg(long, default_value_t = 60.0, value_parser = ranges::timeout)]
+    idle_timeout_s: f64,
+    /// Connections open at once (1 to 1,048,576), kept below the open-file
+    /// limit (raised to the hard limit at start) less 64. A connection
+    /// beyond it closes the oldest one with no request being answered, so
+    /// held connections never lock out new clients.
+    #[arg(long, default_value_t = 4096, value_parser = ranges::count(1..=1 << 20))]
+    max_connections: usize,
+    /// Seconds a shutdown waits for in-flight requests before stopping them
+    /// (0 to 86,400).
+    #[arg(long, default_value_t = 30.0, value_parser = ranges::seconds)]
     drain_timeout_s: f64,
     /// Require `Authorization: Bearer KEY` on /v1/*, /query* and /admin/*
     /// (OpenAI's API-key header; 401 otherwise); /health, /metrics and
@@ -69,13 +91,6 @@ pub fn run(a: ServeArgs) -> CmdResult {
     use radixkv_engine::backend::{CostModel, ModelBackend, SimulatedBackend};
     use radixkv_engine::{Engine, EngineConfig};
     use radixkv_server::{shutdown_signal, Server, ServerConfig};
-    if !(a.drain_timeout_s.is_finite() && a.drain_timeout_s >= 0.0) {
-        return Err(format!(
-            "--drain-timeout-s must be a non-negative number, not {}",
-            a.drain_timeout_s
-        )
-        .into());
-    }
     let tiny = a.model == "tiny";
     let e = &a.engine;
     let pages_per_device = e.pages_per_device.unwrap_or(if tiny {
@@ -108,13 +123,19 @@ pub fn run(a: ServeArgs) -> CmdResult {
         max_queue: a.max_queue,
         max_tokens_limit: a.max_tokens_limit,
         max_body_bytes: a.max_body_bytes,
-        drain_timeout: std::time::Duration::from_secs_f64(a.drain_timeout_s),
+        drain_timeout: Duration::from_secs_f64(a.drain_timeout_s),
         model_name: a
             .served_model_name
             .clone()
             .unwrap_or_else(|| format!("radixkv-{}", a.model)),
         api_key: a.api_key.clone().filter(|k| !k.is_empty()),
         admin_from_anywhere: a.admin_from_anywhere,
+        connections: radixkv_server::connections::ConnectionLimits {
+            header_read_timeout: Duration::from_secs_f64(a.header_read_timeout_s),
+            body_read_timeout: Duration::from_secs_f64(a.body_read_timeout_s),
+            idle_timeout: Duration::from_secs_f64(a.idle_timeout_s),
+            max_connections: a.max_connections,
+        },
         ..ServerConfig::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -130,14 +151,20 @@ pub fn run(a: ServeArgs) -> CmdResult {
         if let Some(p) = &publisher {
             server = server.with_kv_events(std::sync::Arc::clone(p));
         }
+        // A second SIGINT/SIGTERM during the drain stops what is left at
+        // once (its handlers are installed when the drain begins).
+        server = server.with_force_stop(async { shutdown_signal().await });
         let addr = server.local_addr()?;
+        // Installed before the address is printed: a client may signal as
+        // soon as it reads it.
+        let shutdown = shutdown_signal();
         {
             use std::io::Write as _;
             let mut out = io::stdout().lock();
             writeln!(out, "radixkv serve: listening on http://{addr}")?;
             out.flush()?;
         }
-        let report = server.run(shutdown_signal()).await?;
+        let report = server.run(shutdown).await?;
         // The engine's caches are gone: their clearing (AllBlocksCleared)
         // reaches subscribers before the sockets close, so a router drops
         // this host's blocks now rather than at the next start.

@@ -277,13 +277,17 @@ async fn completion_returns_text_and_usage() {
         u["cached_tokens"],
         u["prompt_tokens_details"]["cached_tokens"]
     );
+    // A model this server does not serve: OpenAI's 404 `model_not_found`.
+    let r = s.post(json!({"prompt": "a", "model": "m"})).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "model_not_found", "{}", r.body);
     // A prompt of token ids; max_tokens defaults to 16.
     let r = s
-        .post(json!({"prompt": [1, 2, 3, 70000], "model": "m"}))
+        .post(json!({"prompt": [1, 2, 3, 70000], "model": "radixkv-sim"}))
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     let v = r.json();
-    assert_eq!(v["model"], "m");
+    assert_eq!(v["model"], "radixkv-sim");
     assert_eq!(v["usage"]["prompt_tokens"], 4);
     assert_eq!(v["usage"]["completion_tokens"], 16);
     s.wait_idle().await;
@@ -726,17 +730,28 @@ async fn shutdown_drains_in_flight_requests() {
         streams.push(sse);
     }
     let addr = s.addr;
+    let health = Http::new(addr);
     let _ = s.stop.unwrap().send(());
-    // The listener closes while the streams go on.
+    // While the streams go on, a new client learns that the server drains.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(addr).await.is_ok() {
-        assert!(Instant::now() < deadline, "still accepting");
+    loop {
+        let r = health.get("/health").await;
+        if r.status == StatusCode::SERVICE_UNAVAILABLE {
+            assert_eq!(r.json()["status"], "draining");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never draining: {}", r.body);
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     for mut sse in streams {
         let rest = sse.rest().await;
         assert_eq!(rest.len(), 149 + 1, "the whole stream");
         assert_eq!(rest.last().unwrap(), "[DONE]");
+    }
+    // Then the listener closes.
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(Instant::now() < deadline, "still accepting");
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let report = tokio::time::timeout(Duration::from_secs(60), s.handle)
         .await
@@ -1076,6 +1091,56 @@ async fn stop_sequences_cut_the_text_whole_and_streamed() {
     );
 }
 
+/// A stop sequence ends the request's generation in the engine: usage
+/// counts the tokens up to the stop (one byte each), the engine generated
+/// far fewer than `max_tokens`, and nothing stays pinned or in flight.
+#[tokio::test]
+async fn a_stop_sequence_stops_generation_whole_and_streamed() {
+    // A token every ~6 ms: 4,096 of them would take ~25 s.
+    let s = start(engine_cfg(1, 1024), ServerConfig::default(), 1.0).await;
+    let stops = json!(["a", "e", "i", "o"]);
+    let body = json!({"prompt": "stop test", "max_tokens": 4096, "stop": stops});
+    let v = s.post(body.clone()).await.json();
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    // The stop is one byte: the text, then the token that completed it.
+    assert_eq!(v["usage"]["completion_tokens"], text.len() + 1, "{v}");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let r = s
+        .send("POST", "/v1/completions", streamed.to_string().into_bytes())
+        .await;
+    let events = Sse::new(r).rest().await;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    let chunks: Vec<Value> = events[..events.len() - 2]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let text: String = chunks
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "stop"
+    );
+    assert_eq!(
+        usage["usage"]["completion_tokens"],
+        text.len() + 1,
+        "{usage}"
+    );
+    // The engine generated a few tokens past each stop at most, not 4,096.
+    let st = s.get("/stats").await.json();
+    let generated = sum(&st, "output_tokens");
+    assert!(generated < 2 * 512, "{st}");
+    assert_eq!(st["audit_ok"], true, "{st}");
+    assert_eq!(st["outstanding"], 0);
+    assert_eq!(st["pinned_tokens"], 0);
+    s.shutdown().await;
+}
+
 #[tokio::test]
 async fn an_api_key_guards_the_api_and_leaves_health_open() {
     let cfg = ServerConfig {
@@ -1361,11 +1426,29 @@ async fn admin_config_changes_settings_at_run_time() {
         ("kind", json!({"router": {"kind": "round-robin"}})),
         ("balance_rel", json!({"router": {"balance_rel": 0.5}})),
         ("unknown setting `colour`", json!({"colour": "blue"})),
+        ("router.kind", json!({"router": {"kind": 5}})),
+        (
+            "router.copy_slack",
+            json!({"router": {"copy_slack": 18446744073709551615u64}}),
+        ),
+        (
+            "watermarks",
+            json!({"eviction_policy": "lfu", "router": {"balance_abs": 9}, "watermarks": [1, 9999]}),
+        ),
+        (
+            "router.balance_abs",
+            json!({"eviction_policy": "lfu", "router": {"balance_abs": -1}}),
+        ),
     ] {
         let r = s.post_to("/admin/config", body.clone()).await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{body}: {}", r.body);
         assert!(r.error().contains(want), "{body}: {} lacks {want}", r.body);
     }
+    // A refused body changed nothing, not even its valid fields.
+    let v = s.get("/admin/config").await.json();
+    assert_eq!(v["eviction_policy"], "lru", "{v}");
+    assert_eq!(v["router"]["balance_abs"], 4, "{v}");
+    assert_eq!(v["watermarks"], json!([16, 64]), "{v}");
     s.wait_idle().await;
     s.shutdown().await;
 }

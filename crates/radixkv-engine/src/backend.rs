@@ -139,8 +139,13 @@ impl ModelBackend for SimulatedBackend {
         let compute = self.model.cost(batch);
         let copy = batch.copy_time;
         let t = compute.max(copy) + compute.min(copy) / self.layers;
+        // A speedup that is not a positive number, or one so small that
+        // the wait cannot be represented, waits nothing (`radixkv serve`
+        // refuses such values at its edge).
         if self.speedup.is_finite() && self.speedup > 0.0 {
-            std::thread::sleep(t.div_f64(self.speedup));
+            if let Ok(wait) = Duration::try_from_secs_f64(t.as_secs_f64() / self.speedup) {
+                std::thread::sleep(wait);
+            }
         }
         Ok(t.into())
     }

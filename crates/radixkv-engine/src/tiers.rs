@@ -191,13 +191,15 @@ impl Link {
     /// assert!(t.as_micros() > 2_500 && t.as_micros() < 2_800);
     /// ```
     pub fn time(&self, bytes: u64) -> Duration {
-        self.latency + Duration::from_secs_f64(bytes as f64 / (self.gb_per_s * 1e9))
+        let secs = bytes as f64 / (self.gb_per_s * 1e9);
+        self.latency
+            .saturating_add(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
     }
 
     fn validate(&self, name: &str) -> Result<(), String> {
-        if !(self.gb_per_s.is_finite() && self.gb_per_s > 0.0) {
+        if !(self.gb_per_s.is_finite() && (1e-3..=1e6).contains(&self.gb_per_s)) {
             return Err(format!(
-                "{name} bandwidth must be a positive number of GB/s, not {}",
+                "{name} bandwidth must be between 0.001 and 1e6 GB/s, not {}",
                 self.gb_per_s
             ));
         }

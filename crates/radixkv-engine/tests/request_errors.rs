@@ -100,3 +100,103 @@ fn stop_and_cancel_are_not_server_failures() {
     let cache = RequestError::from(radixkv::cache::CacheError::ForeignHandle);
     assert!(!cache.is_shutdown_or_cancel());
 }
+
+/// The simulator, panicking in every pass.
+struct Panicking(SimulatedBackend);
+
+impl ModelBackend for Panicking {
+    fn step(&self, _device: DeviceId, _batch: &Batch) -> Result<StepOutput, BackendError> {
+        panic!("a bug in the model");
+    }
+
+    fn describe(&self) -> String {
+        format!("panicking {}", self.0.describe())
+    }
+}
+
+#[test]
+fn a_panicking_scheduler_fails_the_engine_and_its_requests_end() {
+    let e = Engine::start(
+        EngineConfig {
+            devices: 1,
+            page_size: 4,
+            pages_per_device: 64,
+            ..EngineConfig::default()
+        },
+        Arc::new(Panicking(SimulatedBackend::new(CostModel::default(), 0.0))),
+    )
+    .unwrap();
+    assert_eq!(e.failure(), None);
+    let events = e
+        .submit_streaming(EngineRequest::new(vec![1u32, 2, 3, 4, 5], 4))
+        .unwrap()
+        .1;
+    // The scheduler died with the request: its stream ends without `Done`.
+    assert_eq!(
+        events.recv_timeout(Duration::from_secs(60)),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected)
+    );
+    // The failure is recorded as the thread unwinds; wait for it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while e.failure().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let why = e
+        .failure()
+        .expect("the engine is marked failed")
+        .to_string();
+    assert!(
+        why.contains("device 0") && why.contains("a bug in the model"),
+        "{why}"
+    );
+    match e.submit(EngineRequest::new(vec![1u32, 2, 3], 1)) {
+        Err(radixkv_engine::EngineError::Failed(w)) => assert_eq!(w, why),
+        other => panic!("{other:?}"),
+    }
+    e.shutdown();
+}
+
+#[test]
+fn ending_generation_early_completes_without_error_and_caches_the_output() {
+    let e = Engine::start(
+        EngineConfig {
+            devices: 1,
+            page_size: 4,
+            pages_per_device: 4096,
+            ..EngineConfig::default()
+        },
+        // A token every few milliseconds: the request is mid-generation
+        // when it is ended.
+        Arc::new(SimulatedBackend::new(CostModel::default(), 1.0)),
+    )
+    .unwrap();
+    let prompt: Vec<u32> = (0..64).collect();
+    let (id, events) = e
+        .submit_streaming(EngineRequest::new(prompt.clone(), 4000))
+        .unwrap();
+    for _ in 0..3 {
+        match events.recv_timeout(Duration::from_secs(60)).unwrap() {
+            radixkv_engine::StreamEvent::Token(_) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    e.end_generation(id);
+    let mut tokens = 3usize;
+    let done = loop {
+        match events.recv_timeout(Duration::from_secs(60)).unwrap() {
+            radixkv_engine::StreamEvent::Token(_) => tokens += 1,
+            radixkv_engine::StreamEvent::Done(c) => break c,
+        }
+    };
+    assert_eq!(done.error, None);
+    assert_eq!(done.output_tokens, tokens, "every token sent is counted");
+    assert!(tokens < 4000, "it ended early: {tokens}");
+    e.audit().unwrap();
+    // The prompt and the output but the last token are in the tree.
+    e.submit(EngineRequest::new(prompt, 1)).unwrap();
+    let again = next(&e);
+    assert_eq!(again.tokens.cached_tokens, 60, "the prompt's whole pages");
+    e.end_generation(id); // finished: ignored
+    e.audit().unwrap();
+    e.shutdown();
+}

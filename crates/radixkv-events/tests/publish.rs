@@ -308,7 +308,12 @@ async fn the_array_encoding_carries_the_salt_in_extra_keys() {
         evs[0].as_array().unwrap()[0].as_str(),
         Some("AllBlocksCleared")
     );
-    let s = evs[1].as_array().unwrap();
+    // The clearing is repeated until the first change, which it leads.
+    let s = evs
+        .iter()
+        .map(|e| e.as_array().unwrap())
+        .find(|e| e[0].as_str() != Some("AllBlocksCleared"))
+        .unwrap();
     assert_eq!(s.len(), 9);
     assert_eq!(s[0].as_str(), Some("BlockStored"));
     assert_eq!(s[4].as_u64(), Some(2));
@@ -652,7 +657,8 @@ async fn a_full_queue_drops_whole_events_and_counts_them() {
     // Three stores queued; the other 17, and the removals of all 20
     // (queued behind them), dropped.
     assert_eq!(s.dropped_events, 17 + 20, "{s:?}");
-    assert_eq!(s.events, 1 + 3, "{s:?}"); // AllBlocksCleared, three stores
+    // AllBlocksCleared alone, then again leading the three stores.
+    assert_eq!(s.events, 1 + 1 + 3, "{s:?}");
     let mut events = 0;
     for b in replay(&p.replay_endpoints()[0], 0).await.unwrap() {
         events += decode(&b.payload).1.len() as u64;

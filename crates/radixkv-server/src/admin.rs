@@ -13,13 +13,16 @@
 //!
 //! `eviction_policy` switches to any policy
 //! ([`radixkv::RadixCache::set_eviction_policy`]); `watermarks` (low,
-//! high free pages per device) need a server started with watermarks
-//! (`--watermarks`); the router's kind is fixed at start. A change that
-//! cannot be made is a 400 naming it, and nothing of that request is
-//! applied past it (fields are applied in the order above).
+//! high free pages per device, low < high < pages per device) need a
+//! server started with watermarks (`--watermarks`); the router's counts
+//! run from 0 to 2²⁰ and `balance_rel` from 1 to 10⁶; its `kind` is fixed
+//! at start (it may be given, as it is). The whole body is validated
+//! before anything is applied: a field that cannot be taken is a 400 naming
+//! it, and the request changes nothing.
 
 use super::error::ApiError;
 use radixkv::EvictionPolicy;
+use radixkv_engine::router::RouterConfig;
 use radixkv_engine::Engine;
 use serde_json::{json, Map, Value};
 
@@ -39,106 +42,154 @@ pub(crate) fn current(e: &Engine) -> Value {
     })
 }
 
-fn uint(o: &Map<String, Value>, key: &str, at: &str) -> Result<Option<usize>, ApiError> {
+/// The largest count a router setting takes (outstanding requests).
+const MAX_COUNT: u64 = 1 << 20;
+
+fn count(o: &Map<String, Value>, key: &str) -> Result<Option<usize>, ApiError> {
     match o.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| {
-            ApiError::BadRequest(format!("`{at}{key}` must be a non-negative integer"))
-        }),
+        Some(v) => v
+            .as_u64()
+            .filter(|x| *x <= MAX_COUNT)
+            .map(|x| Some(x as usize))
+            .ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "`router.{key}` must be an integer from 0 to {MAX_COUNT}"
+                ))
+            }),
     }
 }
 
-/// Validates and applies a body; returns the settings now.
-pub(crate) fn apply(e: &Engine, body: &[u8]) -> Result<Value, ApiError> {
-    let o = match serde_json::from_slice(body) {
-        Ok(Value::Object(o)) => o,
-        Ok(_) => {
-            return Err(ApiError::BadRequest(
-                "the body must be a JSON object".into(),
-            ))
-        }
-        Err(err) => return Err(ApiError::BadRequest(format!("malformed JSON body: {err}"))),
+fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice(body) {
+        Ok(Value::Object(o)) => Ok(o),
+        Ok(_) => Err(ApiError::BadRequest(
+            "the body must be a JSON object".into(),
+        )),
+        Err(err) => Err(ApiError::BadRequest(format!("malformed JSON body: {err}"))),
+    }
+}
+
+fn only(o: &Map<String, Value>, known: &[&str], at: &str) -> Result<(), ApiError> {
+    match o.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) => Err(ApiError::BadRequest(format!(
+            "unknown setting `{at}{k}` ({})",
+            known.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn eviction_policy(o: &Map<String, Value>) -> Result<Option<EvictionPolicy>, ApiError> {
+    match o.get("eviction_policy") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(p)) => p
+            .parse()
+            .map(Some)
+            .map_err(|err| ApiError::BadRequest(format!("`eviction_policy`: {err}"))),
+        Some(_) => Err(ApiError::BadRequest(
+            "`eviction_policy` must be a string".into(),
+        )),
+    }
+}
+
+fn watermarks(e: &Engine, o: &Map<String, Value>) -> Result<Option<(usize, usize)>, ApiError> {
+    let w = match o.get("watermarks") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(w)) if w.len() == 2 => (w[0].as_u64(), w[1].as_u64()),
+        Some(_) => (None, None),
     };
-    for k in o.keys() {
-        if !["eviction_policy", "watermarks", "router"].contains(&k.as_str()) {
+    let (Some(low), Some(high)) = w else {
+        return Err(ApiError::BadRequest(
+            "`watermarks` must be [low, high] in free pages".into(),
+        ));
+    };
+    if e.watermarks().is_none() {
+        return Err(ApiError::BadRequest(
+            "`watermarks`: the server was started without them (--watermarks)".into(),
+        ));
+    }
+    let pages = e.config().pages_per_device as u64;
+    if !(low < high && high < pages) {
+        return Err(ApiError::BadRequest(format!(
+            "`watermarks` need low < high < {pages} (the pages per device), not [{low}, {high}]"
+        )));
+    }
+    Ok(Some((low as usize, high as usize)))
+}
+
+fn router(e: &Engine, o: &Map<String, Value>) -> Result<Option<RouterConfig>, ApiError> {
+    let r = match o.get("router") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(r)) => r,
+        Some(_) => return Err(ApiError::BadRequest("`router` must be an object".into())),
+    };
+    only(
+        r,
+        &[
+            "kind",
+            "balance_abs",
+            "balance_rel",
+            "copy_slack",
+            "copy_slack_long",
+        ],
+        "router.",
+    )?;
+    let mut cfg = *e.router_config();
+    match r.get("kind") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(k)) if k == cfg.kind.name() => {}
+        Some(k) => {
             return Err(ApiError::BadRequest(format!(
-                "unknown setting `{k}` (eviction_policy, watermarks, router)"
-            )));
+                "`router.kind` is fixed at start ({}), not {k}",
+                cfg.kind.name()
+            )))
         }
+    }
+    if let Some(x) = count(r, "balance_abs")? {
+        cfg.balance_abs = x;
+    }
+    if let Some(x) = count(r, "copy_slack")? {
+        cfg.copy_slack = x;
+    }
+    if let Some(x) = count(r, "copy_slack_long")? {
+        cfg.copy_slack_long = x;
+    }
+    match r.get("balance_rel") {
+        None | Some(Value::Null) => {}
+        Some(v) => {
+            cfg.balance_rel = v
+                .as_f64()
+                .filter(|x| (1.0..=1e6).contains(x))
+                .ok_or_else(|| {
+                    ApiError::BadRequest(
+                        "`router.balance_rel` must be a number from 1 to 1e6".into(),
+                    )
+                })?
+        }
+    }
+    Ok(Some(cfg))
+}
+
+/// Validates a whole body, then applies it; returns the settings now. A
+/// body with any bad field changes nothing.
+pub(crate) fn apply(e: &Engine, body: &[u8]) -> Result<Value, ApiError> {
+    let o = object(body)?;
+    only(&o, &["eviction_policy", "watermarks", "router"], "")?;
+    let policy = eviction_policy(&o)?;
+    let marks = watermarks(e, &o)?;
+    let router = router(e, &o)?;
+    if let Some(p) = policy {
+        e.set_eviction_policy(p);
     }
     let bad =
-        |at: &str, e: radixkv_engine::EngineError| ApiError::BadRequest(format!("`{at}`: {e}"));
-    match o.get("eviction_policy") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(p)) => {
-            let p: EvictionPolicy = p
-                .parse()
-                .map_err(|err| ApiError::BadRequest(format!("`eviction_policy`: {err}")))?;
-            e.set_eviction_policy(p);
-        }
-        Some(_) => {
-            return Err(ApiError::BadRequest(
-                "`eviction_policy` must be a string".into(),
-            ))
-        }
+        |at: &str, err: radixkv_engine::EngineError| ApiError::BadRequest(format!("`{at}`: {err}"));
+    if let Some((low, high)) = marks {
+        e.set_watermarks(low, high)
+            .map_err(|err| bad("watermarks", err))?;
     }
-    match o.get("watermarks") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(w)) if w.len() == 2 && w.iter().all(Value::is_u64) => {
-            let (l, h) = (w[0].as_u64().unwrap_or(0), w[1].as_u64().unwrap_or(0));
-            e.set_watermarks(l as usize, h as usize)
-                .map_err(|err| bad("watermarks", err))?;
-        }
-        Some(_) => {
-            return Err(ApiError::BadRequest(
-                "`watermarks` must be [low, high] in free pages".into(),
-            ))
-        }
-    }
-    match o.get("router") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(r)) => {
-            let mut cfg = *e.router_config();
-            if let Some(x) = uint(r, "balance_abs", "router.")? {
-                cfg.balance_abs = x;
-            }
-            if let Some(x) = uint(r, "copy_slack", "router.")? {
-                cfg.copy_slack = x;
-            }
-            if let Some(x) = uint(r, "copy_slack_long", "router.")? {
-                cfg.copy_slack_long = x;
-            }
-            match r.get("balance_rel") {
-                None | Some(Value::Null) => {}
-                Some(v) => {
-                    cfg.balance_rel = v.as_f64().ok_or_else(|| {
-                        ApiError::BadRequest("`router.balance_rel` must be a number".into())
-                    })?
-                }
-            }
-            for k in r.keys() {
-                if ![
-                    "balance_abs",
-                    "balance_rel",
-                    "copy_slack",
-                    "copy_slack_long",
-                    "kind",
-                ]
-                .contains(&k.as_str())
-                {
-                    return Err(ApiError::BadRequest(format!(
-                        "unknown router setting `{k}`"
-                    )));
-                }
-            }
-            if let Some(k) = r.get("kind").and_then(Value::as_str) {
-                cfg.kind = k
-                    .parse()
-                    .map_err(|err| ApiError::BadRequest(format!("`router.kind`: {err}")))?;
-            }
-            e.set_router_config(cfg).map_err(|err| bad("router", err))?;
-        }
-        Some(_) => return Err(ApiError::BadRequest("`router` must be an object".into())),
+    if let Some(cfg) = router {
+        e.set_router_config(cfg).map_err(|err| bad("router", err))?;
     }
     Ok(current(e))
 }

@@ -65,8 +65,10 @@ impl CompletionRequest {
     /// models here decode greedily): `temperature` (0..=2), `top_p`
     /// (0..=1), `seed`, `user`, `presence_penalty`, `frequency_penalty`.
     /// Fields radixkv cannot honour are refused with a 400 that names
-    /// them: `n` > 1, `logprobs`/`top_logprobs`, `tools`, `tool_choice`,
-    /// `functions`, `best_of` > 1, `echo`.
+    /// them: `n` > 1, `logprobs`/`top_logprobs`, `tools` (but `[]`),
+    /// `tool_choice` and `function_call` (but `"none"`), `functions` (but
+    /// `[]`), `response_format` (but `{"type": "text"}`), `best_of` > 1,
+    /// `echo`, a non-empty `suffix`.
     pub fn parse_chat(body: &[u8], limits: Limits) -> Result<CompletionRequest, ApiError> {
         let obj = body_object(body)?;
         let tokens = crate::chat::render(&obj)?;
@@ -160,10 +162,35 @@ fn from_fields(
         )))
     };
     let set = |key: &str| !matches!(obj.get(key), None | Some(Value::Null));
+    // An empty list of tools, or a choice of none, asks for no tool calls.
+    let no_tools = |key: &str| match obj.get(key) {
+        None | Some(Value::Null) => true,
+        Some(Value::Array(a)) => a.is_empty() && matches!(key, "tools" | "functions"),
+        Some(Value::String(s)) => s == "none" && matches!(key, "tool_choice" | "function_call"),
+        Some(_) => false,
+    };
     for key in ["tools", "tool_choice", "functions", "function_call"] {
-        if set(key) {
+        if !no_tools(key) {
             return unsupported(key, "radixkv generates text only (no tool calls)");
         }
+    }
+    // Text is the only format; a suffix is not filled in.
+    match obj.get("response_format") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(f)) if f.get("type").and_then(Value::as_str) == Some("text") => {}
+        Some(_) => {
+            return unsupported(
+                "response_format",
+                "only {\"type\": \"text\"} (no JSON mode or schema)",
+            )
+        }
+    }
+    let suffix = obj.get("suffix");
+    if !chat
+        && !matches!(suffix, None | Some(Value::Null))
+        && suffix.and_then(Value::as_str) != Some("")
+    {
+        return unsupported("suffix", "no text is inserted after a suffix");
     }
     match obj.get("logprobs") {
         None | Some(Value::Null) | Some(Value::Bool(false)) => {}
@@ -264,6 +291,44 @@ pub fn cut_at_stop<'a>(text: &'a str, stop: &[String]) -> (&'a str, bool) {
     match stop.iter().filter_map(|s| text.find(s.as_str())).min() {
         Some(i) => (&text[..i], true),
         None => (text, false),
+    }
+}
+
+/// Watches generated text for the first stop sequence, looking only at
+/// what each new piece could complete (linear in the text).
+#[derive(Debug, Default)]
+pub struct StopWatch {
+    text: String,
+    /// Tokens pushed when a stop sequence was completed.
+    hit_at: Option<usize>,
+    tokens: usize,
+}
+
+impl StopWatch {
+    /// Adds one token's decoded `piece`; true when it completes a stop
+    /// sequence for the first time.
+    pub fn push(&mut self, piece: &str, stop: &[String]) -> bool {
+        self.tokens += 1;
+        if self.hit_at.is_some() || stop.is_empty() {
+            return false;
+        }
+        let longest = stop.iter().map(String::len).max().unwrap_or(0);
+        let mut from = self.text.len().saturating_sub(longest);
+        while !self.text.is_char_boundary(from) {
+            from -= 1;
+        }
+        self.text.push_str(piece);
+        if stop.iter().any(|s| self.text[from..].contains(s.as_str())) {
+            self.hit_at = Some(self.tokens);
+            return true;
+        }
+        false
+    }
+
+    /// Tokens up to and including the one that completed the first stop
+    /// sequence, if one was.
+    pub fn hit_at(&self) -> Option<usize> {
+        self.hit_at
     }
 }
 

@@ -24,9 +24,17 @@ pub enum ApiError {
     /// 404: unknown path.
     #[error("no route for {0}")]
     NotFound(String),
+    /// 404: a `model` this server does not serve (OpenAI's
+    /// `model_not_found`).
+    #[error("the model `{0}` does not exist (this server serves `{1}`)")]
+    ModelNotFound(String, String),
     /// 405: known path, wrong method.
     #[error("method not allowed")]
     MethodNotAllowed,
+    /// 408: the request body did not arrive within the body-read timeout
+    /// (seconds).
+    #[error("the request body did not arrive within {0} s")]
+    RequestTimeout(f64),
     /// 413: the body is larger than the server accepts.
     #[error("request body too large (limit {limit} bytes)")]
     PayloadTooLarge {
@@ -58,8 +66,9 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
-            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::NotFound(_) | ApiError::ModelNotFound(..) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -71,9 +80,11 @@ impl ApiError {
     pub fn kind(&self) -> &'static str {
         match self {
             ApiError::BadRequest(_)
+            | ApiError::RequestTimeout(_)
             | ApiError::PayloadTooLarge { .. }
             | ApiError::Unauthorized(_) => "invalid_request_error",
-            ApiError::NotFound(_) | ApiError::MethodNotAllowed => "not_found_error",
+            ApiError::NotFound(_) => "not_found_error",
+            ApiError::MethodNotAllowed | ApiError::ModelNotFound(..) => "invalid_request_error",
             ApiError::Forbidden(_) => "permission_error",
             ApiError::Busy { .. } => "rate_limit_error",
             ApiError::Unavailable(_) | ApiError::Internal(_) => "server_error",
@@ -85,6 +96,7 @@ impl ApiError {
     pub fn body(&self) -> serde_json::Value {
         let code = match self {
             ApiError::Unauthorized(_) => serde_json::json!("invalid_api_key"),
+            ApiError::ModelNotFound(..) => serde_json::json!("model_not_found"),
             _ => serde_json::json!(self.status().as_u16()),
         };
         serde_json::json!({
@@ -106,6 +118,13 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
         }
         r
+    }
+}
+
+impl ApiError {
+    /// The error for a completion that failed, `None` if it finished.
+    pub fn of_completion(c: &radixkv_engine::Completion) -> Option<ApiError> {
+        c.error.as_ref().map(ApiError::from)
     }
 }
 

@@ -19,7 +19,8 @@
 //!   ([`metrics::prometheus`], encoded by `prometheus-client`).
 //! * `GET /stats`: the same figures as JSON plus `audit_ok`
 //!   ([`metrics::Stats`]).
-//! * `GET /health`: `{"status": "ok"}` (503 `draining` during shutdown).
+//! * `GET /health`: `{"status": "ok"}` (503 `draining` during shutdown,
+//!   503 `failed` with a `reason` once a scheduler thread failed).
 //!
 //! Errors are JSON (`{"error": {"message", "type", "code"}}`): 400 for bad
 //! input, 404 for unknown paths, 405 for a wrong method, 413 for a body
@@ -27,14 +28,20 @@
 //! [`ServerConfig::max_queue`] requests are already in flight, 503 while
 //! shutting down.
 //!
-//! A client that disconnects cancels its request: the engine releases its
-//! pages and pins. [`Server::run`] drains on its shutdown signal: it stops
-//! accepting, lets in-flight requests finish for up to
-//! [`ServerConfig::drain_timeout`], then stops the engine.
+//! Connections are bounded ([`connections`]: header-read, body-read and
+//! idle timeouts, a cap below the open-file limit, an early 413). A client
+//! that disconnects cancels its request: the engine releases its pages and
+//! pins; a stop sequence ends the request's generation in the engine.
+//! [`Server::run`] drains on its shutdown signal: in-flight requests finish
+//! for up to [`ServerConfig::drain_timeout`] (or until
+//! [`Server::with_force_stop`] fires) while `/health` and new completions
+//! answer 503, then it stops the engine.
 
 mod admin;
 pub mod api;
 pub mod chat;
+mod completions;
+pub mod connections;
 pub mod error;
 pub mod metrics;
 pub mod query;
@@ -42,29 +49,25 @@ mod stream;
 pub mod tokenizer;
 pub mod wire;
 
-use api::{CompletionRequest, Limits};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode, Uri};
 use axum::middleware::{self, Next};
-use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 pub use error::{ApiError, ServerError};
 use metrics::{HttpStats, ServerStats};
 use radixkv::{DeviceId, PagedCache};
-use radixkv_engine::{Completion, StreamEvent};
-use radixkv_engine::{Engine, EngineError, EngineReport, EngineRequest};
-use std::future::{Future, IntoFuture};
+use radixkv_engine::{Engine, EngineReport};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
-use wire::{Choice, CompletionResponse, RunInfo, Usage};
 
 /// The server's limits and settings; every field has a default.
 #[derive(Clone, Debug, PartialEq)]
@@ -92,6 +95,8 @@ pub struct ServerConfig {
     /// Accept `/admin/*` from any address, not only loopback (default
     /// false).
     pub admin_from_anywhere: bool,
+    /// Timeouts and the cap on open connections ([`connections`]).
+    pub connections: connections::ConnectionLimits,
 }
 
 impl Default for ServerConfig {
@@ -106,6 +111,7 @@ impl Default for ServerConfig {
             model_name: "radixkv-sim".into(),
             api_key: None,
             admin_from_anywhere: false,
+            connections: connections::ConnectionLimits::default(),
         }
     }
 }
@@ -119,6 +125,8 @@ pub(crate) struct AppState {
     /// Each device's cache and its id there, for scans outside the lock.
     caches: Vec<(Arc<PagedCache>, DeviceId)>,
     cfg: ServerConfig,
+    /// `cfg.connections.max_connections`, kept below the open-file limit.
+    connection_cap: usize,
     admission: Arc<Semaphore>,
     stats: ServerStats,
     draining: AtomicBool,
@@ -140,7 +148,13 @@ impl AppState {
         let m = self.engine().metrics();
         let host = self.engine().host_tier();
         let devices = metrics::device_stats(m, &self.caches);
-        metrics::stats(devices, host, self.http_stats(), || self.engine().audit())
+        let mut s = metrics::stats(devices, host, self.http_stats(), || self.engine().audit());
+        if let Some(why) = self.engine().failure() {
+            s.audit_ok = false;
+            s.audit_error = Some(format!("the engine failed: {why}"));
+            s.engine_failure = Some(why.to_string());
+        }
+        s
     }
 
     /// `/metrics`, computed on a blocking thread.
@@ -174,6 +188,9 @@ impl AppState {
             responses: self.stats.responses(),
             uptime_s: self.started.elapsed().as_secs_f64(),
             draining: self.draining.load(Ordering::Relaxed),
+            open_connections: self.stats.open_connections.load(Ordering::Relaxed),
+            max_connections: self.connection_cap,
+            shed_connections: self.stats.shed_connections.load(Ordering::Relaxed),
         }
     }
 }
@@ -192,10 +209,20 @@ pub struct ShutdownReport {
 }
 
 /// A bound, not yet running server.
-#[derive(Debug)]
 pub struct Server {
     listener: TcpListener,
     state: Arc<AppState>,
+    /// Ends a drain at once (a second Ctrl-C), as its timeout would.
+    force: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("listener", &self.listener)
+            .field("force_stop", &self.force.is_some())
+            .finish()
+    }
 }
 
 impl Server {
@@ -226,9 +253,14 @@ impl Server {
         let caches = (0..devices)
             .filter_map(|d| engine.cache(d).map(|(c, dev)| (Arc::clone(c), dev)))
             .collect();
+        let connection_cap = connections::effective_cap(
+            cfg.connections.max_connections,
+            connections::raise_open_file_limit(),
+        );
         let state = Arc::new(AppState {
             engine,
             caches,
+            connection_cap,
             admission: Arc::new(Semaphore::new(cfg.max_queue)),
             cfg,
             stats: ServerStats::new(),
@@ -237,7 +269,19 @@ impl Server {
             started_unix: unix_now(),
             kv_events: std::sync::OnceLock::new(),
         });
-        Ok(Server { listener, state })
+        Ok(Server {
+            listener,
+            state,
+            force: None,
+        })
+    }
+
+    /// Ends a drain at once when `force` completes (for instance a second
+    /// signal: [`shutdown_signal`] made once the first has come), stopping
+    /// the requests still in flight as the drain timeout would.
+    pub fn with_force_stop(mut self, force: impl Future<Output = ()> + Send + 'static) -> Self {
+        self.force = Some(Box::pin(force));
+        self
     }
 
     /// Reports `publisher`'s counters in `/metrics` (the publisher whose
@@ -266,52 +310,50 @@ impl Server {
     {
         let state = self.state;
         let app = app(Arc::clone(&state));
-        let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
-        let st = Arc::clone(&state);
-        let signal = async move {
-            shutdown.await;
-            // Relaxed: advisory (health and new completions answer 503).
-            st.draining.store(true, Ordering::Relaxed);
-            let _ = signalled_tx.send(());
-        };
-        let mut serve = tokio::spawn(
-            axum::serve(
-                self.listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(signal)
-            .into_future(),
-        );
-        let io_err = |source| ServerError::Io {
-            context: "the server failed".into(),
-            source,
-        };
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut serve = tokio::spawn(connections::serve(
+            self.listener,
+            app,
+            Arc::clone(&state),
+            stop_rx,
+        ));
         let join_err = |e: tokio::task::JoinError| ServerError::Io {
             context: "the server task failed".into(),
             source: std::io::Error::other(e.to_string()),
         };
-        let drained = tokio::select! {
-            r = &mut serve => {
-                r.map_err(join_err)?.map_err(io_err)?;
-                true
+        tokio::select! {
+            r = &mut serve => r.map_err(join_err)?,
+            _ = shutdown => {}
+        }
+        // Relaxed: advisory (health and new completions answer 503).
+        state.draining.store(true, Ordering::Relaxed);
+        let _ = stop_tx.send(true);
+        let force = self
+            .force
+            .unwrap_or_else(|| Box::pin(std::future::pending()));
+        let finished = tokio::select! {
+            r = tokio::time::timeout(state.cfg.drain_timeout, &mut serve) => r.ok(),
+            _ = force => None,
+        };
+        let (drained, abandoned) = match finished {
+            Some(r) => {
+                r.map_err(join_err)?;
+                (true, 0)
             }
-            _ = signalled_rx => {
-                match tokio::time::timeout(state.cfg.drain_timeout, &mut serve).await {
-                    Ok(r) => {
-                        r.map_err(join_err)?.map_err(io_err)?;
-                        true
-                    }
-                    Err(_) => {
-                        serve.abort();
-                        false
-                    }
+            None => {
+                let abandoned = state.in_flight();
+                // Stragglers end as stopped (an error event, then the end of
+                // their streams); their connections then close.
+                state.engine().stop();
+                if tokio::time::timeout(Duration::from_secs(2), &mut serve)
+                    .await
+                    .is_err()
+                {
+                    serve.abort();
                 }
+                (false, abandoned)
             }
         };
-        let abandoned = if drained { 0 } else { state.in_flight() };
-        if !drained {
-            state.engine().stop();
-        }
         // Connections still open (after a timed-out drain) hold the state
         // until their requests fail as stopped: wait a little for them.
         let deadline = Instant::now() + Duration::from_secs(2);
@@ -331,36 +373,45 @@ impl Server {
     }
 }
 
-/// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
+/// A future that resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM. On Unix
+/// the handlers are installed when this is called (inside a tokio
+/// runtime), not when the future is first polled: a signal that comes
+/// between the two (say, right after the server printed its address) is
+/// not lost, and does not kill the process.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let int = signal(SignalKind::interrupt());
+        let term = signal(SignalKind::terminate());
+        async move {
+            let one = |s: std::io::Result<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Ok(mut s) => {
+                        s.recv().await;
+                    }
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = one(int) => {}
+                _ = one(term) => {}
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let term = async {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
     }
 }
 
 fn app(state: Arc<AppState>) -> Router {
     let limit = state.cfg.max_body_bytes;
     Router::new()
-        .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/chat/completions", post(completions::chat_completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/query", post(query))
@@ -417,7 +468,13 @@ async fn authorize(State(s): State<Arc<AppState>>, req: Request, next: Next) -> 
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| {
+            // The scheme is case-insensitive (RFC 9110 §11.1).
+            let (scheme, key) = v.split_once(' ')?;
+            scheme
+                .eq_ignore_ascii_case("bearer")
+                .then(|| key.trim_start())
+        });
     // Compared in constant time: the key must not leak through timing.
     let ok = given.is_some_and(|g| {
         g.len() == key.len()
@@ -447,7 +504,12 @@ async fn method_not_allowed() -> ApiError {
 }
 
 async fn health(State(s): State<Arc<AppState>>) -> Response {
-    if s.draining.load(Ordering::Relaxed) {
+    if let Some(why) = s.engine().failure() {
+        json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({"status": "failed", "reason": why}),
+        )
+    } else if s.draining.load(Ordering::Relaxed) {
         json_response(
             StatusCode::SERVICE_UNAVAILABLE,
             &serde_json::json!({"status": "draining"}),
@@ -480,19 +542,17 @@ async fn prometheus(State(s): State<Arc<AppState>>) -> Response {
     }
 }
 
-/// The API error for a failed completion, `None` if it finished.
-pub(crate) fn completion_error(c: &Completion) -> Option<ApiError> {
-    c.error.as_ref().map(ApiError::from)
-}
-
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
 /// The body of a request, or the API error for it.
-fn body_or_error(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub(crate) fn body_or_error(
+    s: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, ApiError> {
     body.map_err(|r| {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge {
@@ -502,31 +562,6 @@ fn body_or_error(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<By
             ApiError::BadRequest(r.body_text())
         }
     })
-}
-
-fn limits(s: &AppState) -> Limits {
-    Limits {
-        max_tokens_limit: s.cfg.max_tokens_limit,
-        default_max_tokens: s.cfg.default_max_tokens,
-    }
-}
-
-async fn completions(
-    State(s): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = body_or_error(&s, body)?;
-    let req = CompletionRequest::parse(&body, limits(&s))?;
-    run(s, req, stream::Kind::Text).await
-}
-
-async fn chat_completions(
-    State(s): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = body_or_error(&s, body)?;
-    let req = CompletionRequest::parse_chat(&body, limits(&s))?;
-    run(s, req, stream::Kind::Chat).await
 }
 
 /// `/v1/models`: the one model served.
@@ -588,7 +623,9 @@ async fn query_by_hash(
 
 /// `/admin/*` from loopback only, unless configured otherwise.
 fn admin_allowed(s: &AppState, peer: SocketAddr) -> Result<(), ApiError> {
-    if s.cfg.admin_from_anywhere || peer.ip().is_loopback() {
+    // `to_canonical`: an IPv4 client of a dual-stack (`::`) socket is
+    // `::ffff:127.0.0.1`, loopback too.
+    if s.cfg.admin_from_anywhere || peer.ip().to_canonical().is_loopback() {
         Ok(())
     } else {
         Err(ApiError::Forbidden(format!(
@@ -618,146 +655,4 @@ async fn admin_set_config(
     let body = body_or_error(&s, body)?;
     let v = admin::apply(s.engine(), &body)?;
     Ok(json_response(StatusCode::OK, &v))
-}
-
-/// Runs a validated completion (text or chat): streamed, or answered whole.
-async fn run(
-    s: Arc<AppState>,
-    req: CompletionRequest,
-    kind: stream::Kind,
-) -> Result<Response, ApiError> {
-    // Whole pages: the prompt, the output and one page of slack must fit
-    // one device's pool (the engine's own rule).
-    let (pool, page) = {
-        let e = s.engine();
-        (e.max_request_tokens(), e.config().page_size)
-    };
-    if req.tokens.len() + req.max_tokens + page > pool {
-        return Err(ApiError::BadRequest(format!(
-            "prompt too long: {} prompt tokens + {} max_tokens do not fit a device's KV pool \
-             of {pool} tokens (at most {} prompt tokens with this max_tokens)",
-            req.tokens.len(),
-            req.max_tokens,
-            pool.saturating_sub(req.max_tokens + page)
-        )));
-    }
-    if s.draining.load(Ordering::Relaxed) {
-        return Err(ApiError::Unavailable("the server is shutting down".into()));
-    }
-    let permit = Arc::clone(&s.admission).try_acquire_owned().map_err(|_| {
-        // Relaxed: a statistic.
-        s.stats.rejected_busy.fetch_add(1, Ordering::Relaxed);
-        ApiError::Busy {
-            in_flight: s.in_flight(),
-            limit: s.cfg.max_queue,
-            retry_after_s: s.cfg.retry_after_s,
-        }
-    })?;
-    let mut er = EngineRequest::new(Arc::clone(&req.tokens), req.max_tokens);
-    // The namespace the KV events and /query name: salt and LoRA together.
-    er.namespace =
-        radixkv::TokenKey::namespace_for(req.lora_name.as_deref(), req.cache_salt.as_deref())
-            .map(Arc::from);
-    let (sink, mut events) = stream::sink();
-    let submitted = s.engine().submit_to(er, sink);
-    let id = submitted.map_err(|e| match e {
-        EngineError::Rejected(m) => ApiError::BadRequest(m),
-        EngineError::Stopped => ApiError::Unavailable("the engine is stopped".into()),
-        other => ApiError::Internal(other.to_string()),
-    })?;
-    let mut guard = stream::CancelGuard::new(Arc::clone(&s), id);
-    let model = req
-        .model
-        .clone()
-        .unwrap_or_else(|| s.cfg.model_name.clone());
-    let meta = stream::ChunkMeta {
-        id: match kind {
-            stream::Kind::Text => format!("cmpl-{id}"),
-            stream::Kind::Chat => format!("chatcmpl-{id}"),
-        },
-        kind,
-        created: unix_now(),
-        model,
-    };
-    if req.stream {
-        let st = stream::CompletionStream::new(
-            events,
-            guard,
-            permit,
-            meta,
-            req.max_tokens,
-            req.include_usage,
-            req.stop.clone(),
-        );
-        return Ok(Sse::new(st)
-            .keep_alive(KeepAlive::new().interval(Duration::from_secs(5)))
-            .into_response());
-    }
-    let mut tokens = Vec::with_capacity(req.max_tokens);
-    let c = loop {
-        match events.recv().await {
-            Some(StreamEvent::Token(t)) => tokens.push(t),
-            Some(StreamEvent::Done(c)) => break c,
-            None => {
-                guard.disarm();
-                return Err(ApiError::Unavailable("the engine stopped".into()));
-            }
-        }
-    };
-    guard.disarm();
-    drop(permit);
-    if let Some(e) = completion_error(&c) {
-        return Err(e);
-    }
-    let text = tokenizer::decode(&tokens);
-    let (text, stopped) = api::cut_at_stop(&text, &req.stop);
-    let finish = if stopped { "stop" } else { "length" };
-    let info = RunInfo {
-        device: c.device.0,
-        device_hit_tokens: c.tokens.cached_tokens as usize,
-        host_loaded_tokens: c.tokens.copied.host_loaded_tokens as usize,
-        peer_copied_tokens: c.tokens.copied.peer_copied_tokens as usize,
-        ttft_ms: c.ttft.as_secs_f64() * 1e3,
-        e2e_ms: c.e2e.as_secs_f64() * 1e3,
-        retractions: c.retractions,
-    };
-    Ok(match kind {
-        stream::Kind::Text => json_response(
-            StatusCode::OK,
-            &CompletionResponse {
-                id: meta.id,
-                object: "text_completion",
-                created: meta.created,
-                model: meta.model,
-                choices: vec![Choice {
-                    text: text.to_owned(),
-                    index: 0,
-                    logprobs: None,
-                    finish_reason: Some(finish),
-                }],
-                usage: Some(Usage::of(&c)),
-                radixkv: Some(info),
-            },
-        ),
-        stream::Kind::Chat => json_response(
-            StatusCode::OK,
-            &chat::ChatResponse {
-                id: meta.id,
-                object: "chat.completion",
-                created: meta.created,
-                model: meta.model,
-                choices: vec![chat::ChatChoice {
-                    index: 0,
-                    message: chat::ChatMessage {
-                        role: "assistant",
-                        content: text.to_owned(),
-                    },
-                    logprobs: None,
-                    finish_reason: finish,
-                }],
-                usage: Usage::of(&c),
-                radixkv: info,
-            },
-        ),
-    })
 }

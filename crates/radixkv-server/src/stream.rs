@@ -46,6 +46,12 @@ impl CancelGuard {
     pub fn disarm(&mut self) {
         self.armed = false;
     }
+
+    /// Its client met a stop sequence: the engine ends its generation
+    /// now (it completes without error).
+    pub fn end_generation(&self) {
+        self.state.engine().end_generation(self.id);
+    }
 }
 
 impl Drop for CancelGuard {
@@ -185,6 +191,8 @@ pub struct CompletionStream {
     held: String,
     /// A stop sequence was met: the text is complete.
     stopped: bool,
+    /// Tokens received when the stop sequence was met.
+    stopped_at: Option<usize>,
     /// Chunks sent so far (a chat stream's first carries the role).
     chunks: usize,
 }
@@ -224,6 +232,7 @@ impl CompletionStream {
             stop,
             held: String::new(),
             stopped: false,
+            stopped_at: None,
             chunks: 0,
         }
     }
@@ -246,6 +255,8 @@ impl CompletionStream {
             let out = kept.to_owned();
             self.held.clear();
             self.stopped = true;
+            self.stopped_at = Some(self.sent);
+            self.guard.end_generation();
             self.send_text(out, Some("stop"));
             return;
         }
@@ -307,7 +318,7 @@ impl futures_core::Stream for CompletionStream {
                 }
                 Poll::Ready(Some(StreamEvent::Done(c))) => {
                     this.guard.disarm();
-                    match super::completion_error(&c) {
+                    match super::error::ApiError::of_completion(&c) {
                         Some(e) => this.fail(e),
                         None => {
                             if !this.stopped && !this.held.is_empty() {
@@ -315,7 +326,11 @@ impl futures_core::Stream for CompletionStream {
                                 this.send_text(out, Some("length"));
                             }
                             if this.include_usage {
-                                let e = this.meta.usage(Usage::of(&c));
+                                let usage = match this.stopped_at {
+                                    Some(n) => Usage::of_stopped(&c, n),
+                                    None => Usage::of(&c),
+                                };
+                                let e = this.meta.usage(usage);
                                 this.queued.push_back(e);
                             }
                             this.queued.push_back(Event::default().data("[DONE]"));

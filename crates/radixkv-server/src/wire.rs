@@ -40,6 +40,16 @@ impl Usage {
         )
     }
 
+    /// Usage of a request whose client met a stop sequence after
+    /// `generated` tokens: the tokens the engine made after it (before it
+    /// heard of the stop) are not counted.
+    pub fn of_stopped(c: &radixkv_engine::sched::scheduler::Completion, generated: usize) -> Usage {
+        let mut u = Usage::of(c);
+        u.completion_tokens = u.completion_tokens.min(generated);
+        u.total_tokens = u.prompt_tokens + u.completion_tokens;
+        u
+    }
+
     /// Usage of a finished request.
     pub fn new(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -> Usage {
         Usage {

@@ -142,4 +142,8 @@ pub enum EngineError {
     /// The engine is stopping or its schedulers are gone.
     #[error("the engine is stopped")]
     Stopped,
+    /// A scheduler thread failed: the engine serves no more
+    /// ([`Engine::failure`](crate::Engine::failure) says why).
+    #[error("the engine failed: {0}")]
+    Failed(String),
 }

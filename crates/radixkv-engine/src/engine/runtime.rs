@@ -30,6 +30,9 @@ struct Shared {
     /// for schedulers that would rather copy them than compute them too.
     /// Only with one shared tree (peer copies need it).
     computing: Option<PendingIndex>,
+    /// Why the engine cannot serve any more (the first scheduler thread
+    /// that panicked), once one did.
+    failure: std::sync::OnceLock<String>,
 }
 
 impl SchedulerEvents for Shared {
@@ -149,6 +152,7 @@ impl Engine {
             live: (0..cfg.devices).map(|_| Mutex::default()).collect(),
             computing: (!private && cfg.tiers.copy.peer())
                 .then(|| PendingIndex::new(cfg.devices, cfg.page_size)),
+            failure: std::sync::OnceLock::new(),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let mut inboxes = Vec::new();
@@ -168,10 +172,26 @@ impl Engine {
             )
             .reporting_as(DeviceId(d as u32))
             .with_tiers(cfg.tiers.clone());
-            let stop = Arc::clone(&stop);
+            let (stop, shared) = (Arc::clone(&stop), Arc::clone(&shared));
             let t = std::thread::Builder::new()
                 .name(format!("radixkv-sched-{d}"))
-                .spawn(move || sched.run(rx, &stop))
+                .spawn(move || {
+                    // A panic ends this device's scheduler (its requests'
+                    // stream sinks drop with it): the engine is marked
+                    // failed instead of serving on with a device gone.
+                    let run = std::panic::AssertUnwindSafe(|| sched.run(rx, &stop));
+                    std::panic::catch_unwind(run).unwrap_or_else(|p| {
+                        let why = p
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "a panic without a message".into());
+                        let _ = shared
+                            .failure
+                            .set(format!("the scheduler of device {d} failed: {why}"));
+                        SchedulerStats::default()
+                    })
+                })
                 .map_err(|e| {
                     EngineError::InvalidConfig(format!("cannot start a scheduler: {e}"))
                 })?;
@@ -189,6 +209,13 @@ impl Engine {
             stop,
             evictor,
         })
+    }
+
+    /// Why the engine can no longer serve, once a scheduler thread failed
+    /// (panicked); `None` while it is sound. A failed engine refuses new
+    /// requests with [`EngineError::Failed`].
+    pub fn failure(&self) -> Option<&str> {
+        self.shared.failure.get().map(String::as_str)
     }
 
     /// The configuration.
@@ -271,6 +298,17 @@ impl Engine {
     pub fn cancel(&self, id: u64) {
         for inbox in &self.inboxes {
             let _ = inbox.send(Inbox::Cancel(id));
+        }
+    }
+
+    /// Ends request `id`'s generation now (a stop sequence was met): the
+    /// tokens it generated so far are cached as at a natural end, its pages
+    /// and pins are released, and it completes without error, its
+    /// [`Completion::output_tokens`] counting what it generated. Unknown or
+    /// finished ids are ignored.
+    pub fn end_generation(&self, id: u64) {
+        for inbox in &self.inboxes {
+            let _ = inbox.send(Inbox::Finish(id));
         }
     }
 
@@ -417,6 +455,9 @@ impl Engine {
         // with `RequestError::Stopped` through the scheduler instead).
         if self.stop.load(Ordering::Relaxed) {
             return Err(EngineError::Stopped);
+        }
+        if let Some(why) = self.failure() {
+            return Err(EngineError::Failed(why.to_string()));
         }
         // Relaxed: ids only need to be unique.
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);

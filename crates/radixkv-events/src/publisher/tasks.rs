@@ -68,10 +68,19 @@ pub(super) async fn publish_loop(
     // The first event counts as queued, as every later one (flush compares).
     // Relaxed: a statistic.
     q.counters.queued.fetch_add(1, Ordering::Relaxed);
-    let mut b = BatchEncoder::new(unix_now().as_secs_f64(), cfg.encoding);
-    b.push(EventRef::AllBlocksCleared);
-    let first = send(b.finish(rank), 1, seq);
-    let _ = socket.send(first).await;
+    let cleared = || {
+        let mut b = BatchEncoder::new(unix_now().as_secs_f64(), cfg.encoding);
+        b.push(EventRef::AllBlocksCleared);
+        b.finish(rank)
+    };
+    let _ = socket.send(send(cleared(), 1, seq)).await;
+    // Until the first change, the clearing is sent again every
+    // `ANNOUNCE_EVERY`, and the first batch of changes starts with it: a
+    // subscriber that stayed connected across a restart (ZeroMQ reconnects
+    // it some time after the bind, too late for the first message) still
+    // sees it before any other event of this run.
+    let mut announcing = true;
+    let mut announced = std::time::Instant::now();
     let mut spare = Changes::default();
     let mut ids = Vec::new();
     let mut mem = Remembered::default();
@@ -96,13 +105,26 @@ pub(super) async fn publish_loop(
             if closing {
                 return;
             }
+            if announcing && announced.elapsed() >= ANNOUNCE_EVERY {
+                // Relaxed: statistics, as for every batch.
+                q.counters.queued.fetch_add(1, Ordering::Relaxed);
+                seq += 1;
+                let _ = socket.send(send(cleared(), 1, seq)).await;
+                announced = std::time::Instant::now();
+            }
             idle += 1;
-            if idle >= IDLE_TICKS {
+            if idle >= IDLE_TICKS || announcing {
                 // Park: say so, then look once more (see `Shared::push`). A
                 // wake-up that comes before the wait is kept by `Notify`.
+                // While announcing, the wait ends at the next announcement.
                 q.parked.store(true, Ordering::SeqCst);
                 if lock(&q.pending).heads.is_empty() {
-                    q.notify.notified().await;
+                    if announcing {
+                        let left = ANNOUNCE_EVERY.saturating_sub(announced.elapsed());
+                        let _ = tokio::time::timeout(left, q.notify.notified()).await;
+                    } else {
+                        q.notify.notified().await;
+                    }
                 }
                 q.parked.store(false, Ordering::SeqCst);
                 idle = 0;
@@ -120,6 +142,10 @@ pub(super) async fn publish_loop(
         // Events written, event heads that wrote none, and events beyond
         // one per head (a cleared cache's removals, counted as queued).
         let (mut sent, mut lost, mut extra, mut at) = (0, 0, 0, 0);
+        if std::mem::take(&mut announcing) {
+            b.push(EventRef::AllBlocksCleared);
+            (sent, extra) = (1, 1);
+        }
         for h in &spare.heads {
             // A store's pages follow the previous stores'.
             let pages = if h.kind == Kind::Stored {
@@ -158,6 +184,10 @@ pub(super) async fn publish_loop(
 
 /// Empty ticks (of `max_delay` each) before a socket's task parks.
 const IDLE_TICKS: u32 = 16;
+
+/// How often a socket repeats its first `AllBlocksCleared` until the first
+/// change.
+const ANNOUNCE_EVERY: Duration = Duration::from_millis(100);
 
 /// Answers `[identity, "", start_seq]` with every buffered batch from
 /// `start_seq` on, `[identity, "", seq, payload]` each, then the end marker

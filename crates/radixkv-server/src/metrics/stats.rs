@@ -18,6 +18,11 @@ pub struct ServerStats {
     pub rejected_busy: AtomicU64,
     /// Requests cancelled because their client went away.
     pub disconnects: AtomicU64,
+    /// Connections open now.
+    pub open_connections: std::sync::atomic::AtomicUsize,
+    /// Connections closed to make room under the connection cap, or
+    /// refused at it.
+    pub shed_connections: AtomicU64,
 }
 
 impl ServerStats {
@@ -68,6 +73,12 @@ pub struct HttpStats {
     pub uptime_s: f64,
     /// Whether a graceful shutdown is under way.
     pub draining: bool,
+    /// Connections open now.
+    pub open_connections: usize,
+    /// The cap on open connections in force.
+    pub max_connections: usize,
+    /// Connections closed to make room under the cap, or refused at it.
+    pub shed_connections: u64,
 }
 
 /// `GET /stats`.
@@ -80,6 +91,9 @@ pub struct Stats {
     pub audit_ok: bool,
     /// Why `audit_ok` is false.
     pub audit_error: Option<String>,
+    /// Why the engine serves no more, once a scheduler thread failed
+    /// (then `/health` answers 503 and `audit_ok` is false).
+    pub engine_failure: Option<String>,
     /// Requests queued or running in the engine, all devices.
     pub outstanding: usize,
     /// Pinned tokens, all devices.
@@ -139,6 +153,7 @@ pub fn stats(
     Stats {
         audit_ok: audit_error.is_none(),
         audit_error,
+        engine_failure: None,
         outstanding,
         pinned_tokens,
         devices,

@@ -17,6 +17,9 @@ fn http() -> HttpStats {
         responses: BTreeMap::from([(200, 5), (429, 2)]),
         uptime_s: 1.0,
         draining: false,
+        open_connections: 4,
+        max_connections: 64,
+        shed_connections: 0,
     }
 }
 

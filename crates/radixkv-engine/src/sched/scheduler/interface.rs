@@ -138,6 +138,11 @@ pub enum Inbox {
     /// and pins are released and it completes with
     /// [`RequestError::Cancelled`].
     Cancel(u64),
+    /// End request `id`'s generation now (its client met a stop
+    /// sequence): what it generated so far is cached as at a natural end,
+    /// its pages and pin are released and it completes without error.
+    /// Unknown or finished ids are ignored.
+    Finish(u64),
 }
 
 /// A cache operation the scheduler timed.

@@ -222,6 +222,7 @@ impl Scheduler {
         match m {
             Inbox::Job(j) => self.enqueue(j, None),
             Inbox::Cancel(id) => self.cancel(id),
+            Inbox::Finish(id) => self.finish_now(id),
         }
     }
 
@@ -238,6 +239,30 @@ impl Scheduler {
         };
         if let Some(e) = entry {
             self.fail(e, RequestError::Cancelled);
+        }
+    }
+
+    /// Ends request `id`'s generation now ([`Inbox::Finish`]): a decoding
+    /// request finishes as at its last token; one still computing its
+    /// prompt, or waiting, leaves as a cancel does but completes without
+    /// error.
+    pub(super) fn finish_now(&mut self, id: u64) {
+        let Some(i) = self.running.iter().position(|r| r.entry.job.id == id) else {
+            self.waiting.retain(|w| w.id != id);
+            if let Some(e) = self.entries.remove(&id) {
+                self.end(e, None);
+            }
+            return;
+        };
+        if self.running[i].computed >= self.running[i].prompt {
+            if let Err(e) = self.finish(vec![i]) {
+                self.fail_all(e.into());
+            }
+        } else {
+            let r = self.running.remove(i);
+            self.done_computing(&r);
+            drop(r.req); // pages back, pin released
+            self.end(r.entry, None);
         }
     }
 

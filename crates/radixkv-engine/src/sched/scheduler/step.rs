@@ -253,12 +253,18 @@ impl Scheduler {
 
     /// Ends a request that did not finish (its pages are already back).
     pub(super) fn fail(&mut self, e: Entry, why: RequestError) {
+        self.end(e, Some(why));
+    }
+
+    /// Ends a request that left before its natural end (its pages are
+    /// already back): failed with `error`, or finished early without.
+    pub(super) fn end(&mut self, e: Entry, error: Option<RequestError>) {
         let now = Instant::now();
         self.backend.release(self.reported, e.job.id);
         if !e.settled {
             self.events.prompt_settled(&e.job, self.reported);
         }
-        let c = e.completion(self.reported, now, Some(why));
+        let c = e.completion(self.reported, now, error);
         self.complete(&e, c);
     }
 

@@ -1,0 +1,98 @@
+//! The edges of the HTTP API that clients and proxies reach: the scheme of
+//! an API key in any case, a client that half-closes after its request,
+//! OpenAI's shapes for 405, the fields that ask for no tools or plain text
+//! (accepted) and those that ask for more (refused, named).
+
+mod common;
+
+use common::{limits, post, raw, start};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+const COMPLETION: &str = r#"{"prompt": "hi", "max_tokens": 2}"#;
+
+#[tokio::test]
+async fn a_half_closed_client_still_gets_its_answer() {
+    let r = start(limits(10_000, 10_000, 60_000, 64), 1 << 20).await;
+    let mut s = TcpStream::connect(r.addr).await.unwrap();
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{COMPLETION}",
+        COMPLETION.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    s.shutdown().await.unwrap(); // FIN after a complete request
+    let reply = common::until_closed(&mut s).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("\"completion_tokens\":2"), "{reply}");
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn method_not_allowed_is_an_invalid_request() {
+    let r = start(limits(10_000, 10_000, 60_000, 64), 1 << 20).await;
+    let reply = raw(
+        r.addr,
+        "GET /v1/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 405"), "{reply}");
+    assert!(
+        reply.contains("\"type\":\"invalid_request_error\""),
+        "{reply}"
+    );
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn no_tools_and_plain_text_are_accepted_more_is_refused_by_name() {
+    let r = start(limits(10_000, 10_000, 60_000, 64), 1 << 20).await;
+    for ok in [
+        r#"{"prompt": "hi", "max_tokens": 2, "tools": []}"#,
+        r#"{"prompt": "hi", "max_tokens": 2, "tool_choice": "none"}"#,
+        r#"{"prompt": "hi", "max_tokens": 2, "response_format": {"type": "text"}}"#,
+        r#"{"prompt": "hi", "max_tokens": 2, "suffix": ""}"#,
+    ] {
+        let reply = post(r.addr, "/v1/completions", "", ok).await;
+        assert!(reply.starts_with("HTTP/1.1 200"), "{ok}: {reply}");
+    }
+    for (bad, field) in [
+        (
+            r#"{"prompt": "hi", "tools": [{"type": "function"}]}"#,
+            "`tools`",
+        ),
+        (
+            r#"{"prompt": "hi", "tool_choice": "auto"}"#,
+            "`tool_choice`",
+        ),
+        (
+            r#"{"prompt": "hi", "response_format": {"type": "json_object"}}"#,
+            "`response_format`",
+        ),
+        (r#"{"prompt": "hi", "suffix": "end"}"#, "`suffix`"),
+    ] {
+        let reply = post(r.addr, "/v1/completions", "", bad).await;
+        assert!(reply.starts_with("HTTP/1.1 400"), "{bad}: {reply}");
+        assert!(reply.contains(field), "{bad}: {reply}");
+    }
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn the_api_key_scheme_is_case_insensitive() {
+    let r = common::start_with(|cfg| cfg.api_key = Some("sk-test".into())).await;
+    for (header, want) in [
+        ("authorization: Bearer sk-test\r\n", "200"),
+        ("authorization: bearer sk-test\r\n", "200"),
+        ("authorization: BEARER sk-test\r\n", "200"),
+        ("authorization: bearer sk-wrong\r\n", "401"),
+        ("authorization: Basic sk-test\r\n", "401"),
+        ("", "401"),
+    ] {
+        let reply = post(r.addr, "/v1/completions", header, COMPLETION).await;
+        assert!(
+            reply.starts_with(&format!("HTTP/1.1 {want}")),
+            "{header:?}: {reply}"
+        );
+    }
+    r.stop().await;
+}
