@@ -291,19 +291,20 @@ pub(crate) async fn serve(
     let reg = &ctx.reg;
     let mut tasks = JoinSet::new();
     let mut draining = false;
+    // One timer for the whole drain: a fresh one per turn would never fire
+    // while connections keep arriving faster than it.
+    let mut drain_poll = tokio::time::interval(DRAIN_POLL);
     loop {
+        if draining && state.in_flight() == 0 {
+            break;
+        }
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = stop.wait_for(|s| *s), if !draining => {
                 draining = true;
                 continue;
             }
-            _ = tokio::time::sleep(DRAIN_POLL), if draining => {
-                if state.in_flight() == 0 {
-                    break;
-                }
-                continue;
-            }
+            _ = drain_poll.tick(), if draining => continue,
         };
         while tasks.try_join_next().is_some() {}
         let (stream, addr) = match accepted {

@@ -1,11 +1,19 @@
 //! The edges of the HTTP API that clients and proxies reach: the scheme of
 //! an API key in any case, a client that half-closes after its request,
 //! OpenAI's shapes for 405, the fields that ask for no tools or plain text
-//! (accepted) and those that ask for more (refused, named).
+//! (accepted) and those that ask for more (refused, named), and a failed
+//! engine seen by `/health`.
 
 mod common;
 
-use common::{limits, post, raw, start};
+use common::{limits, post, raw, start, PATIENCE};
+use radixkv::DeviceId;
+use radixkv_engine::backend::{CostModel, SimulatedBackend};
+use radixkv_engine::sched::batch::{BackendError, Batch, ModelBackend, StepOutput};
+use radixkv_engine::{Engine, EngineConfig};
+use radixkv_server::{Server, ServerConfig};
+use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -95,4 +103,92 @@ async fn the_api_key_scheme_is_case_insensitive() {
         );
     }
     r.stop().await;
+}
+
+/// The simulator, panicking in every pass: its scheduler thread dies.
+struct Panicking(SimulatedBackend);
+
+impl ModelBackend for Panicking {
+    fn step(&self, _device: DeviceId, _batch: &Batch) -> Result<StepOutput, BackendError> {
+        panic!("a bug in the model");
+    }
+
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+}
+
+#[tokio::test]
+async fn a_failed_scheduler_turns_health_to_503_with_the_reason() {
+    let engine = Engine::start(
+        EngineConfig {
+            devices: 1,
+            page_size: 16,
+            pages_per_device: 64,
+            ..EngineConfig::default()
+        },
+        Arc::new(Panicking(SimulatedBackend::new(CostModel::default(), 50.0))),
+    )
+    .unwrap();
+    let server = Server::bind(
+        "127.0.0.1:0".parse().unwrap(),
+        engine,
+        ServerConfig::default(),
+    )
+    .await
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(server.run(async move {
+        let _ = rx.await;
+    }));
+    // The request dies with its scheduler: a 503, not a hang.
+    let reply = post(
+        addr,
+        "/v1/completions",
+        "",
+        r#"{"prompt": "boom", "max_tokens": 2}"#,
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let health = loop {
+        let h = raw(
+            addr,
+            "GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        if h.contains("failed") || tokio::time::Instant::now() > deadline {
+            break h;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert!(health.starts_with("HTTP/1.1 503"), "{health}");
+    assert!(health.contains(r#""status":"failed""#), "{health}");
+    assert!(health.contains("a bug in the model"), "{health}");
+    let stats = raw(
+        addr,
+        "GET /stats HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        stats
+            .contains(r#""engine_failure":"the scheduler of device 0 failed: a bug in the model""#),
+        "{stats}"
+    );
+    assert!(stats.contains(r#""audit_ok":false"#), "{stats}");
+    // A new request is refused at once, naming the failure.
+    let refused = post(
+        addr,
+        "/v1/completions",
+        "",
+        r#"{"prompt": "again", "max_tokens": 2}"#,
+    )
+    .await;
+    assert!(
+        refused.starts_with("HTTP/1.1 503") && refused.contains("failed"),
+        "{refused}"
+    );
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(PATIENCE, handle).await;
 }
