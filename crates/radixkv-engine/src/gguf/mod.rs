@@ -1,0 +1,138 @@
+//! GGUF models (SmolLM2-135M-Instruct first): what a GGUF file's metadata
+//! holds besides the weights, read into the pieces a server needs.
+//!
+//! | file | what it holds |
+//! | --- | --- |
+//! | `tokenizer.rs` | the byte-level BPE tokenizer built from `tokenizer.ggml.*` ([`GgufTokenizer`]) |
+//! | `template.rs` | the chat template (`tokenizer.chat_template`) rendered with minijinja ([`ChatTemplate`]) |
+//! | `dense.rs` | candle's quantized llama over the same file: the dense reference ([`DenseModel`]) |
+//!
+//! The model's own paged attention over the cache's slots is not here
+//! yet; [`DenseModel`] is the separate code a verification compares it
+//! with.
+//!
+//! ```no_run
+//! use radixkv_engine::gguf::{GgufFile, Message};
+//! let f = GgufFile::open("SmolLM2-135M-Instruct.Q4_1.gguf").unwrap();
+//! let prompt = f.template().unwrap().render(&[Message::user("Hi")], true).unwrap();
+//! let ids = f.tokenizer().unwrap().encode(&prompt).unwrap();
+//! let mut model = f.dense().unwrap();
+//! let next = model.greedy(&ids, 8, f.eos()).unwrap();
+//! ```
+
+mod dense;
+mod template;
+mod tokenizer;
+
+pub use dense::DenseModel;
+pub use template::{ChatTemplate, Message};
+pub use tokenizer::GgufTokenizer;
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use std::path::{Path, PathBuf};
+
+/// Why a GGUF file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum GgufError {
+    /// Reading the file failed.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a GGUF candle can read, or a tensor is missing.
+    #[error("GGUF: {0}")]
+    Format(String),
+    /// A metadata key is missing or has another type.
+    #[error("GGUF metadata `{key}`: {why}")]
+    Metadata {
+        /// The key.
+        key: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// Something the file asks for that radixkv does not implement.
+    #[error("unsupported GGUF: {0}")]
+    Unsupported(String),
+    /// The tokenizer refused an input.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// The chat template failed to render.
+    #[error("chat template: {0}")]
+    Template(String),
+}
+
+/// A GGUF file's header and metadata (the tensors stay on disk until a
+/// model loads them).
+#[derive(Debug)]
+pub struct GgufFile {
+    path: PathBuf,
+    content: Content,
+}
+
+impl GgufFile {
+    /// Reads `path`'s header and metadata.
+    pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
+        let path = path.as_ref().to_path_buf();
+        let io = |source| GgufError::Io {
+            path: path.clone(),
+            source,
+        };
+        let mut f = std::fs::File::open(&path).map_err(io)?;
+        let content = Content::read(&mut f).map_err(|e| GgufError::Format(e.to_string()))?;
+        Ok(GgufFile { path, content })
+    }
+
+    /// The metadata value under `key`.
+    pub(crate) fn value(&self, key: &str) -> Result<&Value, GgufError> {
+        self.content
+            .metadata
+            .get(key)
+            .ok_or_else(|| GgufError::Metadata {
+                key: key.into(),
+                why: "missing".into(),
+            })
+    }
+
+    /// A string under `key`.
+    pub(crate) fn string(&self, key: &str) -> Result<&str, GgufError> {
+        self.value(key)?
+            .to_string()
+            .map(String::as_str)
+            .map_err(|e| GgufError::Metadata {
+                key: key.into(),
+                why: e.to_string(),
+            })
+    }
+
+    /// An unsigned integer under `key`.
+    pub(crate) fn u32(&self, key: &str) -> Result<u32, GgufError> {
+        self.value(key)?.to_u32().map_err(|e| GgufError::Metadata {
+            key: key.into(),
+            why: e.to_string(),
+        })
+    }
+
+    /// The end-of-sequence token (`tokenizer.ggml.eos_token_id`).
+    pub fn eos(&self) -> Option<u32> {
+        self.u32("tokenizer.ggml.eos_token_id").ok()
+    }
+
+    /// The tokenizer its metadata describes.
+    pub fn tokenizer(&self) -> Result<GgufTokenizer, GgufError> {
+        GgufTokenizer::from_gguf(self)
+    }
+
+    /// Its chat template.
+    pub fn template(&self) -> Result<ChatTemplate, GgufError> {
+        ChatTemplate::new(self.string("tokenizer.chat_template")?)
+    }
+
+    /// The dense reference model over its weights (loads them).
+    pub fn dense(&self) -> Result<DenseModel, GgufError> {
+        DenseModel::load(&self.path)
+    }
+}
