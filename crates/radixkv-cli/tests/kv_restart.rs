@@ -64,24 +64,7 @@ fn complete(addr: SocketAddr, prompt: &str) {
 
 /// The event types of a batch, in order.
 fn kinds(b: &Batch) -> Vec<String> {
-    let v = rmpv::decode::read_value(&mut &b.payload[..]).unwrap();
-    v.as_array().unwrap()[1]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            let tag = match e {
-                rmpv::Value::Map(m) => m
-                    .iter()
-                    .find(|(k, _)| k.as_str() == Some("type"))
-                    .map(|(_, v)| v.clone()),
-                rmpv::Value::Array(a) => a.first().cloned(),
-                _ => None,
-            };
-            tag.and_then(|t| t.as_str().map(str::to_owned))
-                .unwrap_or_default()
-        })
-        .collect()
+    b.event_types()
 }
 
 async fn next(sub: &mut KvEventSubscriber) -> Batch {

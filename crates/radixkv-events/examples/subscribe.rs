@@ -14,35 +14,6 @@ use radixkv_events::subscriber::KvEventSubscriber;
 use std::io::Write;
 use std::time::Duration;
 
-/// The types of a batch's events (`[ts, events, rank]`; each event a map
-/// with `type`, or an array led by it).
-fn kinds(payload: &[u8]) -> Vec<String> {
-    let Ok(v) = rmpv::decode::read_value(&mut &payload[..]) else {
-        return vec!["<undecodable>".into()];
-    };
-    let events = v
-        .as_array()
-        .and_then(|a| a.get(1))
-        .and_then(|e| e.as_array())
-        .cloned()
-        .unwrap_or_default();
-    events
-        .iter()
-        .map(|e| {
-            let tag = match e {
-                rmpv::Value::Map(m) => m
-                    .iter()
-                    .find(|(k, _)| k.as_str() == Some("type"))
-                    .map(|(_, v)| v.clone()),
-                rmpv::Value::Array(a) => a.first().cloned(),
-                _ => None,
-            };
-            tag.and_then(|t| t.as_str().map(str::to_owned))
-                .unwrap_or_else(|| "<unknown>".into())
-        })
-        .collect()
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
@@ -54,7 +25,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut out = std::io::stdout().lock();
     while let Ok(batch) = tokio::time::timeout_at(deadline, sub.recv()).await {
         let b = batch?;
-        if writeln!(out, "{} {}", b.seq, kinds(&b.payload).join(" "))
+        if writeln!(out, "{} {}", b.seq, b.event_types().join(" "))
             .and_then(|_| out.flush())
             .is_err()
         {

@@ -21,6 +21,52 @@ pub struct Batch {
     pub payload: Bytes,
 }
 
+impl Batch {
+    /// The type of each of its events, in order (`BlockStored`,
+    /// `BlockRemoved`, `AllBlocksCleared`): the `type` of a map-encoded
+    /// event, the first element of an array-encoded one. A payload that
+    /// does not decode gives `<undecodable>`.
+    ///
+    /// ```
+    /// use radixkv_events::subscriber::Batch;
+    /// use radixkv_events::wire::{encode_batch, Encoding, KvEvent, Medium};
+    /// let removed = KvEvent::BlockRemoved { block_hashes: vec![7], medium: Medium::Gpu };
+    /// for enc in [Encoding::Map, Encoding::Array] {
+    ///     let payload = encode_batch(0.0, &[KvEvent::AllBlocksCleared, removed.clone()], None, enc);
+    ///     let b = Batch { topic: Default::default(), seq: 1, payload: payload.into() };
+    ///     assert_eq!(b.event_types(), ["AllBlocksCleared", "BlockRemoved"]);
+    /// }
+    /// let junk = Batch { topic: Default::default(), seq: 2, payload: Vec::<u8>::new().into() };
+    /// assert_eq!(junk.event_types(), ["<undecodable>"]);
+    /// ```
+    pub fn event_types(&self) -> Vec<String> {
+        let Ok(v) = rmpv::decode::read_value(&mut &self.payload[..]) else {
+            return vec!["<undecodable>".into()];
+        };
+        let events = v
+            .as_array()
+            .and_then(|a| a.get(1))
+            .and_then(|e| e.as_array())
+            .cloned()
+            .unwrap_or_default();
+        events
+            .iter()
+            .map(|e| {
+                let tag = match e {
+                    rmpv::Value::Map(m) => m
+                        .iter()
+                        .find(|(k, _)| k.as_str() == Some("type"))
+                        .map(|(_, v)| v.clone()),
+                    rmpv::Value::Array(a) => a.first().cloned(),
+                    _ => None,
+                };
+                tag.and_then(|t| t.as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "<unknown>".into())
+            })
+            .collect()
+    }
+}
+
 /// Why a receive failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SubscribeError {
