@@ -48,7 +48,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 30.0, value_parser = ranges::timeout)]
     body_read_timeout_s: f64,
     /// Seconds a connection may stay open with no request (0.001 to
-    /// 86,400).
+    /// 86,400; the header-read timeout also bounds that wait, so the
+    /// smaller of the two applies).
     #[arg(long, default_value_t = 60.0, value_parser = ranges::timeout)]
     idle_timeout_s: f64,
     /// Connections open at once (1 to 1,048,576), kept below the open-file

@@ -179,17 +179,20 @@ pub(crate) fn apply(e: &Engine, body: &[u8]) -> Result<Value, ApiError> {
     let policy = eviction_policy(&o)?;
     let marks = watermarks(e, &o)?;
     let router = router(e, &o)?;
-    if let Some(p) = policy {
-        e.set_eviction_policy(p);
-    }
     let bad =
         |at: &str, err: radixkv_engine::EngineError| ApiError::BadRequest(format!("`{at}`: {err}"));
+    // What can still be refused goes first (the watermarks against every
+    // tier's pool, the host tier's too); the router's fields and the
+    // policy, checked above, cannot fail.
     if let Some((low, high)) = marks {
         e.set_watermarks(low, high)
             .map_err(|err| bad("watermarks", err))?;
     }
     if let Some(cfg) = router {
         e.set_router_config(cfg).map_err(|err| bad("router", err))?;
+    }
+    if let Some(p) = policy {
+        e.set_eviction_policy(p);
     }
     Ok(current(e))
 }

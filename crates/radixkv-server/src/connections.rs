@@ -12,7 +12,7 @@
 //! | --- | --- |
 //! | header-read timeout | a connection whose request head is not complete in time (hyper's timer, from the connection's start) |
 //! | body-read timeout | a request whose body is not complete in time: 408, and the connection closes |
-//! | idle timeout | a held connection with no request for this long |
+//! | idle timeout | a held connection with no request for this long (hyper also restarts the header-read timeout when a connection goes idle, so the smaller of the two applies) |
 //! | connection cap | when a new connection would exceed it, the oldest held connection is closed to make room; with none held, the new connection is closed at once |
 //!
 //! A request whose `Content-Length` exceeds the body limit is answered 413
@@ -294,6 +294,8 @@ pub(crate) async fn serve(
     // One timer for the whole drain: a fresh one per turn would never fire
     // while connections keep arriving faster than it.
     let mut drain_poll = tokio::time::interval(DRAIN_POLL);
+    // Ticks missed before the drain are not made up in a burst.
+    drain_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         if draining && state.in_flight() == 0 {
             break;
@@ -302,6 +304,7 @@ pub(crate) async fn serve(
             a = listener.accept() => a,
             _ = stop.wait_for(|s| *s), if !draining => {
                 draining = true;
+                drain_poll.reset();
                 continue;
             }
             _ = drain_poll.tick(), if draining => continue,
@@ -354,7 +357,27 @@ fn open(state: &AppState, reg: &Registry) {
         .store(reg.len(), Ordering::Relaxed);
 }
 
+/// Removes a connection from the registry when its task ends, however it
+/// ends (a panicking handler included).
+struct Registered {
+    reg: Arc<Registry>,
+    state: Arc<AppState>,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.reg.remove(self.id);
+        open(&self.state, &self.reg);
+    }
+}
+
 async fn connection(stream: TcpStream, addr: SocketAddr, conn: Arc<Conn>, mut ctx: Ctx) {
+    let _registered = Registered {
+        reg: Arc::clone(&ctx.reg),
+        state: Arc::clone(&ctx.state),
+        id: conn.id,
+    };
     let limits = ctx.state.cfg.connections;
     let (c, shared) = (Arc::clone(&conn), ctx.clone());
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
@@ -362,12 +385,12 @@ async fn connection(stream: TcpStream, addr: SocketAddr, conn: Arc<Conn>, mut ct
         async move { Ok::<_, std::convert::Infallible>(request(req, addr, &ctx, c).await) }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
-    // half_close: a client that shuts its write side after a complete
-    // request still gets its answer.
+    // No half-close: a client that shuts its write side is taken as gone
+    // (hyper then notices a disconnect while a whole response is being
+    // computed, and the request is cancelled, its pages released).
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .half_close(true);
+        .header_read_timeout(limits.header_read_timeout);
     let served = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(served);
     let tick = (limits.idle_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
@@ -388,8 +411,6 @@ async fn connection(stream: TcpStream, addr: SocketAddr, conn: Arc<Conn>, mut ct
             }
         }
     }
-    ctx.reg.remove(conn.id);
-    open(&ctx.state, &ctx.reg);
 }
 
 /// One request: the early 413, the body read within its timeout, then the

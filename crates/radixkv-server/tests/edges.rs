@@ -1,5 +1,6 @@
 //! The edges of the HTTP API that clients and proxies reach: the scheme of
-//! an API key in any case, a client that half-closes after its request,
+//! an API key in any case, a client that goes away during a whole
+//! completion,
 //! OpenAI's shapes for 405, the fields that ask for no tools or plain text
 //! (accepted) and those that ask for more (refused, named), and a failed
 //! engine seen by `/health`.
@@ -19,20 +20,62 @@ use tokio::net::TcpStream;
 
 const COMPLETION: &str = r#"{"prompt": "hi", "max_tokens": 2}"#;
 
+/// A client that goes away during a non-streamed completion, closing or
+/// only shutting its write side, cancels it: the engine stops computing it
+/// and nothing stays in flight (a half-close is taken as gone, as hyper
+/// does by default).
 #[tokio::test]
-async fn a_half_closed_client_still_gets_its_answer() {
-    let r = start(limits(10_000, 10_000, 60_000, 64), 1 << 20).await;
-    let mut s = TcpStream::connect(r.addr).await.unwrap();
-    let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{COMPLETION}",
-        COMPLETION.len()
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    s.shutdown().await.unwrap(); // FIN after a complete request
-    let reply = common::until_closed(&mut s).await;
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-    assert!(reply.contains("\"completion_tokens\":2"), "{reply}");
+async fn a_client_that_goes_away_cancels_its_whole_completion() {
+    // A token every ~6 ms: 4,000 would take ~25 s.
+    let r = common::start_full(1.0, 1024, ServerConfig::default(), None).await;
+    for half_close in [false, true] {
+        let body = r#"{"prompt": "a long answer", "max_tokens": 4000}"#;
+        let mut s = TcpStream::connect(r.addr).await.unwrap();
+        let req = format!(
+            "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        // The request is in the engine once /stats shows it outstanding.
+        wait_stats(r.addr, |v| v["outstanding"] == 1).await;
+        if half_close {
+            s.shutdown().await.unwrap();
+        } else {
+            drop(s);
+        }
+        let v = wait_stats(r.addr, |v| v["outstanding"] == 0 && v["audit_ok"] == true).await;
+        assert_eq!(v["http"]["in_flight"], 0, "{v}");
+        let generated: u64 = v["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["output_tokens"].as_u64().unwrap())
+            .sum();
+        assert_eq!(generated, 0, "cancelled, not finished: {v}");
+    }
     r.stop().await;
+}
+
+/// `/stats` once `until` holds (bounded).
+async fn wait_stats(
+    addr: std::net::SocketAddr,
+    until: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let reply = raw(
+            addr,
+            "GET /stats HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        let body = &reply[reply.find("\r\n\r\n").map_or(0, |i| i + 4)..];
+        let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        if until(&v) {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{v}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test]

@@ -255,9 +255,22 @@ impl Scheduler {
             return;
         };
         if self.running[i].computed >= self.running[i].prompt {
-            if let Err(e) = self.finish(vec![i]) {
-                self.fail_all(e.into());
-            }
+            let Running { entry, mut req, .. } = self.running.remove(i);
+            // The last token was appended for the next pass and has no KV
+            // yet: cache up to it, not including it (a natural end never
+            // appends its last token).
+            let t = Instant::now();
+            let upto = req.tokens().len().saturating_sub(1);
+            let result = req.commit_chunk(upto).map(|_| ());
+            drop(req); // the rest of its pages back, its pin released
+            self.events.cache_op(
+                self.reported,
+                super::interface::CacheOp::Insert,
+                t.elapsed(),
+            );
+            self.backend.release(self.reported, entry.job.id);
+            let c = entry.completion(self.reported, t, result.err().map(RequestError::from));
+            self.complete(&entry, c);
         } else {
             let r = self.running.remove(i);
             self.done_computing(&r);
