@@ -9,16 +9,21 @@ use std::path::{Path, PathBuf};
 /// The engine's options, shared by `serve` and `replay`.
 #[derive(clap::Args, Debug)]
 pub struct EngineArgs {
-    /// Devices (simulated GPUs), one scheduler thread each (1 to 1,024).
-    #[arg(long, default_value_t = 4, value_parser = ranges::count(ranges::DEVICES))]
-    pub devices: usize,
+    /// Devices (simulated GPUs), one scheduler thread each (1 to 1,024;
+    /// default 4, or 2 with a model that computes on the CPU: --model tiny
+    /// or gguf:PATH).
+    #[arg(long, value_parser = ranges::count(ranges::DEVICES))]
+    pub devices: Option<usize>,
     /// Tokens per KV page (1 to 65,536).
     #[arg(long, default_value_t = 16, value_parser = ranges::count(ranges::PAGE_SIZE))]
     pub page_size: usize,
     /// KV pages per device, page 0 reserved (2 to 2³²−1; default: replay, enough for
     /// the whole workload's prompt and output tokens, at most 4,194,304,
-    /// or 512 tokens' worth with --model tiny and the default gsp sizes;
-    /// serve, 16,384, or 4,096 tokens' worth with --model tiny).
+    /// or 512 tokens' worth with --model tiny and 768 with gguf:PATH on
+    /// their default workloads; serve, 16,384, or 4,096 tokens' worth with
+    /// --model tiny and 8,192 with gguf:PATH). A GGUF model's K/V is f32:
+    /// SmolLM2-135M takes 46 KB a token, so 2 devices of 8,192 tokens and
+    /// the default host tier (4 × a device) take 2.3 GB.
     #[arg(long, value_parser = ranges::count(ranges::POOL_PAGES))]
     pub pages_per_device: Option<usize>,
     /// Router: cache-aware, round-robin, least-loaded or private.
@@ -68,9 +73,14 @@ pub struct EngineArgs {
 pub const HOST_POOL_MULTIPLE: usize = 4;
 
 impl EngineArgs {
-    /// Sets everything but the pool size, validating the names.
-    pub fn apply(&self, cfg: &mut EngineConfig) -> Result<(), Box<dyn std::error::Error>> {
-        cfg.devices = self.devices;
+    /// Sets everything but the pool size, validating the names; `real`:
+    /// the model computes on the CPU (2 devices by default, not 4).
+    pub fn apply(
+        &self,
+        cfg: &mut EngineConfig,
+        real: bool,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        cfg.devices = self.devices.unwrap_or(if real { 2 } else { 4 });
         cfg.page_size = self.page_size;
         cfg.eviction_policy = self.eviction.parse()?;
         cfg.router.kind = self.router.parse()?;

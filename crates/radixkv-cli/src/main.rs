@@ -11,6 +11,7 @@
 mod args;
 mod hitrate;
 mod kv_events;
+mod model;
 mod ops;
 mod ranges;
 mod replay;

@@ -2,16 +2,12 @@
 //! engine, one summary per router.
 
 use crate::args::{EngineArgs, WorkloadArgs};
+use crate::model::ModelArg;
 use crate::CmdResult;
 use radixkv_engine::router::RouterKind;
 use radixkv_tools::replay::{format_summaries, replay, ReplayConfig};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-/// The error for `--model tiny` in a build without the `candle` feature.
-#[cfg(not(feature = "candle"))]
-pub const NO_CANDLE: &str =
-    "--model tiny needs the tiny candle model: build with the `candle` feature (on by default)";
 
 /// `radixkv replay` options.
 #[derive(clap::Args, Debug)]
@@ -23,7 +19,7 @@ pub struct ReplayArgs {
     #[command(flatten)]
     engine: EngineArgs,
     /// Model time per wall time of the simulated GPUs (0.001 to 10⁹;
-    /// --model tiny runs in wall time and ignores it).
+    /// --model tiny and gguf:PATH run in wall time and ignore it).
     #[arg(long, default_value_t = 4.0, value_parser = crate::ranges::speedup)]
     speedup: f64,
     /// Requests per second (Poisson, model time) instead of the workload's
@@ -58,28 +54,43 @@ pub struct ReplayArgs {
     /// No progress output.
     #[arg(long)]
     quiet: bool,
-    /// The model behind the engine: `simulated` or `sim` (a cost model) or
-    /// `tiny` (a small candle transformer computing for real on the CPU,
-    /// its KV in per-device pools at the slots the cache allocates).
-    /// With `tiny`, `--workload gsp` and the default gsp sizes and
-    /// --output-len, a smaller workload runs: 256 requests of 64 + 16
-    /// tokens, 4 output tokens; and without --pages-per-device, 512 KV
-    /// tokens per device (prefixes get evicted and inserted again).
+    /// Every request in a cache namespace of its own: nothing is reused
+    /// (the baseline without a prefix cache).
+    #[arg(long)]
+    no_prefix_sharing: bool,
+    /// The model behind the engine: `simulated` or `sim` (a cost model),
+    /// `tiny` (a small random-weights candle transformer) or `gguf:PATH`
+    /// (a GGUF llama such as SmolLM2-135M-Instruct: scripts/fetch-smollm2.sh
+    /// prints its path). The last two compute for real on the CPU, their
+    /// K/V in per-device pools at the slots the cache allocates, on 2
+    /// devices by default. With `--workload gsp` at the default gsp sizes
+    /// and --output-len they run smaller workloads: `tiny` 256 requests of
+    /// 64 + 16 tokens and 4 output tokens, 512 KV tokens per device;
+    /// `gguf:PATH` 32 requests of 256 + 32 tokens and 8 output tokens, 768
+    /// KV tokens per device (about a minute on 2 cores). Prefixes get
+    /// evicted, loaded back from the host tier and inserted again.
     #[arg(long, default_value = "simulated")]
-    model: String,
-    /// With --model tiny: check every computed position against a dense
-    /// recomputation; the command fails if any mismatches.
+    model: ModelArg,
+    /// With a real model: check each request against a dense
+    /// recomputation by separate code (every computed position with
+    /// `tiny`, every sampled one with `gguf:PATH`); the command fails if
+    /// any mismatches.
     #[arg(long)]
     verify: bool,
-    /// With --model tiny: where the KV pools live, `host` or `cuda` (GPU
+    /// With a real model: where the KV pools live, `host` or `cuda` (GPU
     /// memory; needs a build with --features cuda and a CUDA driver).
     #[arg(long, default_value = "host")]
-    #[cfg_attr(not(feature = "candle"), allow(dead_code))] // read only with the tiny model
+    #[cfg_attr(not(feature = "candle"), allow(dead_code))] // read only with a real model
     kv_pool: String,
     /// Publish the run's KV events, so that a router can watch the trace.
     #[command(flatten)]
     kv_events: crate::kv_events::KvEventArgs,
 }
+
+/// KV tokens per device of the default `--model gguf:PATH` replay: less
+/// than its workload's distinct tokens, so prefixes are evicted and
+/// come back (from the host tier, or recomputed).
+const GGUF_DEFAULT_POOL_TOKENS: usize = 768;
 
 /// Set by SIGINT or SIGTERM: the replay stops and prints what it has.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -108,25 +119,30 @@ fn interrupt_on_signal() {
 
 /// Loads the workload, runs it under each router, prints the summaries.
 pub fn run(a: ReplayArgs) -> CmdResult {
-    let tiny = match a.model.as_str() {
-        "simulated" | "sim" => false,
-        "tiny" => true,
-        m => return Err(format!("unknown model {m:?} (simulated or tiny)").into()),
-    };
+    let model = a.model.clone();
     #[cfg(not(feature = "candle"))]
-    if tiny {
-        return Err(NO_CANDLE.into());
+    if model == ModelArg::Tiny {
+        return Err(crate::model::NO_CANDLE.into());
     }
-    if a.verify && !tiny {
-        return Err("--verify needs --model tiny".into());
+    #[cfg(not(feature = "gguf"))]
+    if matches!(model, ModelArg::Gguf(_)) {
+        return Err(crate::model::NO_GGUF.into());
     }
-    // The default gsp sizes with the tiny model: its own, smaller workload.
-    #[cfg(feature = "candle")]
-    let tiny_default = tiny && a.workload.is_default_gsp();
-    let w = match () {
+    if a.verify && !model.is_real() {
+        return Err("--verify needs a real model: --model tiny or gguf:PATH".into());
+    }
+    // The default gsp sizes with a real model: its own, smaller workload.
+    let small_default = model.is_real() && a.workload.is_default_gsp();
+    let w = match &model {
         #[cfg(feature = "candle")]
-        () if tiny_default => radixkv_tools::replay::tiny_default_workload(a.workload.seed),
-        () => a.workload.load()?,
+        ModelArg::Tiny if small_default => {
+            radixkv_tools::replay::tiny_default_workload(a.workload.seed)
+        }
+        #[cfg(feature = "gguf")]
+        ModelArg::Gguf(_) if small_default => {
+            radixkv_tools::replay::gguf_default_workload(a.workload.seed)
+        }
+        _ => a.workload.load()?,
     };
     let w = w.for_replay(a.workload.output_len, a.workload.max_requests)?;
     if w.requests.is_empty() {
@@ -148,21 +164,37 @@ pub fn run(a: ReplayArgs) -> CmdResult {
         seed: a.workload.seed,
         max_concurrency: a.max_concurrency,
         progress: !a.quiet,
+        share_prefixes: !a.no_prefix_sharing,
         ..ReplayConfig::default()
     };
-    a.engine.apply(&mut cfg.engine)?;
-    #[cfg(feature = "candle")]
-    if tiny {
-        cfg.model = radixkv_tools::replay::ReplayModel::Tiny {
-            model: radixkv_engine::tiny::TinyConfig::default(),
-            pool: a.kv_pool.parse()?,
-            verify: a.verify,
-        };
+    a.engine.apply(&mut cfg.engine, model.is_real())?;
+    match &model {
+        #[cfg(feature = "candle")]
+        ModelArg::Tiny => {
+            cfg.model = radixkv_tools::replay::ReplayModel::Tiny {
+                model: radixkv_engine::tiny::TinyConfig::default(),
+                pool: a.kv_pool.parse()?,
+                verify: a.verify,
+            }
+        }
+        #[cfg(feature = "gguf")]
+        ModelArg::Gguf(path) => {
+            cfg.model = radixkv_tools::replay::ReplayModel::Gguf {
+                path: path.clone(),
+                pool: a.kv_pool.parse()?,
+                verify: a.verify,
+            }
+        }
+        _ => {}
     }
+    let ps = a.engine.page_size.max(1);
     cfg.engine.pages_per_device = match a.engine.pages_per_device {
         Some(p) => p,
         #[cfg(feature = "candle")]
-        None if tiny_default => radixkv_engine::tiny::default_pages_per_device(a.engine.page_size),
+        None if small_default && model == ModelArg::Tiny => {
+            radixkv_engine::tiny::default_pages_per_device(ps)
+        }
+        None if small_default => GGUF_DEFAULT_POOL_TOKENS / ps + 1,
         // Every request's prompt and output, once: no eviction needed.
         None => (w.total_tokens() / a.engine.page_size.max(1) + 2).min(1 << 22),
     };

@@ -17,12 +17,17 @@ pub struct ServeArgs {
     port: u16,
     #[command(flatten)]
     engine: EngineArgs,
-    /// Model backend: `sim` or `simulated` (the cost-model simulator) or
-    /// `tiny` (the tiny candle transformer on the CPU, K/V in host pools).
-    /// Pools default to 16,384 pages per device, or 4,096 tokens' worth
-    /// with `tiny`.
+    /// Model backend: `sim` or `simulated` (the cost-model simulator),
+    /// `tiny` (the tiny candle transformer on the CPU, K/V in host pools)
+    /// or `gguf:PATH` (a GGUF llama such as SmolLM2-135M-Instruct, whose
+    /// path scripts/fetch-smollm2.sh prints: real text through its own
+    /// tokenizer and chat template, computed on the CPU, K/V in f32 host
+    /// pools). Pools default to 16,384 pages per device, or 4,096 tokens'
+    /// worth with `tiny` and 8,192 with `gguf:PATH` (46 KB a token for
+    /// SmolLM2-135M: 2 devices and the host tier take 2.3 GB); the real
+    /// models run on 2 devices by default.
     #[arg(long, default_value = "sim")]
-    model: String,
+    model: crate::model::ModelArg,
     /// Model time per wall time of the simulated GPUs (`--model sim`;
     /// 0.001 to 10⁹).
     #[arg(long, default_value_t = 50.0, value_parser = ranges::speedup)]
@@ -89,36 +94,55 @@ pub struct ServeArgs {
 
 /// Starts the engine and the server; returns after a drained shutdown.
 pub fn run(a: ServeArgs) -> CmdResult {
+    use crate::model::ModelArg;
     use radixkv_engine::backend::{CostModel, ModelBackend, SimulatedBackend};
     use radixkv_engine::{Engine, EngineConfig};
     use radixkv_server::{shutdown_signal, Server, ServerConfig};
-    let tiny = a.model == "tiny";
     let e = &a.engine;
-    let pages_per_device = e.pages_per_device.unwrap_or(if tiny {
-        4096 / e.page_size.max(1) + 1
-    } else {
-        16_384
+    let ps = e.page_size.max(1);
+    let pages_per_device = e.pages_per_device.unwrap_or(match a.model {
+        ModelArg::Simulated => 16_384,
+        ModelArg::Tiny => 4096 / ps + 1,
+        ModelArg::Gguf(_) => 8192 / ps + 1,
     });
     let mut cfg = EngineConfig {
         pages_per_device,
         ..EngineConfig::default()
     };
-    e.apply(&mut cfg)?;
+    e.apply(&mut cfg, a.model.is_real())?;
     e.apply_tiers(&mut cfg)?;
     cfg.watermarks = a.watermarks;
-    let backend: std::sync::Arc<dyn ModelBackend> = match a.model.as_str() {
-        "sim" | "simulated" => std::sync::Arc::new(
+    #[cfg_attr(not(feature = "gguf"), allow(unused_mut))]
+    let mut codec: Option<std::sync::Arc<dyn radixkv_server::codec::TextCodec>> = None;
+    let backend: std::sync::Arc<dyn ModelBackend> = match &a.model {
+        ModelArg::Simulated => std::sync::Arc::new(
             SimulatedBackend::new(CostModel::default(), a.speedup)
                 .with_layers(cfg.tiers.shape.layers),
         ),
         #[cfg(feature = "candle")]
-        "tiny" => {
-            use radixkv_engine::tiny::{TinyBackend, TinyBackendConfig};
-            std::sync::Arc::new(TinyBackend::new(TinyBackendConfig::for_engine(&cfg))?)
+        ModelArg::Tiny => {
+            use radixkv_engine::paged::PoolConfig;
+            use radixkv_engine::tiny::{TinyBackend, TinyConfig, TinyModel};
+            let model = TinyModel::new(TinyConfig::default())?;
+            std::sync::Arc::new(TinyBackend::new(model, PoolConfig::for_engine(&cfg))?)
         }
         #[cfg(not(feature = "candle"))]
-        "tiny" => return Err(crate::replay::NO_CANDLE.into()),
-        other => return Err(format!("unknown --model {other} (sim or tiny)").into()),
+        ModelArg::Tiny => return Err(crate::model::NO_CANDLE.into()),
+        #[cfg(feature = "gguf")]
+        ModelArg::Gguf(path) => {
+            use radixkv_engine::gguf::{GgufBackend, GgufFile};
+            use radixkv_engine::paged::PoolConfig;
+            let file = GgufFile::open(path)?;
+            codec = Some(std::sync::Arc::new(radixkv_server::codec::GgufCodec::new(
+                &file,
+            )?));
+            std::sync::Arc::new(GgufBackend::new(
+                file.llama()?,
+                PoolConfig::for_engine(&cfg),
+            )?)
+        }
+        #[cfg(not(feature = "gguf"))]
+        ModelArg::Gguf(_) => return Err(crate::model::NO_GGUF.into()),
     };
     let scfg = ServerConfig {
         max_queue: a.max_queue,
@@ -128,7 +152,7 @@ pub fn run(a: ServeArgs) -> CmdResult {
         model_name: a
             .served_model_name
             .clone()
-            .unwrap_or_else(|| format!("radixkv-{}", a.model)),
+            .unwrap_or_else(|| format!("radixkv-{}", a.model.name())),
         api_key: a.api_key.clone().filter(|k| !k.is_empty()),
         admin_from_anywhere: a.admin_from_anywhere,
         connections: radixkv_server::connections::ConnectionLimits {
@@ -151,6 +175,9 @@ pub fn run(a: ServeArgs) -> CmdResult {
             Server::bind(std::net::SocketAddr::new(a.host, a.port), engine, scfg).await?;
         if let Some(p) = &publisher {
             server = server.with_kv_events(std::sync::Arc::clone(p));
+        }
+        if let Some(c) = codec {
+            server = server.with_codec(c);
         }
         // A second SIGINT/SIGTERM during the drain stops what is left at
         // once (its handlers are installed when the drain begins).

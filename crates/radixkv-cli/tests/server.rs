@@ -903,7 +903,9 @@ async fn serves_the_tiny_model() {
     let prompt = "The tiny model reads every byte of this.";
     let mut texts = Vec::new();
     for want_cached in [0, 32] {
-        let r = s.post(json!({"prompt": prompt, "max_tokens": 6})).await;
+        let r = s
+            .post(json!({"prompt": prompt, "max_tokens": 6, "temperature": 0}))
+            .await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.body);
         let v = r.json();
         assert_eq!(v["model"], "radixkv-tiny");
@@ -913,6 +915,19 @@ async fn serves_the_tiny_model() {
     }
     // Greedy decoding over reused K/V gives the same text.
     assert_eq!(texts[0], texts[1]);
+    // Sampling: the same seed gives the same text, another seed another
+    // (the tiny model's logits are spread enough for 6 tokens to differ).
+    let sampled = |seed: u64| {
+        let s = &s;
+        async move {
+            let body = json!({"prompt": prompt, "max_tokens": 6, "temperature": 1.5, "seed": seed});
+            let v = s.post(body).await.json();
+            v["choices"][0]["text"].as_str().unwrap().to_string()
+        }
+    };
+    let (a, b, c) = (sampled(7).await, sampled(7).await, sampled(8).await);
+    assert_eq!(a, b);
+    assert_ne!(a, c);
     assert_eq!(s.wait_idle().await["audit_ok"], true);
     assert!(terminate(child).await.success());
 }
@@ -945,7 +960,7 @@ async fn models_list_the_served_model() {
 
 /// The chat template's prompt length of `messages`, by its documented rule.
 fn rendered_len(messages: &Value) -> usize {
-    radixkv_server::chat::render_messages(messages)
+    radixkv_server::chat::render_messages(messages, &radixkv_server::codec::ByteCodec)
         .unwrap()
         .len()
 }

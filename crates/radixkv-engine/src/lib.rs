@@ -33,7 +33,9 @@
 //! | [`sched`] | per-device scheduling: waiting-queue policies, the scheduler loop, the model interface |
 //! | [`backend`] | model backends: the cost-model simulator |
 //! | [`tiers`] | the host tier, copy and write policies, and the copy-or-recompute cost model |
-//! | `tiny` | a tiny candle transformer computing for real, its KV in [`kvpool`] pools (feature `candle`) |
+//! | `paged` | models computing for real with their K/V in [`kvpool`] pools at the cache's slots, and the backend that runs any of them (feature `candle`) |
+//! | `tiny` | a tiny random-weights candle transformer, a paged model (feature `candle`) |
+//! | `gguf` | GGUF llamas (SmolLM2-135M): tokenizer, chat template, the paged model and its dense reference (feature `gguf`) |
 //! | [`kvpool`] | KV memory per device: host, or CUDA (feature `cuda`) |
 //! | [`rng`] | the one seeded generator of workloads, policies and weights |
 //!
@@ -45,8 +47,8 @@
 //!
 //! | feature | default | what it adds |
 //! | --- | --- | --- |
-//! | `candle` | on | the tiny candle transformer (`tiny`) |
-//! | `gguf` | on | GGUF models' tokenizer, chat template and dense reference (`gguf`) |
+//! | `candle` | on | paged models (`paged`) and the tiny candle transformer (`tiny`) |
+//! | `gguf` | on | GGUF llamas: tokenizer, chat template, the paged model and its dense reference (`gguf`) |
 //! | `cuda` | off | KV pools in GPU memory through cudarc, loaded at run time (builds without a toolkit) |
 
 mod accounting;
@@ -55,6 +57,8 @@ mod engine;
 #[cfg(feature = "gguf")]
 pub mod gguf;
 pub mod kvpool;
+#[cfg(feature = "candle")]
+pub mod paged;
 pub mod rng;
 pub mod router;
 pub mod sched;

@@ -359,6 +359,7 @@ fn a_prefix_computed_in_this_pass_is_waited_for_not_computed_twice() {
                 priority: 0,
                 output_len: 2,
                 output_tokens: None,
+                sampling: Default::default(),
                 arrival: std::time::Instant::now(),
                 stream: None,
             }))

@@ -11,14 +11,23 @@
 use radixkv::{DeviceId, PagedCache, RadixCache, Tier, TokenKey};
 use radixkv_engine::backend::{Batch, DecodeWork, ModelBackend, PrefillWork, WorkData};
 use radixkv_engine::kvpool::{HostKvPool, Kv, KvPool};
+use radixkv_engine::paged::{
+    argmax, Comparison, Logits, ModelError, PagedSeq, PoolConfig, PoolKind,
+};
 use radixkv_engine::router::RouterKind;
 use radixkv_engine::tiers::{CopyPolicy, TierConfig, WritePolicy};
-use radixkv_engine::tiny::{
-    argmax, compare_rows, Comparison, Logits, PagedSeq, PoolKind, TinyBackend, TinyBackendConfig,
-    TinyConfig, TinyError, TinyModel, LOGIT_TOLERANCE,
-};
+use radixkv_engine::tiny::{TinyBackend, TinyConfig, TinyModel, LOGIT_TOLERANCE, TOLERANCE};
 use radixkv_engine::{Engine, EngineConfig, EngineRequest};
 use std::sync::Arc;
+
+/// The tiny model's comparison of one row with the reference's.
+fn compare_rows(got: &[f32], want: &[f32]) -> Comparison {
+    radixkv_engine::paged::compare_rows(got, want, TOLERANCE)
+}
+
+fn tiny(pools: PoolConfig) -> Result<TinyBackend, ModelError> {
+    TinyBackend::new(TinyModel::new(TinyConfig::default())?, pools)
+}
 
 /// Deterministic token ids spread over the whole id space (below 2³¹).
 fn ids(seed: u64, n: usize) -> Vec<u32> {
@@ -293,9 +302,9 @@ fn engine_cfg(devices: usize, page_size: usize, pool_tokens: usize) -> EngineCon
 
 fn tiny_backend(cfg: &EngineConfig, verify: bool) -> Arc<TinyBackend> {
     Arc::new(
-        TinyBackend::new(TinyBackendConfig {
+        tiny(PoolConfig {
             verify,
-            ..TinyBackendConfig::for_engine(cfg)
+            ..PoolConfig::for_engine(cfg)
         })
         .unwrap(),
     )
@@ -531,10 +540,10 @@ fn bad_inputs_are_typed_errors() {
             head_dim: 3,
             ..TinyConfig::default()
         }),
-        Err(TinyError::InvalidConfig(_))
+        Err(ModelError::InvalidConfig(_))
     ));
     let m = TinyModel::new(TinyConfig::default()).unwrap();
-    assert!(matches!(m.forward_dense(&[]), Err(TinyError::Input(_))));
+    assert!(matches!(m.forward_dense(&[]), Err(ModelError::Input(_))));
     let mut pool = HostKvPool::new(m.pool_layout(8));
     let t = [1, 2, 3];
     for (slots, start) in [
@@ -552,7 +561,7 @@ fn bad_inputs_are_typed_errors() {
             false,
         );
         assert!(
-            matches!(r, Err(TinyError::Input(_) | TinyError::Pool(_))),
+            matches!(r, Err(ModelError::Input(_) | ModelError::Pool(_))),
             "{r:?}"
         );
     }
@@ -568,7 +577,7 @@ fn bad_inputs_are_typed_errors() {
     };
     assert!(matches!(
         m.forward_paged(&mut wrong, &[seq], false),
-        Err(TinyError::InvalidConfig(_))
+        Err(ModelError::InvalidConfig(_))
     ));
 
     let cfg = engine_cfg(1, 4, 64);
@@ -593,6 +602,7 @@ fn bad_inputs_are_typed_errors() {
             data: Some(WorkData {
                 tokens: vec![1, 2],
                 slots: vec![4],
+                ..WorkData::default()
             }),
         }],
         ..Batch::default()
@@ -608,6 +618,7 @@ fn bad_inputs_are_typed_errors() {
             data: Some(WorkData {
                 tokens: vec![1, 2],
                 slots: vec![4, 5],
+                ..WorkData::default()
             }),
         }],
         ..Batch::default()
@@ -617,11 +628,11 @@ fn bad_inputs_are_typed_errors() {
     assert_eq!(out.next_tokens.len(), 1);
     assert!(out.next_tokens[0].1 < 1024);
     assert!(matches!(
-        TinyBackend::new(TinyBackendConfig {
+        tiny(PoolConfig {
             devices: 0,
-            ..TinyBackendConfig::for_engine(&cfg)
+            ..PoolConfig::for_engine(&cfg)
         }),
-        Err(TinyError::InvalidConfig(_))
+        Err(ModelError::InvalidConfig(_))
     ));
     assert!("tpu".parse::<PoolKind>().is_err());
 }
@@ -629,14 +640,14 @@ fn bad_inputs_are_typed_errors() {
 #[test]
 fn a_cuda_pool_is_an_error_not_a_panic_without_a_gpu() {
     let cfg = engine_cfg(2, 16, 256);
-    let r = TinyBackend::new(TinyBackendConfig {
+    let r = tiny(PoolConfig {
         pool: "cuda".parse().unwrap(),
-        ..TinyBackendConfig::for_engine(&cfg)
+        ..PoolConfig::for_engine(&cfg)
     });
     let cuda = cfg!(feature = "cuda");
     match r {
-        Err(TinyError::CudaNotBuilt) if !cuda => {}
-        Err(TinyError::Pool(radixkv_engine::kvpool::KvPoolError::NoCudaDriver)) if cuda => {}
+        Err(ModelError::CudaNotBuilt) if !cuda => {}
+        Err(ModelError::Pool(radixkv_engine::kvpool::KvPoolError::NoCudaDriver)) if cuda => {}
         Ok(_) if cuda => {} // a machine with a GPU
         Ok(_) => panic!("a GPU pool without feature cuda"),
         Err(e) => panic!("unexpected: {e}"),
@@ -652,10 +663,10 @@ mod cuda {
     use radixkv_engine::kvpool::{CudaKvPool, KvPoolError};
 
     fn gpu_backend(cfg: &EngineConfig) -> Arc<TinyBackend> {
-        match TinyBackend::new(TinyBackendConfig {
+        match tiny(PoolConfig {
             verify: true,
             pool: PoolKind::Cuda,
-            ..TinyBackendConfig::for_engine(cfg)
+            ..PoolConfig::for_engine(cfg)
         }) {
             Ok(b) => Arc::new(b),
             Err(e) => panic!("this GPU check needs a working CUDA driver: {e}"),
@@ -666,12 +677,12 @@ mod cuda {
     #[test]
     fn cuda_backend_without_a_driver_is_a_typed_error() {
         let cfg = engine_cfg(1, 16, 64);
-        let r = TinyBackend::new(TinyBackendConfig {
+        let r = tiny(PoolConfig {
             pool: PoolKind::Cuda,
-            ..TinyBackendConfig::for_engine(&cfg)
+            ..PoolConfig::for_engine(&cfg)
         });
         match r {
-            Ok(_) | Err(TinyError::Pool(KvPoolError::NoCudaDriver)) => {}
+            Ok(_) | Err(ModelError::Pool(KvPoolError::NoCudaDriver)) => {}
             Err(e) => panic!("a GPU backend is Ok or NoCudaDriver, not {e}"),
         }
     }

@@ -1,16 +1,17 @@
 //! The requests of `POST /v1/completions` and `POST /v1/chat/completions`
 //! (an OpenAI subset) and their validation.
 //!
-//! The byte tokenizer is [`crate::tokenizer`]; the response shapes are
-//! [`crate::wire`].
+//! Text becomes tokens through the model's [`TextCodec`]; the response
+//! shapes are [`crate::wire`].
 
+use super::codec::TextCodec;
 use super::error::ApiError;
-use super::tokenizer::encode;
+use radixkv_engine::sched::sampling::Sampling;
 use serde_json::{Map, Value};
 use std::sync::Arc;
 
 /// A validated completion request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct CompletionRequest {
     /// Prompt tokens (not empty), in the one buffer the engine's job and
     /// its scheduler share until the cache's request takes its own copy.
@@ -34,6 +35,9 @@ pub struct CompletionRequest {
     pub model: Option<String>,
     /// Stop sequences (`stop`): the text ends before the first one.
     pub stop: Vec<String>,
+    /// `temperature`, `top_p` and `seed` (greedy when the temperature is
+    /// 0; a request without a seed gets one drawn by the server).
+    pub sampling: Sampling,
 }
 
 /// Limits a request is validated against.
@@ -47,12 +51,17 @@ pub struct Limits {
 
 impl CompletionRequest {
     /// Parses and validates a `/v1/completions` body: a JSON object with
-    /// `prompt` (a string or an array of token ids) and the fields of
+    /// `prompt` (a string, encoded by `codec`, or an array of token ids
+    /// within its vocabulary) and the fields of
     /// [`parse_chat`](Self::parse_chat). Every problem is an
     /// [`ApiError::BadRequest`] naming the field.
-    pub fn parse(body: &[u8], limits: Limits) -> Result<CompletionRequest, ApiError> {
+    pub fn parse(
+        body: &[u8],
+        limits: Limits,
+        codec: &dyn TextCodec,
+    ) -> Result<CompletionRequest, ApiError> {
         let obj = body_object(body)?;
-        let tokens = prompt_tokens(&obj)?;
+        let tokens = prompt_tokens(&obj, codec)?;
         from_fields(&obj, tokens, limits, false)
     }
 
@@ -60,18 +69,23 @@ impl CompletionRequest {
     /// rendered by the chat template ([`crate::chat`]), then the common
     /// fields: `max_tokens` or `max_completion_tokens`, `stream`,
     /// `stream_options.include_usage`, `cache_salt`, `lora_name`, `model`, `stop` (a
-    /// string or up to 4, applied to the generated text), and the sampling
-    /// fields clients send by default, accepted and not applied (the
-    /// models here decode greedily): `temperature` (0..=2), `top_p`
-    /// (0..=1), `seed`, `user`, `presence_penalty`, `frequency_penalty`.
+    /// string or up to 4, applied to the generated text), the sampling
+    /// fields `temperature` (0..=2; 0 is greedy), `top_p` (0..=1) and
+    /// `seed` (applied by models that compute: the same seed gives the
+    /// same text), and fields clients send by default, accepted and not
+    /// applied: `user`, `presence_penalty`, `frequency_penalty`.
     /// Fields radixkv cannot honour are refused with a 400 that names
     /// them: `n` > 1, `logprobs`/`top_logprobs`, `tools` (but `[]`),
     /// `tool_choice` and `function_call` (but `"none"`), `functions` (but
     /// `[]`), `response_format` (but `{"type": "text"}`), `best_of` > 1,
     /// `echo`, a non-empty `suffix`.
-    pub fn parse_chat(body: &[u8], limits: Limits) -> Result<CompletionRequest, ApiError> {
+    pub fn parse_chat(
+        body: &[u8],
+        limits: Limits,
+        codec: &dyn TextCodec,
+    ) -> Result<CompletionRequest, ApiError> {
         let obj = body_object(body)?;
-        let tokens = crate::chat::render(&obj)?;
+        let tokens = crate::chat::render(&obj, codec)?;
         from_fields(&obj, tokens, limits, true)
     }
 }
@@ -87,19 +101,21 @@ fn body_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
-fn prompt_tokens(obj: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
+fn prompt_tokens(obj: &Map<String, Value>, codec: &dyn TextCodec) -> Result<Vec<u32>, ApiError> {
+    let vocab = codec.vocab().map_or(1u64 << 32, u64::from);
     match obj.get("prompt") {
         None | Some(Value::Null) => Err(ApiError::BadRequest("`prompt` is required".into())),
-        Some(Value::String(s)) => Ok(encode(s)),
+        Some(Value::String(s)) => codec.encode(s),
         Some(Value::Array(items)) => items
             .iter()
             .enumerate()
             .map(|(i, t)| {
                 t.as_u64()
-                    .and_then(|x| u32::try_from(x).ok())
+                    .filter(|&x| x < vocab)
+                    .map(|x| x as u32)
                     .ok_or_else(|| {
                         ApiError::BadRequest(format!(
-                            "`prompt[{i}]` must be a token id (an integer in 0..2^32); \
+                            "`prompt[{i}]` must be a token id (an integer in 0..{vocab}); \
                              batched prompts are not supported"
                         ))
                     })
@@ -218,16 +234,26 @@ fn from_fields(
             ))
         }
     }
-    // Accepted, not applied (greedy decoding), but still validated.
-    opt_number(obj, "temperature", 0.0..=2.0)?;
-    opt_number(obj, "top_p", 0.0..=1.0)?;
+    // OpenAI's default temperature is 1; a request without a seed gets a
+    // fresh one (as OpenAI's do).
+    let temperature = opt_number(obj, "temperature", 0.0..=2.0)?.unwrap_or(1.0);
+    let top_p = opt_number(obj, "top_p", 0.0..=1.0)?.unwrap_or(1.0);
+    // Accepted, not applied, but still validated.
     opt_number(obj, "presence_penalty", -2.0..=2.0)?;
     opt_number(obj, "frequency_penalty", -2.0..=2.0)?;
-    match obj.get("seed") {
-        None | Some(Value::Null) => {}
-        Some(v) if v.is_i64() || v.is_u64() => {}
-        Some(_) => return Err(ApiError::BadRequest("`seed` must be an integer".into())),
-    }
+    let seed = match obj.get("seed") {
+        None | Some(Value::Null) => fresh_seed(),
+        Some(v) => match (v.as_u64(), v.as_i64()) {
+            (Some(u), _) => u,
+            (None, Some(i)) => i as u64,
+            _ => return Err(ApiError::BadRequest("`seed` must be an integer".into())),
+        },
+    };
+    let sampling = Sampling {
+        temperature: temperature as f32,
+        top_p: top_p as f32,
+        seed,
+    };
     opt_str(obj, "user")?;
     let stop = stop_sequences(obj)?;
     let max_key = if chat && !set("max_tokens") {
@@ -276,7 +302,20 @@ fn from_fields(
         lora_name,
         model,
         stop,
+        sampling,
     })
+}
+
+/// A seed for a request that gives none: the clock's nanoseconds mixed
+/// with a counter, so that two requests in the same instant differ.
+fn fresh_seed() -> u64 {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    // Relaxed: only uniqueness of the values matters, no other memory.
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    radixkv_engine::rng::SplitMix64::new(t ^ n.rotate_left(32)).next_u64()
 }
 
 /// `text` cut at the first of `stop` it contains: the kept text, and
@@ -295,7 +334,8 @@ pub fn cut_at_stop<'a>(text: &'a str, stop: &[String]) -> (&'a str, bool) {
 }
 
 /// Watches generated text for the first stop sequence, looking only at
-/// what each new piece could complete (linear in the text).
+/// what each new piece could complete (linear in the text), and for the
+/// model's end-of-sequence token.
 #[derive(Debug, Default)]
 pub struct StopWatch {
     text: String,
@@ -325,8 +365,21 @@ impl StopWatch {
         false
     }
 
-    /// Tokens up to and including the one that completed the first stop
-    /// sequence, if one was.
+    /// Adds the model's end-of-sequence token: the generation ends here
+    /// unless a stop sequence already ended it; true when it is the first
+    /// end.
+    pub fn push_eos(&mut self) -> bool {
+        self.tokens += 1;
+        if self.hit_at.is_some() {
+            return false;
+        }
+        self.hit_at = Some(self.tokens);
+        true
+    }
+
+    /// Tokens up to and including the one that ended the generation (the
+    /// first stop sequence's last, or the end-of-sequence token), if one
+    /// did.
     pub fn hit_at(&self) -> Option<usize> {
         self.hit_at
     }
@@ -351,6 +404,7 @@ fn opt_str(obj: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiErr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::ByteCodec;
 
     const L: Limits = Limits {
         max_tokens_limit: 4096,
@@ -358,7 +412,7 @@ mod tests {
     };
 
     fn bad(body: &str) -> String {
-        match CompletionRequest::parse(body.as_bytes(), L) {
+        match CompletionRequest::parse(body.as_bytes(), L, &ByteCodec) {
             Err(ApiError::BadRequest(m)) => m,
             other => panic!("{body}: expected a 400, got {other:?}"),
         }
@@ -366,7 +420,8 @@ mod tests {
 
     #[test]
     fn parses_strings_and_token_arrays() {
-        let r = CompletionRequest::parse(br#"{"prompt":"ab","max_tokens":3}"#, L).unwrap();
+        let r =
+            CompletionRequest::parse(br#"{"prompt":"ab","max_tokens":3}"#, L, &ByteCodec).unwrap();
         assert_eq!(
             (&*r.tokens, r.max_tokens, r.stream),
             (&[97, 98][..], 3, false)
@@ -374,6 +429,7 @@ mod tests {
         let r = CompletionRequest::parse(
             br#"{"prompt":[1,2,4294967295],"stream":true,"cache_salt":"t","stream_options":{"include_usage":true}}"#,
             L,
+            &ByteCodec,
         )
         .unwrap();
         assert_eq!(*r.tokens, [1, 2, u32::MAX]);

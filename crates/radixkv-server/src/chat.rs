@@ -1,13 +1,16 @@
-//! `POST /v1/chat/completions`: messages through a chat template over the
-//! byte tokenizer, and the `chat.completion` response shapes.
+//! `POST /v1/chat/completions`: messages through the model's chat
+//! template ([`TextCodec::chat`]), and the `chat.completion` response
+//! shapes. Roles: `system`, `developer`, `user`, `assistant`, `tool`.
+//! Content is a string or an array of `{"type": "text", "text": …}` parts
+//! (concatenated).
 //!
-//! ## The chat template
+//! ## The byte codec's chat template
 //!
-//! Each message becomes `<|ROLE|>\n` + its content + `\n`, in order, and
-//! the prompt ends with `<|assistant|>\n` (the generation prompt); the
-//! result is byte-tokenized ([`crate::tokenizer::encode`]). Roles: `system`,
-//! `developer`, `user`, `assistant`, `tool`. Content is a string or an
-//! array of `{"type": "text", "text": …}` parts (concatenated).
+//! With the simulated and tiny models ([`ByteCodec`]), each message becomes
+//! `<|ROLE|>\n` + its content + `\n`, in order, and the prompt ends with
+//! `<|assistant|>\n` (the generation prompt); the result is byte-tokenized
+//! ([`crate::tokenizer::encode`]). A GGUF model renders its own template
+//! (ChatML for SmolLM2).
 //!
 //! The template is prefix-stable: the prompt of a conversation's turn `k`
 //! begins with the whole prompt of turn `k - 1` (that prompt ended with
@@ -17,19 +20,22 @@
 //!
 //! ```
 //! use radixkv_server::chat::render_messages;
-//! let t1 = render_messages(&serde_json::json!([{"role": "user", "content": "hi"}])).unwrap();
+//! use radixkv_server::codec::ByteCodec;
+//! let t1 = render_messages(&serde_json::json!([{"role": "user", "content": "hi"}]), &ByteCodec).unwrap();
 //! assert_eq!(String::from_utf8(t1.iter().map(|&t| t as u8).collect()).unwrap(),
 //!            "<|user|>\nhi\n<|assistant|>\n");
 //! let t2 = render_messages(&serde_json::json!([
 //!     {"role": "user", "content": "hi"},
 //!     {"role": "assistant", "content": "hello"},
 //!     {"role": "user", "content": [{"type": "text", "text": "more"}]},
-//! ])).unwrap();
+//! ]), &ByteCodec).unwrap();
 //! assert!(t2.starts_with(&t1));
 //! ```
 
+#[cfg(doc)]
+use super::codec::ByteCodec;
+use super::codec::{TextCodec, Turn};
 use super::error::ApiError;
-use super::tokenizer::encode;
 use super::wire::{RunInfo, Usage};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -38,15 +44,37 @@ use serde_json::{Map, Value};
 pub const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 /// The prompt tokens of a request body's `messages`.
-pub(crate) fn render(obj: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
+pub(crate) fn render(
+    obj: &Map<String, Value>,
+    codec: &dyn TextCodec,
+) -> Result<Vec<u32>, ApiError> {
     match obj.get("messages") {
         None | Some(Value::Null) => Err(ApiError::BadRequest("`messages` is required".into())),
-        Some(m) => render_messages(m),
+        Some(m) => render_messages(m, codec),
     }
 }
 
-/// The prompt tokens of a `messages` array (see the module docs).
-pub fn render_messages(messages: &Value) -> Result<Vec<u32>, ApiError> {
+/// The prompt tokens of a `messages` array through `codec`'s template.
+pub fn render_messages(messages: &Value, codec: &dyn TextCodec) -> Result<Vec<u32>, ApiError> {
+    codec.chat(&turns(messages)?)
+}
+
+/// The byte codec's template of `turns` (see the module docs).
+pub(crate) fn byte_template(turns: &[Turn]) -> String {
+    let mut text = String::new();
+    for t in turns {
+        text.push_str("<|");
+        text.push_str(&t.role);
+        text.push_str("|>\n");
+        text.push_str(&t.content);
+        text.push('\n');
+    }
+    text.push_str("<|assistant|>\n");
+    text
+}
+
+/// The validated messages of a `messages` array.
+fn turns(messages: &Value) -> Result<Vec<Turn>, ApiError> {
     let Value::Array(list) = messages else {
         return Err(ApiError::BadRequest(
             "`messages` must be an array of messages".into(),
@@ -55,7 +83,7 @@ pub fn render_messages(messages: &Value) -> Result<Vec<u32>, ApiError> {
     if list.is_empty() {
         return Err(ApiError::BadRequest("`messages` must not be empty".into()));
     }
-    let mut text = String::new();
+    let mut turns = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
         let Value::Object(m) = m else {
             return Err(ApiError::BadRequest(format!(
@@ -76,9 +104,7 @@ pub fn render_messages(messages: &Value) -> Result<Vec<u32>, ApiError> {
                 )))
             }
         };
-        text.push_str("<|");
-        text.push_str(role);
-        text.push_str("|>\n");
+        let mut text = String::new();
         match m.get("content") {
             Some(Value::String(c)) => text.push_str(c),
             Some(Value::Array(parts)) => {
@@ -101,10 +127,12 @@ pub fn render_messages(messages: &Value) -> Result<Vec<u32>, ApiError> {
                 )))
             }
         }
-        text.push('\n');
+        turns.push(Turn {
+            role: role.to_string(),
+            content: text,
+        });
     }
-    text.push_str("<|assistant|>\n");
-    Ok(encode(&text))
+    Ok(turns)
 }
 
 /// The assistant's message of a response.

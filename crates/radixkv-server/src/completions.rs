@@ -6,7 +6,7 @@
 use super::api::{self, CompletionRequest, Limits};
 use super::error::ApiError;
 use super::wire::{Choice, CompletionResponse, RunInfo, Usage};
-use super::{body_or_error, chat, json_response, stream, tokenizer, unix_now, AppState};
+use super::{body_or_error, chat, json_response, stream, unix_now, AppState};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -30,7 +30,7 @@ pub(crate) async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_or_error(&s, body)?;
-    let req = CompletionRequest::parse(&body, limits(&s))?;
+    let req = CompletionRequest::parse(&body, limits(&s), s.codec())?;
     run(s, req, stream::Kind::Text).await
 }
 
@@ -39,7 +39,7 @@ pub(crate) async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_or_error(&s, body)?;
-    let req = CompletionRequest::parse_chat(&body, limits(&s))?;
+    let req = CompletionRequest::parse_chat(&body, limits(&s), s.codec())?;
     run(s, req, stream::Kind::Chat).await
 }
 
@@ -67,6 +67,16 @@ async fn run(
             pool.saturating_sub(req.max_tokens + page)
         )));
     }
+    if let Some(context) = s.codec().context() {
+        if req.tokens.len() + req.max_tokens > context {
+            return Err(ApiError::BadRequest(format!(
+                "prompt too long: {} prompt tokens + {} max_tokens exceed the model's \
+                 context of {context} tokens",
+                req.tokens.len(),
+                req.max_tokens
+            )));
+        }
+    }
     if s.draining.load(Ordering::Relaxed) {
         return Err(ApiError::Unavailable("the server is shutting down".into()));
     }
@@ -80,6 +90,7 @@ async fn run(
         }
     })?;
     let mut er = EngineRequest::new(Arc::clone(&req.tokens), req.max_tokens);
+    er.sampling = req.sampling;
     // The namespace the KV events and /query name: salt and LoRA together.
     er.namespace =
         radixkv::TokenKey::namespace_for(req.lora_name.as_deref(), req.cache_salt.as_deref())
@@ -107,28 +118,33 @@ async fn run(
         model,
     };
     if req.stream {
-        let st = stream::CompletionStream::new(
-            events,
-            guard,
-            permit,
-            meta,
-            req.max_tokens,
-            req.include_usage,
-            req.stop.clone(),
-        );
+        let out = stream::TextOut {
+            max_tokens: req.max_tokens,
+            include_usage: req.include_usage,
+            stop: req.stop.clone(),
+            decoder: s.codec().decoder(),
+            eos: s.codec().eos(),
+        };
+        let st = stream::CompletionStream::new(events, guard, permit, meta, out);
         return Ok(Sse::new(st)
             .keep_alive(KeepAlive::new().interval(Duration::from_secs(5)))
             .into_response());
     }
     let mut tokens = Vec::with_capacity(req.max_tokens);
     let mut watch = api::StopWatch::default();
-    let mut decoder = tokenizer::Utf8Decoder::default();
+    let codec = s.codec();
+    let (mut decoder, eos) = (codec.decoder(), codec.eos());
     let c = loop {
         match events.recv().await {
             Some(StreamEvent::Token(t)) => {
                 tokens.push(t);
-                let piece = decoder.push(tokenizer::token_byte(t));
-                if watch.push(&piece, &req.stop) {
+                let piece = decoder.push(t);
+                let end = if eos == Some(t) {
+                    watch.push_eos()
+                } else {
+                    watch.push(&piece, &req.stop)
+                };
+                if end {
                     guard.end_generation();
                 }
             }
@@ -144,9 +160,15 @@ async fn run(
     if let Some(e) = ApiError::of_completion(&c) {
         return Err(e);
     }
-    let text = tokenizer::decode(&tokens);
-    let (text, stopped) = api::cut_at_stop(&text, &req.stop);
-    let finish = if stopped { "stop" } else { "length" };
+    // Tokens the engine made after the end are not part of the answer.
+    let upto = watch.hit_at().unwrap_or(tokens.len()).min(tokens.len());
+    let text = codec.decode(&tokens[..upto]);
+    let (text, _) = api::cut_at_stop(&text, &req.stop);
+    let finish = if watch.hit_at().is_some() {
+        "stop"
+    } else {
+        "length"
+    };
     let usage = match watch.hit_at() {
         Some(n) => Usage::of_stopped(&c, n),
         None => Usage::of(&c),

@@ -3,10 +3,14 @@
 //! Routes:
 //!
 //! * `POST /v1/completions`: an OpenAI-style subset ([`api`]): `prompt` (a
-//!   string, byte-level tokenized, or an array of token ids), `max_tokens`
+//!   string, tokenized by the model's [`codec`]: byte-level for the
+//!   simulated and tiny models, a GGUF model's own tokenizer; or an array
+//!   of token ids), `max_tokens`
 //!   (default 16, at most [`ServerConfig::max_tokens_limit`]), `stream`
 //!   (server-sent events, one per token, then `data: [DONE]`),
-//!   `stream_options.include_usage`, `cache_salt` (a cache namespace).
+//!   `stream_options.include_usage`, `cache_salt` (a cache namespace),
+//!   `stop`, `temperature`, `top_p`, `seed`; generation also stops at the
+//!   model's end-of-sequence token.
 //!   `usage` has `prompt_tokens`, `completion_tokens`, `total_tokens`,
 //!   `cached_tokens` and `prompt_tokens_details.cached_tokens`.
 //! * `POST /v1/chat/completions`: the same over `messages`, rendered by the
@@ -40,6 +44,7 @@
 mod admin;
 pub mod api;
 pub mod chat;
+pub mod codec;
 mod completions;
 pub mod connections;
 pub mod error;
@@ -136,9 +141,19 @@ pub(crate) struct AppState {
     /// The KV-event publisher, if the cache publishes (its counters go to
     /// /metrics).
     kv_events: std::sync::OnceLock<Arc<radixkv_events::KvEventPublisher>>,
+    /// The model's text interface (the byte codec unless set).
+    codec: std::sync::OnceLock<Arc<dyn codec::TextCodec>>,
 }
 
 impl AppState {
+    /// How text becomes tokens and back.
+    fn codec(&self) -> &dyn codec::TextCodec {
+        match self.codec.get() {
+            Some(c) => c.as_ref(),
+            None => &codec::ByteCodec,
+        }
+    }
+
     fn engine(&self) -> &Engine {
         &self.engine
     }
@@ -268,6 +283,7 @@ impl Server {
             started: Instant::now(),
             started_unix: unix_now(),
             kv_events: std::sync::OnceLock::new(),
+            codec: std::sync::OnceLock::new(),
         });
         Ok(Server {
             listener,
@@ -281,6 +297,14 @@ impl Server {
     /// the requests still in flight as the drain timeout would.
     pub fn with_force_stop(mut self, force: impl Future<Output = ()> + Send + 'static) -> Self {
         self.force = Some(Box::pin(force));
+        self
+    }
+
+    /// Encodes prompts and decodes outputs with `codec` (a GGUF model's
+    /// tokenizer and chat template) instead of the byte codec; its
+    /// end-of-sequence token ends generation.
+    pub fn with_codec(self, codec: Arc<dyn codec::TextCodec>) -> Self {
+        let _ = self.state.codec.set(codec);
         self
     }
 
@@ -598,7 +622,7 @@ async fn query(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_or_error(&s, body)?;
-    let q = query::Query::parse(&body)?;
+    let q = query::Query::parse(&body, s.codec())?;
     let v = query::answer(&s.caches, &q.tokens, q.namespace.as_deref());
     Ok(json_response(StatusCode::OK, &v))
 }

@@ -3,7 +3,7 @@
 //! so that an external router can ask radixkv directly.
 //!
 //! Request (`/query`): `token_ids` (an array of token ids) or `prompt` (a
-//! string, byte-tokenized as completions are), and optional `cache_salt`,
+//! string, tokenized as completions are), and optional `cache_salt`,
 //! `lora_name` (together the cache namespace, as in the KV events) and
 //! `model` (accepted, not used). `/query_by_hash` takes `block_hashes`
 //! instead: radixkv's own block ids, as its KV events publish them (it
@@ -85,12 +85,12 @@ impl Query {
     /// Parses a `/query` body.
     ///
     /// ```
-    /// use radixkv_server::query::Query;
-    /// let q = Query::parse(br#"{"token_ids": [1, 2, 3], "cache_salt": "t"}"#).unwrap();
+    /// use radixkv_server::{codec::ByteCodec, query::Query};
+    /// let q = Query::parse(br#"{"token_ids": [1, 2, 3], "cache_salt": "t"}"#, &ByteCodec).unwrap();
     /// assert_eq!((q.tokens, q.namespace.as_deref()), (vec![1, 2, 3], Some("t")));
-    /// assert!(Query::parse(br#"{"token_ids": [1, "x"]}"#).is_err());
+    /// assert!(Query::parse(br#"{"token_ids": [1, "x"]}"#, &ByteCodec).is_err());
     /// ```
-    pub fn parse(body: &[u8]) -> Result<Query, ApiError> {
+    pub fn parse(body: &[u8], codec: &dyn crate::codec::TextCodec) -> Result<Query, ApiError> {
         let o = object(body)?;
         let namespace = namespace(&o)?;
         let tokens = match (
@@ -98,7 +98,7 @@ impl Query {
             opt_str(&o, "prompt")?,
         ) {
             (Some(t), None) => t.into_iter().map(|x| x as u32).collect(),
-            (None, Some(p)) => super::tokenizer::encode(p),
+            (None, Some(p)) => codec.encode(p)?,
             (Some(_), Some(_)) => {
                 return Err(ApiError::BadRequest(
                     "give `token_ids` or `prompt`, not both".into(),

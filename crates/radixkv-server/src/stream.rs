@@ -9,7 +9,7 @@
 //! aborted), it cancels the request in the engine, which releases its
 //! pages and pins.
 
-use super::tokenizer::{token_byte, Utf8Decoder};
+use super::codec::TokenDecoder;
 use super::wire::{Choice, CompletionResponse, Usage};
 use super::AppState;
 use axum::response::sse::Event;
@@ -168,6 +168,20 @@ fn json_event<T: serde::Serialize>(v: &T) -> Event {
     }))
 }
 
+/// How a streamed completion's tokens become text.
+pub struct TextOut {
+    /// Tokens the request asked for.
+    pub max_tokens: usize,
+    /// A last chunk with `usage`.
+    pub include_usage: bool,
+    /// Stop sequences.
+    pub stop: Vec<String>,
+    /// The model's decoder.
+    pub decoder: Box<dyn TokenDecoder>,
+    /// The model's end-of-sequence token.
+    pub eos: Option<u32>,
+}
+
 /// A streamed completion: one event per generated token (a
 /// `text_completion` or `chat.completion.chunk` chunk; a chat stream's
 /// first delta carries the role), an optional usage chunk, then `[DONE]`;
@@ -179,7 +193,9 @@ pub struct CompletionStream {
     rx: UnboundedReceiver<StreamEvent>,
     guard: CancelGuard,
     _permit: OwnedSemaphorePermit,
-    decoder: Utf8Decoder,
+    decoder: Box<dyn TokenDecoder>,
+    /// The model's end-of-sequence token: the stream ends there.
+    eos: Option<u32>,
     meta: ChunkMeta,
     max_tokens: usize,
     sent: usize,
@@ -207,29 +223,28 @@ impl std::fmt::Debug for CompletionStream {
 }
 
 impl CompletionStream {
-    /// A stream of `rx`'s events; `guard` and `permit` are held until it
-    /// ends or is dropped.
+    /// A stream of `rx`'s events, its text made as `out` says; `guard` and
+    /// `permit` are held until it ends or is dropped.
     pub fn new(
         rx: UnboundedReceiver<StreamEvent>,
         guard: CancelGuard,
         permit: OwnedSemaphorePermit,
         meta: ChunkMeta,
-        max_tokens: usize,
-        include_usage: bool,
-        stop: Vec<String>,
+        out: TextOut,
     ) -> Self {
         CompletionStream {
             rx,
             guard,
             _permit: permit,
-            decoder: Utf8Decoder::default(),
+            decoder: out.decoder,
+            eos: out.eos,
             meta,
-            max_tokens,
+            max_tokens: out.max_tokens,
             sent: 0,
-            include_usage,
+            include_usage: out.include_usage,
             queued: VecDeque::new(),
             ended: false,
-            stop,
+            stop: out.stop,
             held: String::new(),
             stopped: false,
             stopped_at: None,
@@ -307,8 +322,21 @@ impl futures_core::Stream for CompletionStream {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(StreamEvent::Token(t))) => {
                     this.sent += 1;
+                    if this.eos == Some(t) && !this.stopped {
+                        // The model ended its turn: what is held goes out
+                        // (no stop sequence can complete now).
+                        let mut out = std::mem::take(&mut this.held);
+                        out.push_str(&this.decoder.finish());
+                        let (kept, _) = super::api::cut_at_stop(&out, &this.stop);
+                        let kept = kept.to_owned();
+                        this.stopped = true;
+                        this.stopped_at = Some(this.sent);
+                        this.guard.end_generation();
+                        this.send_text(kept, Some("stop"));
+                        continue;
+                    }
                     let last = this.sent >= this.max_tokens;
-                    let mut text = this.decoder.push(token_byte(t));
+                    let mut text = this.decoder.push(t);
                     if last {
                         text.push_str(&this.decoder.finish());
                     }

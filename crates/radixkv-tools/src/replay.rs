@@ -68,6 +68,10 @@ pub struct ReplayConfig {
     pub progress: bool,
     /// The model behind the engine (default: the simulator).
     pub model: ReplayModel,
+    /// Whether requests share cached prefixes (default true); false puts
+    /// every request in a cache namespace of its own, so nothing is
+    /// reused: the baseline without a prefix cache.
+    pub share_prefixes: bool,
 }
 
 /// Which model runs the engine's passes.
@@ -87,8 +91,20 @@ pub enum ReplayModel {
         /// The model.
         model: radixkv_engine::tiny::TinyConfig,
         /// Host or GPU pools.
-        pool: radixkv_engine::tiny::PoolKind,
+        pool: radixkv_engine::paged::PoolKind,
         /// Check every computed position against the dense reference.
+        verify: bool,
+    },
+    /// A GGUF llama ([`radixkv_engine::gguf::GgufBackend`]) computing for
+    /// real on the CPU, its KV in per-device pools sized like the cache.
+    /// Times are wall time. Feature `gguf`.
+    #[cfg(feature = "gguf")]
+    Gguf {
+        /// The model file.
+        path: std::path::PathBuf,
+        /// Host or GPU pools.
+        pool: radixkv_engine::paged::PoolKind,
+        /// Check every sampled position against the dense reference.
         verify: bool,
     },
 }
@@ -104,6 +120,7 @@ impl Default for ReplayConfig {
             max_concurrency: None,
             progress: false,
             model: ReplayModel::Simulated,
+            share_prefixes: true,
         }
     }
 }
@@ -298,6 +315,14 @@ pub fn tiny_default_workload(seed: u64) -> Trace {
     crate::trace::gsp(32, 8, 64, 16, 4, seed)
 }
 
+/// The workload `radixkv replay --model gguf:PATH` runs when the default
+/// gsp sizes are not changed: 4 system prompts of 256 tokens, 8 questions
+/// of 32 tokens each, 8 output tokens (about a minute of SmolLM2-135M on
+/// 2 cores).
+pub fn gguf_default_workload(seed: u64) -> Trace {
+    crate::trace::gsp(4, 8, 256, 32, 8, seed)
+}
+
 /// Replays `w` on a fresh engine; `interrupt` (e.g. set by Ctrl-C) stops
 /// it early with a partial summary.
 pub fn replay(
@@ -324,15 +349,33 @@ pub fn replay(
             pool,
             verify,
         } => {
-            use radixkv_engine::tiny::{TinyBackend, TinyBackendConfig};
+            use radixkv_engine::paged::{PagedBackend, PoolConfig};
             cfg.speedup = 1.0; // real compute: model time is wall time
-            let t = TinyBackendConfig {
-                model: model.clone(),
+            let pools = PoolConfig {
                 pool: *pool,
                 verify: *verify,
-                ..TinyBackendConfig::for_engine(&cfg.engine)
+                ..PoolConfig::for_engine(&cfg.engine)
             };
-            Arc::new(TinyBackend::new(t).map_err(|e| EngineError::InvalidConfig(e.to_string()))?)
+            let invalid =
+                |e: radixkv_engine::paged::ModelError| EngineError::InvalidConfig(e.to_string());
+            let model = radixkv_engine::tiny::TinyModel::new(model.clone()).map_err(invalid)?;
+            Arc::new(PagedBackend::new(model, pools).map_err(invalid)?)
+        }
+        #[cfg(feature = "gguf")]
+        ReplayModel::Gguf { path, pool, verify } => {
+            use radixkv_engine::paged::{PagedBackend, PoolConfig};
+            cfg.speedup = 1.0; // real compute: model time is wall time
+            let pools = PoolConfig {
+                pool: *pool,
+                verify: *verify,
+                ..PoolConfig::for_engine(&cfg.engine)
+            };
+            let model = radixkv_engine::gguf::GgufFile::open(path)
+                .and_then(|f| f.llama())
+                .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
+            let backend = PagedBackend::new(model, pools)
+                .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
+            Arc::new(backend)
         }
     };
     let cfg = &cfg;
@@ -394,13 +437,11 @@ pub fn replay(
             engine.stop(); // what was sent completes with "stopped"
             break;
         }
-        let req = EngineRequest {
-            tokens: w.tokens(i),
-            namespace: None,
-            priority: 0,
-            output_len: r.output_len,
-            output_tokens: r.output_tokens.clone(),
-        };
+        let mut req = EngineRequest::new(w.tokens(i), r.output_len);
+        req.output_tokens = r.output_tokens.clone();
+        if !cfg.share_prefixes {
+            req.namespace = Some(format!("replay-request-{i}").into());
+        }
         match engine.submit(req) {
             Ok(_) => submitted += 1,
             Err(EngineError::Rejected(_)) => rejected += 1,

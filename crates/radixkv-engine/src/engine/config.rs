@@ -2,6 +2,7 @@
 //! engine's errors.
 
 use crate::router::RouterConfig;
+use crate::sched::sampling::Sampling;
 use crate::sched::scheduler::SchedulerConfig;
 use crate::tiers::TierConfig;
 use radixkv::cache::{CacheError, EvictionPolicy};
@@ -100,7 +101,7 @@ impl Default for EngineConfig {
 }
 
 /// A request to the engine.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct EngineRequest {
     /// Prompt tokens (not empty).
     pub tokens: Arc<[u32]>,
@@ -112,6 +113,9 @@ pub struct EngineRequest {
     pub output_len: usize,
     /// The output's token ids, when known.
     pub output_tokens: Option<Arc<[u32]>>,
+    /// How a model backend picks the output tokens (greedy by default;
+    /// a workload's fixed `output_tokens` win over the model's).
+    pub sampling: Sampling,
 }
 
 impl EngineRequest {
@@ -123,6 +127,7 @@ impl EngineRequest {
             priority: 0,
             output_len,
             output_tokens: None,
+            sampling: Sampling::default(),
         }
     }
 }

@@ -468,6 +468,7 @@ impl Engine {
             priority: req.priority,
             output_len: req.output_len,
             output_tokens: req.output_tokens,
+            sampling: req.sampling,
             arrival: Instant::now(),
             stream,
         };

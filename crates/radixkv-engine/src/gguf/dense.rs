@@ -40,10 +40,12 @@ impl DenseModel {
     /// cache is cleared first).
     pub fn logits(&mut self, ids: &[u32]) -> Result<Vec<f32>, GgufError> {
         self.weights.clear_kv_cache();
-        self.step(ids, 0)
+        self.extend(ids, 0)
     }
 
-    fn step(&mut self, ids: &[u32], pos: usize) -> Result<Vec<f32>, GgufError> {
+    /// The logits after feeding `ids` at positions `pos..` (the model's
+    /// cache must hold exactly the `pos` tokens before them).
+    pub fn extend(&mut self, ids: &[u32], pos: usize) -> Result<Vec<f32>, GgufError> {
         let x = Tensor::new(ids, &Device::Cpu)
             .and_then(|t| t.unsqueeze(0))
             .map_err(format)?;
@@ -69,7 +71,7 @@ impl DenseModel {
             if Some(next) == eos {
                 break;
             }
-            logits = self.step(&[next], prompt.len() + out.len() - 1)?;
+            logits = self.extend(&[next], prompt.len() + out.len() - 1)?;
         }
         Ok(out)
     }

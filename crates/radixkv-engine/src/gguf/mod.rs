@@ -5,11 +5,13 @@
 //! | --- | --- |
 //! | `tokenizer.rs` | the byte-level BPE tokenizer built from `tokenizer.ggml.*` ([`GgufTokenizer`]) |
 //! | `template.rs` | the chat template (`tokenizer.chat_template`) rendered with minijinja ([`ChatTemplate`]) |
+//! | `llama.rs` | the model computed with its K/V in the engine's pools ([`LlamaModel`], a paged model) |
 //! | `dense.rs` | candle's quantized llama over the same file: the dense reference ([`DenseModel`]) |
 //!
-//! The model's own paged attention over the cache's slots is not here
-//! yet; [`DenseModel`] is the separate code a verification compares it
-//! with.
+//! [`GgufBackend`] is the engine's backend over a [`LlamaModel`]; its
+//! verification compares each request with the model's dense pass, which
+//! reads no pool; [`DenseModel`] and llama.cpp are the independent checks
+//! of the model itself.
 //!
 //! ```no_run
 //! use radixkv_engine::gguf::{GgufFile, Message};
@@ -21,13 +23,16 @@
 //! ```
 
 mod dense;
+mod llama;
 mod template;
 mod tokenizer;
 
 pub use dense::DenseModel;
+pub use llama::{LlamaConfig, LlamaModel, LOGIT_TOLERANCE};
 pub use template::{ChatTemplate, Message};
 pub use tokenizer::GgufTokenizer;
 
+use crate::paged::PagedBackend;
 use candle_core::quantized::gguf_file::{Content, Value};
 use std::path::{Path, PathBuf};
 
@@ -65,6 +70,9 @@ pub enum GgufError {
     Template(String),
 }
 
+/// A GGUF llama as the engine's backend.
+pub type GgufBackend = PagedBackend<LlamaModel>;
+
 /// A GGUF file's header and metadata (the tensors stay on disk until a
 /// model loads them).
 #[derive(Debug)]
@@ -84,6 +92,16 @@ impl GgufFile {
         let mut f = std::fs::File::open(&path).map_err(io)?;
         let content = Content::read(&mut f).map_err(|e| GgufError::Format(e.to_string()))?;
         Ok(GgufFile { path, content })
+    }
+
+    /// Where the file is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Its header and metadata as candle reads them.
+    pub fn content(&self) -> &Content {
+        &self.content
     }
 
     /// The metadata value under `key`.
@@ -121,6 +139,11 @@ impl GgufFile {
         self.u32("tokenizer.ggml.eos_token_id").ok()
     }
 
+    /// The positions the model was trained for (`llama.context_length`).
+    pub fn context_length(&self) -> Option<usize> {
+        self.u32("llama.context_length").ok().map(|n| n as usize)
+    }
+
     /// The tokenizer its metadata describes.
     pub fn tokenizer(&self) -> Result<GgufTokenizer, GgufError> {
         GgufTokenizer::from_gguf(self)
@@ -134,5 +157,10 @@ impl GgufFile {
     /// The dense reference model over its weights (loads them).
     pub fn dense(&self) -> Result<DenseModel, GgufError> {
         DenseModel::load(&self.path)
+    }
+
+    /// The paged model over its weights (loads them).
+    pub fn llama(&self) -> Result<LlamaModel, GgufError> {
+        LlamaModel::load(self)
     }
 }

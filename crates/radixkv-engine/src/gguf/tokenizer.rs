@@ -124,6 +124,11 @@ impl GgufTokenizer {
             .map_err(|e| GgufError::Tokenizer(e.to_string()))
     }
 
+    /// Tokens in the vocabulary, control tokens included.
+    pub fn vocab_size(&self) -> u32 {
+        self.inner.get_vocab_size(true) as u32
+    }
+
     /// The id of a token given by its text.
     pub fn id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)

@@ -2,13 +2,14 @@
 //! [`ModelBackend`] trait that runs it. The engine provides backends (the
 //! default simulator: `engine::backend::SimulatedBackend`).
 
+use super::sampling::Sampling;
 use radixkv::cache::SlotRun;
 use radixkv::device::{DeviceId, Tier};
 use std::time::Duration;
 
 /// The token ids and KV slots of one request's work, filled in only for
 /// backends that ask for them ([`ModelBackend::wants_data`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct WorkData {
     /// Every token of the request's context up to and including the ones
     /// this pass computes: `tokens[p]` is the token at position `p`. The
@@ -20,10 +21,12 @@ pub struct WorkData {
     /// holds the K/V of token `p`; the computed positions' slots are
     /// written by this pass, the others read.
     pub slots: Vec<u32>,
+    /// How the request's next token is picked (greedy by default).
+    pub sampling: Sampling,
 }
 
 /// One request's share of a prefill (extend) pass.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct PrefillWork {
     /// The request.
     pub request: u64,
@@ -40,7 +43,7 @@ pub struct PrefillWork {
 }
 
 /// One request's share of a decode pass (one new token each).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct DecodeWork {
     /// The request.
     pub request: u64,
@@ -51,7 +54,7 @@ pub struct DecodeWork {
 }
 
 /// One forward pass on one device: either prefill or decode work.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Batch {
     /// Requests extended by this pass.
     pub prefill: Vec<PrefillWork>,

@@ -42,10 +42,11 @@
 //! Independently of `verify`, every slot carries a tag of the token prefix
 //! whose K/V it holds; a pass that reads a slot whose tag differs from its
 //! own prefix (K/V never written for that prefix: a stale or foreign slot)
-//! counts a stale read ([`TinyStats::stale_reads`]).
+//! counts a stale read ([`PagedStats::stale_reads`](crate::paged::PagedStats::stale_reads)).
 //!
 //! ```
-//! use radixkv_engine::tiny::{TinyConfig, TinyModel, PagedSeq};
+//! use radixkv_engine::paged::{compare_rows, PagedModel, PagedSeq};
+//! use radixkv_engine::tiny::{TinyConfig, TinyModel, TOLERANCE};
 //! use radixkv_engine::kvpool::HostKvPool;
 //! let model = TinyModel::new(TinyConfig::default())?;
 //! let mut pool = HostKvPool::new(model.pool_layout(64));
@@ -56,27 +57,24 @@
 //! let paged = model.forward_paged(&mut pool, &[PagedSeq { tokens: &tokens, slots: &slots, start: 3 }], true)?;
 //! let dense = model.forward_dense(&tokens)?;
 //! for pos in 3..5 {
-//!     let c = radixkv_engine::tiny::compare_rows(paged[0].position(pos).unwrap(), dense.position(pos).unwrap());
+//!     let c = compare_rows(paged[0].position(pos).unwrap(), dense.position(pos).unwrap(), TOLERANCE);
 //!     assert!(c.ok(), "{c:?}");
 //! }
-//! # Ok::<(), radixkv_engine::tiny::TinyError>(())
+//! # Ok::<(), radixkv_engine::paged::ModelError>(())
 //! ```
 
 // This file is the model (configuration, weights, the paged forward pass);
-// `backend` is the engine's backend over it and `verify` the dense
-// reference and the comparison of paged logits against it.
+// `dense` is its dense reference, and `backend` the engine's backend over
+// it with the defaults of `radixkv replay --model tiny`.
 mod backend;
-mod verify;
+mod dense;
 
-pub use backend::{
-    default_pages_per_device, PoolKind, TinyBackend, TinyBackendConfig, TinyStats,
-    DEFAULT_POOL_TOKENS,
-};
-pub use verify::{argmax, compare_rows, Comparison, ARGMAX_MARGIN, LOGIT_TOLERANCE};
+pub use backend::{default_pages_per_device, TinyBackend, DEFAULT_POOL_TOKENS};
+pub use dense::{ARGMAX_MARGIN, LOGIT_TOLERANCE, TOLERANCE};
 
-use crate::kvpool::{Kv, KvLayout, KvPool, KvPoolError};
+use crate::kvpool::{Kv, KvLayout, KvPool};
+use crate::paged::{Logits, ModelError, PagedSeq};
 use candle_core::{Device, Tensor};
-use radixkv::device::Tier;
 
 /// The model's shape and seed.
 #[derive(Clone, Debug, PartialEq)]
@@ -119,8 +117,8 @@ impl TinyConfig {
         self.heads * self.head_dim
     }
 
-    fn validate(&self) -> Result<(), TinyError> {
-        let bad = |m: &str| Err(TinyError::InvalidConfig(m.to_string()));
+    fn validate(&self) -> Result<(), ModelError> {
+        let bad = |m: &str| Err(ModelError::InvalidConfig(m.to_string()));
         if self.layers == 0 || self.heads == 0 || self.vocab == 0 || self.mlp == 0 {
             return bad("layers, heads, vocab and mlp must be at least 1");
         }
@@ -135,31 +133,6 @@ impl TinyConfig {
         }
         Ok(())
     }
-}
-
-/// Errors of the tiny model and its backend.
-#[derive(Debug, thiserror::Error)]
-pub enum TinyError {
-    /// A configuration the model cannot have.
-    #[error("invalid tiny model configuration: {0}")]
-    InvalidConfig(String),
-    /// Input that does not fit the model or the pool (empty sequences,
-    /// missing slots, a batch without token data).
-    #[error("bad input to the tiny model: {0}")]
-    Input(String),
-    /// A tensor operation failed.
-    #[error("candle: {0}")]
-    Candle(#[from] candle_core::Error),
-    /// The KV pool refused an access (or has no CUDA driver).
-    #[error("KV pool: {0}")]
-    Pool(#[from] KvPoolError),
-    /// A device (or the host tier) the backend has no pool for.
-    #[error("no KV pool for {0}")]
-    UnknownTier(Tier),
-    /// A CUDA pool was asked for, but radixkv was built without feature
-    /// `cuda`.
-    #[error("CUDA KV pools need radixkv built with `--features cuda`")]
-    CudaNotBuilt,
 }
 
 struct Layer {
@@ -187,49 +160,6 @@ impl std::fmt::Debug for TinyModel {
     }
 }
 
-/// One sequence of a paged pass: positions `start..tokens.len()` are
-/// computed; `slots[p]` is the pool slot of position `p`.
-#[derive(Clone, Copy, Debug)]
-pub struct PagedSeq<'a> {
-    /// Every token up to and including the computed ones.
-    pub tokens: &'a [u32],
-    /// The slot of each position (at least `tokens.len()` of them).
-    pub slots: &'a [u32],
-    /// The first computed position; the K/V of `0..start` is read from
-    /// the pool.
-    pub start: usize,
-}
-
-/// Logits of consecutive positions `start..start + rows()`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Logits {
-    /// The position of the first row.
-    pub start: usize,
-    /// Floats per row.
-    pub vocab: usize,
-    /// Row-major, `rows × vocab`.
-    pub data: Vec<f32>,
-}
-
-impl Logits {
-    /// Rows (positions).
-    pub fn rows(&self) -> usize {
-        self.data.len() / self.vocab.max(1)
-    }
-
-    /// The logits of position `pos`, if this holds it.
-    pub fn position(&self, pos: usize) -> Option<&[f32]> {
-        let i = pos.checked_sub(self.start)?;
-        self.data.get(i * self.vocab..(i + 1) * self.vocab)
-    }
-
-    /// The logits of the last position.
-    pub fn last(&self) -> Option<&[f32]> {
-        let n = self.rows();
-        n.checked_sub(1).and_then(|i| self.position(self.start + i))
-    }
-}
-
 /// `x / sqrt(mean(x²) + eps)` over the last dimension of `(rows, hidden)`.
 fn rms_norm(x: &Tensor) -> candle_core::Result<Tensor> {
     let ms = x.sqr()?.mean_keepdim(1)?.affine(1.0, 1e-5)?.sqrt()?;
@@ -249,7 +179,7 @@ fn softmax_last(x: &Tensor) -> candle_core::Result<Tensor> {
 impl TinyModel {
     /// A model with weights drawn from `cfg.seed` (the same seed gives the
     /// same weights).
-    pub fn new(cfg: TinyConfig) -> Result<Self, TinyError> {
+    pub fn new(cfg: TinyConfig) -> Result<Self, ModelError> {
         cfg.validate()?;
         let device = Device::Cpu;
         let d = cfg.hidden();
@@ -319,10 +249,10 @@ impl TinyModel {
         pool: &mut dyn KvPool,
         seqs: &[PagedSeq<'_>],
         all_rows: bool,
-    ) -> Result<Vec<Logits>, TinyError> {
+    ) -> Result<Vec<Logits>, ModelError> {
         let l = pool.layout();
         if l.layers != self.cfg.layers || l.row != self.cfg.hidden() {
-            return Err(TinyError::InvalidConfig(format!(
+            return Err(ModelError::InvalidConfig(format!(
                 "a pool of {} layers x {} floats for a model of {} layers x {}",
                 l.layers,
                 l.row,
@@ -335,14 +265,14 @@ impl TinyModel {
         let mut first = 0;
         for s in seqs {
             if s.start >= s.tokens.len() {
-                return Err(TinyError::Input(format!(
+                return Err(ModelError::Input(format!(
                     "nothing to compute: start {} of {} tokens",
                     s.start,
                     s.tokens.len()
                 )));
             }
             if s.slots.len() < s.tokens.len() {
-                return Err(TinyError::Input(format!(
+                return Err(ModelError::Input(format!(
                     "{} slots for {} tokens",
                     s.slots.len(),
                     s.tokens.len()
@@ -461,7 +391,7 @@ impl TinyModel {
         seqs: &[Seq<'_>],
         mut pool: Option<&mut dyn KvPool>,
         want: &[usize],
-    ) -> Result<Vec<f32>, TinyError> {
+    ) -> Result<Vec<f32>, ModelError> {
         let d = self.cfg.hidden();
         let mut ids = Vec::new();
         let mut pos = Vec::new();
@@ -502,7 +432,7 @@ impl TinyModel {
                     }
                     _ if s.start == 0 => (ks, vs),
                     _ => {
-                        return Err(TinyError::Input(
+                        return Err(ModelError::Input(
                             "a sequence with a prefix needs a pool and slots".into(),
                         ))
                     }

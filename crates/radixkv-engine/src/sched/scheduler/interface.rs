@@ -3,6 +3,7 @@
 use crate::accounting::{CopiedIn, PromptTokens};
 use crate::sched::batch::BackendError;
 use crate::sched::policy::PolicyConfig;
+use crate::sched::sampling::Sampling;
 use radixkv::cache::{CacheError, TokenKey};
 use radixkv::device::DeviceId;
 use std::sync::mpsc::Sender;
@@ -72,6 +73,8 @@ pub struct Job {
     /// The output's token ids when known (a trace's next turn reuses them);
     /// otherwise each generated token is a fresh id unique to the request.
     pub output_tokens: Option<Arc<[u32]>>,
+    /// How a model backend picks its next tokens.
+    pub sampling: Sampling,
     /// When the request arrived at the engine.
     pub arrival: Instant,
     /// Where to send each generated token and the completion (streaming

@@ -39,6 +39,7 @@ impl Scheduler {
                         WorkData {
                             tokens: r.req.tokens()[..end].to_vec(),
                             slots,
+                            sampling: r.entry.job.sampling,
                         }
                     }),
                 });
@@ -155,6 +156,7 @@ impl Scheduler {
                     WorkData {
                         tokens: r.req.tokens().to_vec(),
                         slots,
+                        sampling: r.entry.job.sampling,
                     }
                 }),
             });

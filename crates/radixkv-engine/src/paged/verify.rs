@@ -1,19 +1,20 @@
-//! The check of paged passes against the dense reference: the reference
-//! itself ([`TinyModel::forward_dense`], the model on a whole sequence at
-//! once, no pool), the comparison of logits rows ([`compare_rows`],
-//! [`Comparison`], within [`LOGIT_TOLERANCE`] and, past
-//! [`ARGMAX_MARGIN`], on the argmax), and the per-request log the backend
-//! keeps with `verify` and checks when the request leaves the device.
+//! The check of paged passes against a model's dense reference: the
+//! comparison of logits rows ([`compare_rows`], [`Comparison`], within a
+//! [`Tolerance`]), and the per-request log the backend keeps with `verify`
+//! and checks when the request leaves the device.
 
-use super::{Logits, Seq, TinyError, TinyModel};
+use super::{ModelError, PagedModel};
 
-/// Largest absolute difference allowed between a logit of a paged pass and
-/// the dense reference's.
-pub const LOGIT_TOLERANCE: f32 = 1e-4;
-
-/// Argmaxes are compared only where the reference's top-2 margin exceeds
-/// this (a near tie may flip on rounding).
-pub const ARGMAX_MARGIN: f32 = 1e-3;
+/// How close a paged pass's logits must be to the dense reference's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tolerance {
+    /// Largest absolute difference allowed between a logit of a paged pass
+    /// and the reference's.
+    pub logit: f32,
+    /// Argmaxes are compared only where the reference's top-2 margin
+    /// exceeds this (a near tie may flip on rounding).
+    pub argmax_margin: f32,
+}
 
 /// The argmax of a row and its margin over the runner-up (`None` for an
 /// empty row; NaNs never win).
@@ -40,10 +41,10 @@ pub struct Comparison {
     pub positions: u64,
     /// Largest absolute difference of a logit (NaN counts as infinite).
     pub max_abs_diff: f32,
-    /// Positions with a logit off by more than [`LOGIT_TOLERANCE`].
+    /// Positions with a logit off by more than the tolerance.
     pub logit_mismatches: u64,
-    /// Positions whose argmax was compared (top-2 margin above
-    /// [`ARGMAX_MARGIN`]).
+    /// Positions whose argmax was compared (top-2 margin above the
+    /// tolerance's).
     pub argmax_checked: u64,
     /// Of which the argmaxes differ.
     pub argmax_mismatches: u64,
@@ -66,8 +67,16 @@ impl Comparison {
 }
 
 /// Compares one position's logits (`got`, from a paged pass) with the
-/// dense reference's (`want`). Rows of different lengths mismatch.
-pub fn compare_rows(got: &[f32], want: &[f32]) -> Comparison {
+/// dense reference's (`want`) within `tol`. Rows of different lengths
+/// mismatch.
+///
+/// ```
+/// use radixkv_engine::paged::{compare_rows, Tolerance};
+/// let tol = Tolerance { logit: 1e-3, argmax_margin: 1e-2 };
+/// assert!(compare_rows(&[1.0, 2.0], &[1.0005, 2.0], tol).ok());
+/// assert!(!compare_rows(&[2.0, 1.0], &[1.0, 2.0], tol).ok());
+/// ```
+pub fn compare_rows(got: &[f32], want: &[f32], tol: Tolerance) -> Comparison {
     let mut c = Comparison {
         positions: 1,
         ..Comparison::default()
@@ -83,11 +92,11 @@ pub fn compare_rows(got: &[f32], want: &[f32]) -> Comparison {
         let d = if d.is_nan() { f32::INFINITY } else { d };
         c.max_abs_diff = c.max_abs_diff.max(d);
     }
-    if c.max_abs_diff > LOGIT_TOLERANCE {
+    if c.max_abs_diff > tol.logit {
         c.logit_mismatches = 1;
     }
     if let (Some((wi, margin)), Some((gi, _))) = (argmax(want), argmax(got)) {
-        if margin > ARGMAX_MARGIN {
+        if margin > tol.argmax_margin {
             c.argmax_checked = 1;
             if wi != gi {
                 c.argmax_mismatches = 1;
@@ -95,28 +104,6 @@ pub fn compare_rows(got: &[f32], want: &[f32]) -> Comparison {
         }
     }
     c
-}
-
-impl TinyModel {
-    /// The logits of every position of `tokens`, computed at once without
-    /// any pool (the reference the paged passes are checked against).
-    pub fn forward_dense(&self, tokens: &[u32]) -> Result<Logits, TinyError> {
-        if tokens.is_empty() {
-            return Err(TinyError::Input("an empty sequence".into()));
-        }
-        let seq = Seq {
-            tokens,
-            slots: None,
-            start: 0,
-        };
-        let rows: Vec<usize> = (0..tokens.len()).collect();
-        let data = self.run(&[seq], None, &rows)?;
-        Ok(Logits {
-            start: 0,
-            vocab: self.cfg.vocab,
-            data,
-        })
-    }
 }
 
 /// One request's computed positions on a device, kept for verification.
@@ -131,24 +118,31 @@ pub(super) struct RequestLog {
 }
 
 impl RequestLog {
-    /// Recomputes the logged context densely with `model` and compares
-    /// every kept row: the comparison, and whether the request mismatched
-    /// (a row off, or rows the reference could not produce). `None` when
-    /// no row was kept.
-    pub(super) fn verify(&self, model: &TinyModel) -> Option<(Comparison, bool)> {
+    /// Recomputes the logged context with `model`'s dense reference and
+    /// compares every kept row: the comparison, and whether the request
+    /// mismatched (a row off, or rows the reference could not produce).
+    /// `None` when no row was kept.
+    pub(super) fn verify<M: PagedModel + ?Sized>(&self, model: &M) -> Option<(Comparison, bool)> {
         let end = self.rows.iter().map(|(p, _)| p + 1).max()?;
+        let mut positions: Vec<usize> = self.rows.iter().map(|(p, _)| *p).collect();
+        positions.sort_unstable();
+        positions.dedup();
         let mut c = Comparison::default();
         let mut failed = false;
         match self
             .tokens
             .get(..end)
-            .ok_or_else(|| TinyError::Input("rows past the tokens".into()))
-            .and_then(|t| model.forward_dense(t))
+            .ok_or_else(|| ModelError::Input("rows past the tokens".into()))
+            .and_then(|t| model.reference(t, &positions))
         {
-            Ok(dense) => {
+            Ok(reference) => {
                 for (pos, row) in &self.rows {
-                    match dense.position(*pos) {
-                        Some(want) => c.merge(&compare_rows(row, want)),
+                    match positions
+                        .binary_search(pos)
+                        .ok()
+                        .and_then(|i| reference.get(i))
+                    {
+                        Some(want) => c.merge(&compare_rows(row, want, model.tolerance())),
                         None => failed = true,
                     }
                 }

@@ -1,0 +1,585 @@
+//! A GGUF llama computed with its K/V in the engine's KV pools
+//! ([`LlamaModel`], a [`PagedModel`]): candle's quantized matmuls over the
+//! file's tensors, grouped-query attention reading every earlier
+//! position's K/V back from the slots the cache allocated, and GGUF's
+//! interleaved RoPE.
+//!
+//! Every step is computed row by row in a fixed order (the quantized
+//! matmuls quantize each activation row on its own; attention is a loop
+//! per query row and head), so a position's logits do not depend on how
+//! the prompt was chunked or batched. That matters: the matmuls quantize
+//! activations to 8 bits, so a rounding difference of 1e-7 in one layer
+//! (another summation order in a batched attention) can flip a
+//! quantization step and move the logits by 0.1 to 1 thirty layers later.
+//! The dense reference ([`LlamaModel::forward_dense`]) is the same layers
+//! over the whole sequence at once with its K/V in a local buffer, never
+//! a pool: with correct K/V in the slots it gives the same logits, and a
+//! stale, foreign or corrupted slot shows. candle-transformers' quantized
+//! llama ([`DenseModel`](super::DenseModel)) and llama.cpp are the
+//! independent checks (tests/gguf.rs, tests/llama_cpp.rs).
+
+use super::{GgufError, GgufFile};
+use crate::kvpool::{Kv, KvLayout, KvPool};
+use crate::paged::{Logits, ModelError, PagedModel, PagedSeq, Tolerance};
+use candle_core::quantized::{GgmlDType, QMatMul};
+use candle_core::{Device, Module, Tensor};
+use std::path::PathBuf;
+
+/// Largest absolute difference allowed between a paged logit and the dense
+/// reference's. Both compute every row in the same order, so correct K/V
+/// gives a difference of 0; a wrong slot moves logits by far more.
+pub const LOGIT_TOLERANCE: f32 = 1e-2;
+
+/// A GGUF llama's shape, from its metadata.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// Transformer blocks (`llama.block_count`).
+    pub layers: usize,
+    /// Query heads (`llama.attention.head_count`).
+    pub heads: usize,
+    /// K/V heads (`llama.attention.head_count_kv`; grouped-query attention
+    /// when fewer than `heads`).
+    pub kv_heads: usize,
+    /// Dimension of a head (`llama.embedding_length / heads`).
+    pub head_dim: usize,
+    /// Hidden size (`llama.embedding_length`).
+    pub hidden: usize,
+    /// Vocabulary (rows of `token_embd.weight`).
+    pub vocab: usize,
+    /// Positions the model was trained for (`llama.context_length`).
+    pub context: usize,
+    /// RoPE base (`llama.rope.freq_base`, default 10,000).
+    pub rope_base: f32,
+    /// RMSNorm epsilon (`llama.attention.layer_norm_rms_epsilon`).
+    pub rms_eps: f32,
+}
+
+impl LlamaConfig {
+    /// Floats in one K or V row of the pool: `kv_heads × head_dim`.
+    pub fn kv_row(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// Bytes of K/V one token takes in an f32 pool (all layers, K and V).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.layers * 2 * self.kv_row() * 4
+    }
+}
+
+struct Block {
+    attn_norm: Tensor,
+    wq: QMatMul,
+    wk: QMatMul,
+    wv: QMatMul,
+    wo: QMatMul,
+    ffn_norm: Tensor,
+    gate: QMatMul,
+    up: QMatMul,
+    down: QMatMul,
+}
+
+/// A GGUF llama whose K/V live in [`KvPool`]s (see the module's docs).
+///
+/// ```no_run
+/// use radixkv_engine::gguf::{GgufFile, LlamaModel};
+/// use radixkv_engine::kvpool::HostKvPool;
+/// use radixkv_engine::paged::{PagedModel, PagedSeq};
+/// let f = GgufFile::open("SmolLM2-135M-Instruct.Q4_1.gguf")?;
+/// let model = LlamaModel::load(&f)?;
+/// let mut pool = HostKvPool::new(model.pool_layout(64));
+/// let ids = f.tokenizer()?.encode("The capital of France is")?;
+/// let slots: Vec<u32> = (1..=ids.len() as u32).collect();
+/// let seq = PagedSeq { tokens: &ids, slots: &slots, start: 0 };
+/// let logits = model.forward_paged(&mut pool, &[seq], false)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct LlamaModel {
+    cfg: LlamaConfig,
+    path: PathBuf,
+    embed: Tensor,
+    blocks: Vec<Block>,
+    norm: Tensor,
+    output: QMatMul,
+    /// `base^(-2i / head_dim)` for each rotated pair, in f32 as the
+    /// reference computes them.
+    inv_freq: Vec<f32>,
+}
+
+impl std::fmt::Debug for LlamaModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlamaModel")
+            .field("cfg", &self.cfg)
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+/// Tensor types whose matmuls candle runs on the CPU and that this model
+/// accepts.
+fn supported(t: GgmlDType) -> bool {
+    use GgmlDType::*;
+    matches!(
+        t,
+        F32 | F16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K
+    )
+}
+
+fn candle(e: candle_core::Error) -> GgufError {
+    GgufError::Format(e.to_string())
+}
+
+impl LlamaModel {
+    /// Loads the weights of `f` (architecture `llama`, tensor types candle
+    /// computes on the CPU; anything else is a typed error).
+    pub fn load(f: &GgufFile) -> Result<LlamaModel, GgufError> {
+        let arch = f.string("general.architecture")?;
+        if arch != "llama" {
+            return Err(GgufError::Unsupported(format!(
+                "architecture `{arch}` (only `llama`)"
+            )));
+        }
+        let content = f.content();
+        for (name, info) in &content.tensor_infos {
+            if !supported(info.ggml_dtype) {
+                return Err(GgufError::Unsupported(format!(
+                    "tensor `{name}` of type {:?}",
+                    info.ggml_dtype
+                )));
+            }
+        }
+        let u = |k: &str| f.u32(k).map(|v| v as usize);
+        let heads = u("llama.attention.head_count")?;
+        let hidden = u("llama.embedding_length")?;
+        if heads == 0 || hidden % heads != 0 || (hidden / heads) % 2 != 0 {
+            return Err(GgufError::Unsupported(format!(
+                "{hidden} hidden over {heads} heads"
+            )));
+        }
+        let kv_heads = u("llama.attention.head_count_kv").unwrap_or(heads);
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(GgufError::Unsupported(format!(
+                "{heads} query heads over {kv_heads} K/V heads"
+            )));
+        }
+        let head_dim = hidden / heads;
+        if let Ok(rope) = u("llama.rope.dimension_count") {
+            if rope != head_dim {
+                return Err(GgufError::Unsupported(format!(
+                    "RoPE over {rope} of {head_dim} dimensions"
+                )));
+            }
+        }
+        let f32_of = |k: &str| f.value(k).and_then(|v| v.to_f32().map_err(candle));
+        let rope_base = f32_of("llama.rope.freq_base").unwrap_or(10_000.0);
+        let rms_eps = f32_of("llama.attention.layer_norm_rms_epsilon")?;
+        let path = f.path().to_path_buf();
+        let mut r = std::fs::File::open(&path).map_err(|source| GgufError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let dev = Device::Cpu;
+        let mut q = |name: &str| content.tensor(&mut r, name, &dev).map_err(candle);
+        let embed_q = q("token_embd.weight")?;
+        let embed = embed_q.dequantize(&dev).map_err(candle)?;
+        let (vocab, width) = embed.dims2().map_err(candle)?;
+        if width != hidden {
+            return Err(GgufError::Format(format!(
+                "token_embd.weight is {vocab} x {width}, the model {hidden} wide"
+            )));
+        }
+        let norm = q("output_norm.weight")?.dequantize(&dev).map_err(candle)?;
+        // No `output.weight`: the output layer is the embedding's.
+        let output = match q("output.weight") {
+            Ok(t) => t,
+            Err(_) => embed_q,
+        };
+        let layers = u("llama.block_count")?;
+        let mut blocks = Vec::with_capacity(layers);
+        for l in 0..layers {
+            let mut mm = |n: &str| {
+                q(&format!("blk.{l}.{n}.weight"))
+                    .and_then(|t| QMatMul::from_qtensor(t).map_err(candle))
+            };
+            let (wq, wk, wv, wo) = (
+                mm("attn_q")?,
+                mm("attn_k")?,
+                mm("attn_v")?,
+                mm("attn_output")?,
+            );
+            let (gate, up, down) = (mm("ffn_gate")?, mm("ffn_up")?, mm("ffn_down")?);
+            let mut vec = |n: &str| {
+                q(&format!("blk.{l}.{n}.weight")).and_then(|t| t.dequantize(&dev).map_err(candle))
+            };
+            blocks.push(Block {
+                attn_norm: vec("attn_norm")?,
+                ffn_norm: vec("ffn_norm")?,
+                wq,
+                wk,
+                wv,
+                wo,
+                gate,
+                up,
+                down,
+            });
+        }
+        let context = u("llama.context_length").unwrap_or(2048);
+        let inv_freq = (0..head_dim)
+            .step_by(2)
+            .map(|i| 1f32 / rope_base.powf(i as f32 / head_dim as f32))
+            .collect();
+        Ok(LlamaModel {
+            cfg: LlamaConfig {
+                layers,
+                heads,
+                kv_heads,
+                head_dim,
+                hidden,
+                vocab,
+                context,
+                rope_base,
+                rms_eps,
+            },
+            path,
+            embed,
+            blocks,
+            norm,
+            output: QMatMul::from_qtensor(output).map_err(candle)?,
+            inv_freq,
+        })
+    }
+
+    /// The shape.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    /// The embedding row of token id `id`: `id % vocab` (workloads' ids
+    /// and the engine's synthetic output ids may lie past the vocabulary).
+    pub fn vocab_index(&self, id: u32) -> u32 {
+        (id as u64 % self.cfg.vocab as u64) as u32
+    }
+
+    /// `cos` and `sin` of every row's angles, `(rows, 1, head_dim / 2)`,
+    /// for candle's interleaved `rope_i` with one table per row.
+    fn rope_tables(&self, pos: &[usize]) -> candle_core::Result<(Tensor, Tensor)> {
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(pos.len() * half);
+        let mut sin = Vec::with_capacity(pos.len() * half);
+        for &p in pos {
+            for &f in &self.inv_freq {
+                let a = p as f32 * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        Ok((
+            Tensor::from_vec(cos, (pos.len(), 1, half), &Device::Cpu)?,
+            Tensor::from_vec(sin, (pos.len(), 1, half), &Device::Cpu)?,
+        ))
+    }
+
+    /// Rotates `x` `(rows, heads × head_dim)` in place of its pairs.
+    fn rope(
+        &self,
+        x: &Tensor,
+        heads: usize,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> candle_core::Result<Tensor> {
+        let (rows, width) = x.dims2()?;
+        let x = x
+            .reshape((rows, heads, 1, self.cfg.head_dim))?
+            .contiguous()?;
+        candle_nn::rotary_emb::rope_i(&x, cos, sin)?.reshape((rows, width))
+    }
+
+    /// Grouped-query causal attention of `q` `(n, heads × head_dim)` at
+    /// positions `start..start + n` over `k`, `v` `(len, kv_heads ×
+    /// head_dim)` at positions `0..len`: query head `h` reads K/V head
+    /// `h / (heads / kv_heads)`. One query row and head at a time, keys in
+    /// order: the result of a row never depends on the others.
+    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], start: usize) -> Vec<f32> {
+        let c = &self.cfg;
+        let (hd, width, row) = (c.head_dim, c.heads * c.head_dim, c.kv_row());
+        let g = c.heads / c.kv_heads;
+        let n = q.len() / width;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut out = vec![0f32; n * width];
+        let mut w = Vec::new();
+        for i in 0..n {
+            let keys = start + i + 1;
+            for h in 0..c.heads {
+                let qh = &q[i * width + h * hd..][..hd];
+                let kv = (h / g) * hd;
+                w.clear();
+                let mut max = f32::NEG_INFINITY;
+                for j in 0..keys {
+                    let kj = &k[j * row + kv..][..hd];
+                    let s = qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
+                    max = max.max(s);
+                    w.push(s);
+                }
+                let mut sum = 0f32;
+                for x in &mut w {
+                    *x = (*x - max).exp();
+                    sum += *x;
+                }
+                let o = &mut out[i * width + h * hd..][..hd];
+                for (j, &p) in w.iter().enumerate() {
+                    let vj = &v[j * row + kv..][..hd];
+                    for (acc, &x) in o.iter_mut().zip(vj) {
+                        *acc += p * x;
+                    }
+                }
+                for acc in o.iter_mut() {
+                    *acc /= sum;
+                }
+            }
+        }
+        out
+    }
+
+    fn check(&self, pool: &dyn KvPool, seqs: &[PagedSeq<'_>]) -> Result<(), ModelError> {
+        let l = pool.layout();
+        if l.layers != self.cfg.layers || l.row != self.cfg.kv_row() {
+            return Err(ModelError::InvalidConfig(format!(
+                "a pool of {} layers x {} floats for a model of {} layers x {}",
+                l.layers,
+                l.row,
+                self.cfg.layers,
+                self.cfg.kv_row()
+            )));
+        }
+        for s in seqs {
+            if s.start >= s.tokens.len() {
+                return Err(ModelError::Input(format!(
+                    "nothing to compute: start {} of {} tokens",
+                    s.start,
+                    s.tokens.len()
+                )));
+            }
+            if s.slots.len() < s.tokens.len() {
+                return Err(ModelError::Input(format!(
+                    "{} slots for {} tokens",
+                    s.slots.len(),
+                    s.tokens.len()
+                )));
+            }
+            if s.tokens.len() > self.cfg.context {
+                return Err(ModelError::Input(format!(
+                    "{} tokens, past the model's context of {}",
+                    s.tokens.len(),
+                    self.cfg.context
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The paged pass (see [`PagedModel::forward_paged`]).
+    fn paged(
+        &self,
+        pool: &mut dyn KvPool,
+        seqs: &[PagedSeq<'_>],
+        all_rows: bool,
+    ) -> Result<Vec<Logits>, ModelError> {
+        self.check(pool, seqs)?;
+        let parts: Vec<(&[u32], usize)> = seqs.iter().map(|s| (s.tokens, s.start)).collect();
+        // Each sequence's new K/V rows go to their slots; attention reads
+        // every position, the new ones included, back from the pool.
+        let mut kv = |li: usize, si: usize, k: Vec<f32>, v: Vec<f32>| {
+            let s = &seqs[si];
+            let end = s.tokens.len();
+            let new = &s.slots[s.start..end];
+            pool.write_rows(li, Kv::K, new, &k)?;
+            pool.write_rows(li, Kv::V, new, &v)?;
+            let kr = pool.read_rows(li, Kv::K, &s.slots[..end])?;
+            let vr = pool.read_rows(li, Kv::V, &s.slots[..end])?;
+            Ok((kr, vr))
+        };
+        let rows = if all_rows { Rows::All } else { Rows::Last };
+        let data = self.run(&parts, rows, &mut kv)?;
+        Ok(seqs
+            .iter()
+            .zip(data)
+            .map(|(s, data)| Logits {
+                start: s.tokens.len() - data.len() / self.cfg.vocab,
+                vocab: self.cfg.vocab,
+                data,
+            })
+            .collect())
+    }
+
+    /// The logits of `positions` (ascending) of `tokens`, computed over
+    /// the whole sequence at once with its K/V in a local buffer, no pool:
+    /// the reference the paged passes are checked against.
+    pub fn forward_dense(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        if tokens.is_empty() || tokens.len() > self.cfg.context {
+            return Err(ModelError::Input(format!(
+                "{} tokens (1 to the context of {})",
+                tokens.len(),
+                self.cfg.context
+            )));
+        }
+        let mut kv = |_: usize, _: usize, k: Vec<f32>, v: Vec<f32>| Ok((k, v));
+        if let Some(p) = positions.iter().find(|&&p| p >= tokens.len()) {
+            return Err(ModelError::Input(format!(
+                "position {p} of {}",
+                tokens.len()
+            )));
+        }
+        let data = self.run(&[(tokens, 0)], Rows::At(positions), &mut kv)?;
+        let v = self.cfg.vocab;
+        Ok(data[0].chunks(v).map(<[f32]>::to_vec).collect())
+    }
+
+    /// The layers over the computed rows of `parts` (`(tokens, start)`:
+    /// positions `start..` are computed); `kv(layer, part, k, v)` takes the
+    /// part's new K/V rows and returns the K/V of all its positions.
+    /// Returns each part's logits, row-major, of the rows `rows` says.
+    fn run(
+        &self,
+        parts: &[(&[u32], usize)],
+        rows_wanted: Rows<'_>,
+        kv: &mut KvRows<'_>,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        if parts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let dev = Device::Cpu;
+        let c = &self.cfg;
+        let eps = c.rms_eps;
+        let width = c.heads * c.head_dim;
+        let mut ids = Vec::new();
+        let mut pos = Vec::new();
+        let mut spans = Vec::with_capacity(parts.len());
+        let mut want = Vec::new();
+        let mut counts = Vec::with_capacity(parts.len());
+        for &(tokens, start) in parts {
+            let n = tokens.len() - start;
+            let first = ids.len();
+            spans.push((first, n));
+            let before = want.len();
+            match rows_wanted {
+                Rows::All => want.extend(first as u32..(first + n) as u32),
+                Rows::Last => want.push((first + n - 1) as u32),
+                Rows::At(at) => want.extend(
+                    at.iter()
+                        .filter(|&&p| p >= start && p < tokens.len())
+                        .map(|&p| (first + p - start) as u32),
+                ),
+            }
+            counts.push(want.len() - before);
+            for (p, &t) in tokens.iter().enumerate().skip(start) {
+                ids.push(self.vocab_index(t));
+                pos.push(p);
+            }
+        }
+        let rows = ids.len();
+        let mut x = self
+            .embed
+            .index_select(&Tensor::from_vec(ids, rows, &dev)?, 0)?;
+        let (cos, sin) = self.rope_tables(&pos)?;
+        for (li, b) in self.blocks.iter().enumerate() {
+            let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
+            let q = self.rope(&b.wq.forward(&h)?, c.heads, &cos, &sin)?;
+            let k = self.rope(&b.wk.forward(&h)?, c.kv_heads, &cos, &sin)?;
+            let v = b.wv.forward(&h)?;
+            let mut att = Vec::with_capacity(rows * width);
+            for (pi, (&(_, start), &(o, n))) in parts.iter().zip(&spans).enumerate() {
+                let rows_of = |t: &Tensor| -> candle_core::Result<Vec<f32>> {
+                    t.narrow(0, o, n)?.flatten_all()?.to_vec1()
+                };
+                let (kc, vc) = kv(li, pi, rows_of(&k)?, rows_of(&v)?)?;
+                att.extend(self.attention(&rows_of(&q)?, &kc, &vc, start));
+            }
+            let att = Tensor::from_vec(att, (rows, width), &dev)?;
+            x = (x + b.wo.forward(&att)?)?;
+            let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
+            let mlp = (candle_nn::ops::silu(&b.gate.forward(&h)?)? * b.up.forward(&h)?)?;
+            x = (x + b.down.forward(&mlp)?)?;
+        }
+        let n = want.len();
+        let sel = x.index_select(&Tensor::from_vec(want, n, &dev)?, 0)?;
+        let h = candle_nn::ops::rms_norm(&sel, &self.norm, eps)?;
+        let data = self.output.forward(&h)?.flatten_all()?.to_vec1::<f32>()?;
+        let v = c.vocab;
+        let mut out = Vec::with_capacity(parts.len());
+        let mut at = 0;
+        for rows in counts {
+            out.push(data[at * v..(at + rows) * v].to_vec());
+            at += rows;
+        }
+        Ok(out)
+    }
+}
+
+/// K/V rows of all positions (`(K, V)`) from a part's new ones: given
+/// `(layer, part, new K, new V)`.
+type KvRows<'a> =
+    dyn FnMut(usize, usize, Vec<f32>, Vec<f32>) -> Result<(Vec<f32>, Vec<f32>), ModelError> + 'a;
+
+/// Which rows' logits [`LlamaModel::run`] returns.
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    /// Every computed row of every part.
+    All,
+    /// The last row of every part.
+    Last,
+    /// These positions (ascending) of every part.
+    At(&'a [usize]),
+}
+
+impl PagedModel for LlamaModel {
+    fn pool_layout(&self, slots: usize) -> KvLayout {
+        KvLayout {
+            layers: self.cfg.layers,
+            slots,
+            row: self.cfg.kv_row(),
+        }
+    }
+
+    fn forward_paged(
+        &self,
+        pool: &mut dyn KvPool,
+        seqs: &[PagedSeq<'_>],
+        all_rows: bool,
+    ) -> Result<Vec<Logits>, ModelError> {
+        self.paged(pool, seqs, all_rows)
+    }
+
+    fn reference(&self, tokens: &[u32], positions: &[usize]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.forward_dense(tokens, positions)
+    }
+
+    fn tolerance(&self) -> Tolerance {
+        Tolerance {
+            logit: LOGIT_TOLERANCE,
+            argmax_margin: LOGIT_TOLERANCE,
+        }
+    }
+
+    fn verifies_every_position(&self) -> bool {
+        false
+    }
+
+    fn describe(&self) -> String {
+        let c = &self.cfg;
+        format!(
+            "GGUF llama {} ({} layers, {} heads / {} K/V heads x {}, vocab {})",
+            self.path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            c.layers,
+            c.heads,
+            c.kv_heads,
+            c.head_dim,
+            c.vocab
+        )
+    }
+}

@@ -1,0 +1,180 @@
+"""llama.cpp's view of SmolLM2-135M-Instruct on a fixed prompt set.
+
+Run by scripts/llama-reference.sh (which builds llama-cpp-python). For
+each prompt, plain text or rendered with the GGUF's own chat template
+(jinja2, as llama-cpp-python renders it): the tokens (special=True, no
+BOS: the model's add_bos_token is false), the argmax, top-5 and top-2
+margin of the next-token logits at every position, and 32 greedy tokens
+(stopping at the end-of-sequence token). Also llama.cpp's prefill and
+decode speed at the given thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import jinja2
+import llama_cpp
+import numpy as np
+
+LIBRARY = (
+    "The city library opens at nine in the morning and closes at six in the "
+    "evening, except on Sundays, when it is closed all day. Members may "
+    "borrow up to five books at once, for three weeks each; a book may be "
+    "renewed twice unless someone else has reserved it. Fines are ten cents "
+    "a day, capped at the price of the book. Guests may read in the hall "
+    "but need a pass, which the front desk issues against an identity card. "
+)
+
+PLAIN = [
+    ("counting", "One, two, three, four, five, six, seven, eight, nine, ten, eleven,"),
+    ("capital", "The capital of France is"),
+    ("recipe", "To make a simple tomato sauce, first heat some olive oil in a pan, then"),
+    ("code", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"),
+    ("numbers", "In 2026 the population of the town grew from 12,345 to 13,579 people, an increase of"),
+    ("library", LIBRARY * 8 + "Question: on which day is the library closed? Answer:"),
+    ("unicode", "Café, naïve, 東京 and the rocket emoji 🚀 are all written in UTF-8, which"),
+]
+
+CHATS = [
+    ("chat-capital", [{"role": "user", "content": "What is the capital of France? Answer in one word."}]),
+    ("chat-haiku", [{"role": "user", "content": "Write a haiku about the sea."}]),
+    (
+        "chat-library",
+        [
+            {"role": "system", "content": "You answer questions about the library. " + LIBRARY * 10},
+            {"role": "user", "content": "How many books may I borrow, and for how long?"},
+        ],
+    ),
+    (
+        "chat-turns",
+        [
+            {"role": "user", "content": "Give me three colours."},
+            {"role": "assistant", "content": "Red, green and blue."},
+            {"role": "user", "content": "Now three animals."},
+        ],
+    ),
+]
+
+CONTINUATION = 32
+
+
+def render(template: str, messages: list[dict]) -> str:
+    env = jinja2.Environment(loader=jinja2.BaseLoader())
+    return env.from_string(template).render(messages=messages, add_generation_prompt=True)
+
+
+def positions(llm: llama_cpp.Llama, tokens: list[int]) -> dict:
+    """Every position's next-token argmax, top-5 and top-2 margin."""
+    llm.reset()
+    llm.eval(tokens)
+    scores = np.asarray(llm.scores[: len(tokens)], dtype=np.float32)
+    top = np.argsort(-scores, axis=1)[:, :5]
+    rows = np.arange(len(tokens))
+    margin = scores[rows, top[:, 0]] - scores[rows, top[:, 1]]
+    return {
+        "argmax": top[:, 0].tolist(),
+        "top5": top.tolist(),
+        "margin": [round(float(m), 4) for m in margin],
+    }
+
+
+def greedy(llm: llama_cpp.Llama, tokens: list[int], eos: int) -> dict:
+    """32 greedy tokens after `tokens` and each step's top-2 margin."""
+    llm.reset()
+    llm.eval(tokens)
+    out, margins = [], []
+    for _ in range(CONTINUATION):
+        row = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        a, b = np.argsort(-row)[:2]
+        out.append(int(a))
+        margins.append(round(float(row[a] - row[b]), 4))
+        if a == eos:
+            break
+        llm.eval([int(a)])
+    return {"continuation": out, "continuation_margin": margins}
+
+
+def speed(llm: llama_cpp.Llama, tokens: list[int]) -> dict:
+    """Prefill of `tokens` at once, then 64 decode steps, in tokens/s."""
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(tokens)
+    prefill = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    for _ in range(64):
+        llm.eval([nxt])
+        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    decode = time.perf_counter() - t0
+    return {
+        "prefill_tokens": len(tokens),
+        "prefill_tokens_per_s": round(len(tokens) / prefill, 1),
+        "decode_tokens_per_s": round(64 / decode, 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    digest = hashlib.sha256(Path(a.model).read_bytes()).hexdigest()
+    llm = llama_cpp.Llama(
+        model_path=a.model,
+        n_ctx=4096,
+        n_batch=512,
+        n_threads=a.threads,
+        n_threads_batch=a.threads,
+        logits_all=True,
+        verbose=False,
+    )
+    template = llm.metadata["tokenizer.chat_template"]
+    eos = llm.token_eos()
+    prompts = [(n, t, None) for n, t in PLAIN]
+    prompts += [(n, render(template, m), m) for n, m in CHATS]
+    result = []
+    for name, text, messages in prompts:
+        tokens = llm.tokenize(text.encode(), add_bos=False, special=True)
+        entry = {"name": name, "text": text, "messages": messages, "tokens": tokens}
+        entry.update(positions(llm, tokens))
+        entry.update(greedy(llm, tokens, eos))
+        # The continuation up to its first near tie (top-2 margin < 0.05),
+        # as text: what any faithful greedy implementation must produce.
+        sure = next(
+            (i for i, m in enumerate(entry["continuation_margin"]) if m < 0.05),
+            len(entry["continuation"]),
+        )
+        text = llm.detokenize(entry["continuation"][:sure]).decode("utf-8", errors="replace")
+        entry["sure"] = sure
+        entry["sure_text"] = text.rstrip("\ufffd")
+        result.append(entry)
+    long_prompt = llm.tokenize((LIBRARY * 24).encode(), add_bos=False, special=True)[:1500]
+    doc = {
+        "note": (
+            "Written by scripts/llama-reference.sh: llama.cpp (llama-cpp-python "
+            f"{llama_cpp.__version__}, built from source with GGML_NATIVE) on the GGUF "
+            "below; tokens from Llama.tokenize(special=True, add_bos=False); argmax, "
+            "top5 and margin of each position's logits (logits_all=True); greedy "
+            "continuations of up to 32 tokens, stopping at eos."
+        ),
+        "model_sha256": digest,
+        "llama_cpp_python": llama_cpp.__version__,
+        "threads": a.threads,
+        "eos": eos,
+        "positions": sum(len(e["tokens"]) for e in result),
+        "speed": speed(llm, long_prompt),
+        "prompts": result,
+    }
+    Path(a.out).write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
+    print(f"llama-reference: {doc['positions']} positions, {len(result)} prompts -> {a.out}")
+    print(f"llama-reference: speed {doc['speed']}")
+
+
+if __name__ == "__main__":
+    main()

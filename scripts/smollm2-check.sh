@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# SmolLM2-135M-Instruct behind `radixkv serve --model gguf:PATH`, driven by
+# the official `openai` client (scripts/smollm2_check.py): real text, eos
+# and stop strings honoured, greedy continuations equal to llama.cpp's
+# (crates/radixkv-engine/tests/data/smollm2-llama-cpp.json) up to their
+# first near tie, streaming equal to the whole answer, seeded sampling
+# reproducible, a multi-turn chat whose cached tokens grow turn by turn,
+# and the bad inputs answered 400. The client goes into target/py-venv
+# (shared with scripts/python-check.sh). RADIXKV_BIN: a built binary
+# (default: build one); RADIXKV_SMOLLM2: the GGUF (default: fetched).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=target/py-venv
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "openai>=1.40" "httpx>=0.27"
+
+bin="${RADIXKV_BIN:-}"
+if [ -z "$bin" ]; then
+  cargo build --release --quiet -p radixkv-cli
+  bin=target/release/radixkv
+fi
+model="${RADIXKV_SMOLLM2:-$(bash scripts/fetch-smollm2.sh)}"
+
+port="$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+log=$(mktemp)
+"$bin" serve --port "$port" --model "gguf:$model" >"$log" 2>&1 &
+pid=$!
+cleanup() { kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -f "$log"; }
+trap cleanup EXIT
+for _ in $(seq 1 600); do
+  if curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; then break; fi
+  if ! kill -0 "$pid" 2>/dev/null; then cat "$log"; echo "radixkv serve exited"; exit 1; fi
+  sleep 0.05
+done
+"$venv/bin/python" scripts/smollm2_check.py "http://127.0.0.1:$port" \
+  crates/radixkv-engine/tests/data/smollm2-llama-cpp.json
