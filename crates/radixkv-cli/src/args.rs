@@ -149,7 +149,6 @@ pub struct WorkloadArgs {
 
 impl WorkloadArgs {
     /// Whether the gsp sizes and output length are all their defaults.
-    #[cfg(feature = "candle")]
     pub fn is_default_gsp(&self) -> bool {
         self.workload == "gsp"
             && (
