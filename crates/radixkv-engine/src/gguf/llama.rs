@@ -340,31 +340,9 @@ impl LlamaModel {
     }
 
     fn check(&self, pool: &dyn KvPool, seqs: &[PagedSeq<'_>]) -> Result<(), ModelError> {
-        let l = pool.layout();
-        if l.layers != self.cfg.layers || l.row != self.cfg.kv_row() {
-            return Err(ModelError::InvalidConfig(format!(
-                "a pool of {} layers x {} floats for a model of {} layers x {}",
-                l.layers,
-                l.row,
-                self.cfg.layers,
-                self.cfg.kv_row()
-            )));
-        }
+        crate::paged::check_pool(pool, self.cfg.layers, self.cfg.kv_row())?;
         for s in seqs {
-            if s.start >= s.tokens.len() {
-                return Err(ModelError::Input(format!(
-                    "nothing to compute: start {} of {} tokens",
-                    s.start,
-                    s.tokens.len()
-                )));
-            }
-            if s.slots.len() < s.tokens.len() {
-                return Err(ModelError::Input(format!(
-                    "{} slots for {} tokens",
-                    s.slots.len(),
-                    s.tokens.len()
-                )));
-            }
+            s.validate()?;
             if s.tokens.len() > self.cfg.context {
                 return Err(ModelError::Input(format!(
                     "{} tokens, past the model's context of {}",

@@ -77,6 +77,41 @@ pub struct PagedSeq<'a> {
     pub start: usize,
 }
 
+impl PagedSeq<'_> {
+    /// Checks that the sequence computes something and has a slot for
+    /// every position.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        if self.start >= self.tokens.len() {
+            return Err(ModelError::Input(format!(
+                "nothing to compute: start {} of {} tokens",
+                self.start,
+                self.tokens.len()
+            )));
+        }
+        if self.slots.len() < self.tokens.len() {
+            return Err(ModelError::Input(format!(
+                "{} slots for {} tokens",
+                self.slots.len(),
+                self.tokens.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Checks that `pool` has `layers` layers of `row` floats, as a model
+/// needs (the model's own layout: `pool_layout`).
+pub fn check_pool(pool: &dyn KvPool, layers: usize, row: usize) -> Result<(), ModelError> {
+    let l = pool.layout();
+    if l.layers != layers || l.row != row {
+        return Err(ModelError::InvalidConfig(format!(
+            "a pool of {} layers x {} floats for a model of {layers} layers x {row}",
+            l.layers, l.row
+        )));
+    }
+    Ok(())
+}
+
 /// Logits of consecutive positions `start..start + rows()`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Logits {

@@ -250,34 +250,12 @@ impl TinyModel {
         seqs: &[PagedSeq<'_>],
         all_rows: bool,
     ) -> Result<Vec<Logits>, ModelError> {
-        let l = pool.layout();
-        if l.layers != self.cfg.layers || l.row != self.cfg.hidden() {
-            return Err(ModelError::InvalidConfig(format!(
-                "a pool of {} layers x {} floats for a model of {} layers x {}",
-                l.layers,
-                l.row,
-                self.cfg.layers,
-                self.cfg.hidden()
-            )));
-        }
+        crate::paged::check_pool(pool, self.cfg.layers, self.cfg.hidden())?;
         let mut inner = Vec::with_capacity(seqs.len());
         let mut want = Vec::new();
         let mut first = 0;
         for s in seqs {
-            if s.start >= s.tokens.len() {
-                return Err(ModelError::Input(format!(
-                    "nothing to compute: start {} of {} tokens",
-                    s.start,
-                    s.tokens.len()
-                )));
-            }
-            if s.slots.len() < s.tokens.len() {
-                return Err(ModelError::Input(format!(
-                    "{} slots for {} tokens",
-                    s.slots.len(),
-                    s.tokens.len()
-                )));
-            }
+            s.validate()?;
             let n = s.tokens.len() - s.start;
             if all_rows {
                 want.extend(first..first + n);
