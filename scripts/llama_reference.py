@@ -38,6 +38,7 @@ PLAIN = [
     ("numbers", "In 2026 the population of the town grew from 12,345 to 13,579 people, an increase of"),
     ("library", LIBRARY * 8 + "Question: on which day is the library closed? Answer:"),
     ("unicode", "Café, naïve, 東京 and the rocket emoji 🚀 are all written in UTF-8, which"),
+    ("story", "Once upon a time, in a small village by the sea, there lived an old fisherman who"),
 ]
 
 CHATS = [
@@ -79,6 +80,7 @@ def positions(llm: llama_cpp.Llama, tokens: list[int]) -> dict:
     return {
         "argmax": top[:, 0].tolist(),
         "top5": top.tolist(),
+        "top5_logits": [[round(float(v), 4) for v in scores[r, top[r]]] for r in rows],
         "margin": [round(float(m), 4) for m in margin],
     }
 
@@ -99,17 +101,24 @@ def greedy(llm: llama_cpp.Llama, tokens: list[int], eos: int) -> dict:
     return {"continuation": out, "continuation_margin": margins}
 
 
+def last_logits(llm: llama_cpp.Llama) -> np.ndarray:
+    """The last evaluated position's logits (without logits_all, llama.cpp
+    keeps only those)."""
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+
+
 def speed(llm: llama_cpp.Llama, tokens: list[int]) -> dict:
-    """Prefill of `tokens` at once, then 64 decode steps, in tokens/s."""
+    """Prefill of `tokens` at once, then 64 greedy decode steps, in
+    tokens/s, on a model made without logits_all."""
     llm.reset()
     t0 = time.perf_counter()
     llm.eval(tokens)
     prefill = time.perf_counter() - t0
     t0 = time.perf_counter()
-    nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    nxt = int(np.argmax(last_logits(llm)))
     for _ in range(64):
         llm.eval([nxt])
-        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        nxt = int(np.argmax(last_logits(llm)))
     decode = time.perf_counter() - t0
     return {
         "prefill_tokens": len(tokens),
@@ -121,9 +130,23 @@ def speed(llm: llama_cpp.Llama, tokens: list[int]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--speed-only", metavar="TEXT_FILE",
+                    help="only time prefill and decode on the first --tokens tokens of this text; print JSON")
+    ap.add_argument("--tokens", type=int, default=1500)
     a = ap.parse_args()
+    if a.speed_only:
+        fast = llama_cpp.Llama(model_path=a.model, n_ctx=a.tokens + 128, n_batch=512,
+                               n_threads=a.threads, n_threads_batch=a.threads,
+                               type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, verbose=False)
+        tokens = fast.tokenize(Path(a.speed_only).read_text().encode(), add_bos=False, special=True)
+        if len(tokens) < a.tokens:
+            raise SystemExit(f"{a.speed_only} has {len(tokens)} tokens, fewer than {a.tokens}")
+        print(json.dumps(speed(fast, tokens[: a.tokens])))
+        return
+    if not a.out:
+        ap.error("--out is required")
     digest = hashlib.sha256(Path(a.model).read_bytes()).hexdigest()
     llm = llama_cpp.Llama(
         model_path=a.model,
@@ -132,6 +155,10 @@ def main() -> None:
         n_threads=a.threads,
         n_threads_batch=a.threads,
         logits_all=True,
+        # f32 K/V as radixkv keeps it (llama.cpp's default is f16, which
+        # alone moves logits by up to about 0.1).
+        type_k=llama_cpp.GGML_TYPE_F32,
+        type_v=llama_cpp.GGML_TYPE_F32,
         verbose=False,
     )
     template = llm.metadata["tokenizer.chat_template"]
@@ -144,23 +171,45 @@ def main() -> None:
         entry = {"name": name, "text": text, "messages": messages, "tokens": tokens}
         entry.update(positions(llm, tokens))
         entry.update(greedy(llm, tokens, eos))
-        # The continuation up to its first near tie (top-2 margin < 0.05),
-        # as text: what any faithful greedy implementation must produce.
-        sure = next(
-            (i for i, m in enumerate(entry["continuation_margin"]) if m < 0.05),
-            len(entry["continuation"]),
-        )
-        text = llm.detokenize(entry["continuation"][:sure]).decode("utf-8", errors="replace")
-        entry["sure"] = sure
-        entry["sure_text"] = text.rstrip("\ufffd")
+        # The continuation up to its first near tie (top-2 margin < 0.05)
+        # and up to its first step that is not sure (margin < 0.5), as
+        # text: a second implementation's greedy text starts with the
+        # latter (tests/llama_cpp.rs says why the former is too tight).
+        for key, margin in (("sure", 0.05), ("confident", 0.5)):
+            n = next(
+                (i for i, m in enumerate(entry["continuation_margin"]) if m < margin),
+                len(entry["continuation"]),
+            )
+            text = llm.detokenize(entry["continuation"][:n]).decode("utf-8", errors="replace")
+            entry[key] = n
+            entry[key + "_text"] = text.rstrip("\ufffd")
+        # The whole continuation as UTF-8 bytes (hex) and where each step's
+        # bytes end: where another implementation's text parts from it
+        # tells at which step its tokens did.
+        whole = llm.detokenize(entry["continuation"])
+        entry["continuation_hex"] = whole.hex()
+        entry["continuation_ends"] = [
+            len(llm.detokenize(entry["continuation"][: i + 1])) for i in range(len(entry["continuation"]))
+        ]
         result.append(entry)
     long_prompt = llm.tokenize((LIBRARY * 24).encode(), add_bos=False, special=True)[:1500]
+    # Speed without logits_all (which copies every position's logits).
+    fast = llama_cpp.Llama(
+        model_path=a.model,
+        n_ctx=2048,
+        n_batch=512,
+        n_threads=a.threads,
+        n_threads_batch=a.threads,
+        type_k=llama_cpp.GGML_TYPE_F32,
+        type_v=llama_cpp.GGML_TYPE_F32,
+        verbose=False,
+    )
     doc = {
         "note": (
             "Written by scripts/llama-reference.sh: llama.cpp (llama-cpp-python "
             f"{llama_cpp.__version__}, built from source with GGML_NATIVE) on the GGUF "
             "below; tokens from Llama.tokenize(special=True, add_bos=False); argmax, "
-            "top5 and margin of each position's logits (logits_all=True); greedy "
+            "top5 (ids and logits) and margin of each position's logits (logits_all=True, f32 K/V cache); greedy "
             "continuations of up to 32 tokens, stopping at eos."
         ),
         "model_sha256": digest,
@@ -168,7 +217,7 @@ def main() -> None:
         "threads": a.threads,
         "eos": eos,
         "positions": sum(len(e["tokens"]) for e in result),
-        "speed": speed(llm, long_prompt),
+        "speed": speed(fast, long_prompt),
         "prompts": result,
     }
     Path(a.out).write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n")

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # SmolLM2-135M-Instruct behind `radixkv serve --model gguf:PATH`, driven by
 # the official `openai` client (scripts/smollm2_check.py): real text, eos
-# and stop strings honoured, greedy continuations equal to llama.cpp's
-# (crates/radixkv-engine/tests/data/smollm2-llama-cpp.json) up to their
-# first near tie, streaming equal to the whole answer, seeded sampling
+# and stop strings honoured, greedy continuations that part from
+# llama.cpp's (crates/radixkv-engine/tests/data/smollm2-llama-cpp.json)
+# only where its top-2 margin is below 0.5 (how much is equal before each
+# first near tie, margin 0.05, is printed), streaming equal to the whole answer, seeded sampling
 # reproducible, a multi-turn chat whose cached tokens grow turn by turn,
 # and the bad inputs answered 400. The client goes into target/py-venv
 # (shared with scripts/python-check.sh). RADIXKV_BIN: a built binary

@@ -50,17 +50,33 @@ def _():
     return repr(text)
 
 
-@check("greedy continuations equal llama.cpp's up to their first near tie")
+@check("greedy continuations follow llama.cpp's wherever it is sure (margin >= 0.5)")
 def _():
+    # As crates/radixkv-engine/tests/llama_cpp.rs: the served text may part
+    # from llama.cpp's only at a step whose top-2 margin is below 0.5 (two
+    # implementations' logits differ by 0.15 on average); how much is equal
+    # before each first near tie (margin < 0.05) is reported.
     ref = json.load(open(REFERENCE))
-    tokens = 0
+    steps = equal = 0
+    parted = []
     for p in ref["prompts"]:
         r = client.completions.create(model=MODEL, prompt=p["tokens"], temperature=0,
                                       max_tokens=len(p["continuation"]))
-        text = r.choices[0].text
-        assert text.startswith(p["sure_text"]), (p["name"], text, p["sure_text"])
-        tokens += p["sure"]
-    return f"{len(ref['prompts'])} prompts, {tokens} tokens"
+        ours, theirs = r.choices[0].text.encode(), bytes.fromhex(p["continuation_hex"])
+        common = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        ends = p["continuation_ends"]
+        # The first step whose bytes are not all in the common prefix.
+        step = next((i for i, e in enumerate(ends) if e > common), len(ends))
+        if step < len(ends) and len(ours) < ends[step] and r.choices[0].finish_reason == "length":
+            step = len(ends)  # cut by max_tokens inside a multi-byte character
+        if step < len(ends):
+            margin = p["continuation_margin"][step]
+            parted.append(f"{p['name']} at step {step} (margin {margin})")
+            assert margin < 0.5, (p["name"], step, margin, r.choices[0].text)
+        steps += p["sure"]
+        equal += min(p["sure"], step)
+    return (f"{len(ref['prompts'])} prompts; equal before the first near tie: {equal} of {steps} steps; "
+            f"parted: {', '.join(parted) or 'none'}")
 
 
 @check("a streamed chat gives the same text as the whole answer")
@@ -75,10 +91,15 @@ def _():
 
 @check("stop strings cut the text and end generation")
 def _():
-    r = chat([{"role": "user", "content": "Count from one to ten in words, separated by commas."}],
-             max_tokens=64, temperature=0, stop=["four"])
-    text = r.choices[0].message.content
-    assert "four" not in text and r.choices[0].finish_reason == "stop", text
+    # Greedy, this prompt goes on " twelve, thirteen, fourteen, ..." in
+    # llama.cpp and in radixkv alike (tests/data/smollm2-llama-cpp.json,
+    # prompt "counting").
+    r = client.completions.create(model=MODEL, temperature=0, max_tokens=64, stop=["fourteen"],
+                                  prompt="One, two, three, four, five, six, seven, eight, nine, ten, eleven,")
+    text = r.choices[0].text
+    assert text == " twelve, thirteen, ", text
+    assert r.choices[0].finish_reason == "stop", r.choices[0].finish_reason
+    assert r.usage.completion_tokens < 10, r.usage
     return repr(text)
 
 

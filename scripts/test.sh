@@ -67,6 +67,9 @@ echo "== the server from Python: the official openai client, pyzmq on the KV eve
 # The binary the release test run above built (its integration tests run it).
 RADIXKV_BIN=target/release/radixkv bash scripts/python-check.sh
 
+echo "== SmolLM2 served: radixkv serve --model gguf:PATH through the openai client: real text, greedy continuations against llama.cpp's stored ones, streaming, stop strings, seeds, a multi-turn chat's cached tokens, 400s (scripts/smollm2-check.sh; shares python-check's venv)"
+RADIXKV_BIN=target/release/radixkv bash scripts/smollm2-check.sh
+
 echo "== the Python package: pip install ./crates/radixkv-py into a fresh venv, its tests (the core's API, inputs, errors, the GIL released, a panic as RuntimeError) and the GIL test's negative control (scripts/python-package-check.sh; its own venv)"
 cargo test --manifest-path crates/radixkv-py/Cargo.toml --target-dir target/py --quiet
 bash scripts/python-package-check.sh

@@ -129,6 +129,21 @@ pub struct WorkloadArgs {
     /// GSP: question tokens.
     #[arg(long, default_value_t = 128)]
     pub gsp_question: usize,
+    /// Chat: conversations.
+    #[arg(long, default_value_t = 64, value_parser = ranges::count(ranges::CHAT_SIZE))]
+    pub chat_conversations: usize,
+    /// Chat: turns per conversation.
+    #[arg(long, default_value_t = 8, value_parser = ranges::count(ranges::CHAT_SIZE))]
+    pub chat_turns: usize,
+    /// Chat: system prompt tokens.
+    #[arg(long, default_value_t = 1024, value_parser = ranges::count(ranges::CHAT_SIZE))]
+    pub chat_system: usize,
+    /// Chat: tokens of each user message.
+    #[arg(long, default_value_t = 128, value_parser = ranges::count(ranges::CHAT_SIZE))]
+    pub chat_user: usize,
+    /// Chat: seconds between a conversation's turns (0 to a day).
+    #[arg(long, default_value_t = 20.0, value_parser = ranges::seconds)]
+    pub chat_think_s: f64,
     /// Output tokens per request (generators; traces bring their own and
     /// use this only where they record none). Chat replies have this many
     /// tokens.
@@ -178,7 +193,12 @@ impl WorkloadArgs {
             ),
             "chat" => trace::chat(
                 &ChatShape {
+                    conversations: self.chat_conversations,
+                    turns: self.chat_turns,
+                    system: self.chat_system,
+                    user: self.chat_user,
                     assistant: self.output_len,
+                    think_ms: self.chat_think_s * 1e3,
                     ..Default::default()
                 },
                 self.seed,

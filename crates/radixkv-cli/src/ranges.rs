@@ -11,6 +11,9 @@ pub const PAGE_SIZE: std::ops::RangeInclusive<u64> = 1..=65_536;
 /// Pages of one pool: page ids are `u32`, page 0 reserved.
 pub const POOL_PAGES: std::ops::RangeInclusive<u64> = 2..=u32::MAX as u64;
 
+/// Conversations, turns and tokens of a generated chat workload.
+pub const CHAT_SIZE: std::ops::RangeInclusive<u64> = 1..=65_536;
+
 /// A `usize` flag within `range`.
 pub fn count(range: std::ops::RangeInclusive<u64>) -> RangedU64ValueParser<usize> {
     RangedU64ValueParser::<usize>::new().range(range)

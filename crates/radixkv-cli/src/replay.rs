@@ -66,9 +66,10 @@ pub struct ReplayArgs {
     /// devices by default. With `--workload gsp` at the default gsp sizes
     /// and --output-len they run smaller workloads: `tiny` 256 requests of
     /// 64 + 16 tokens and 4 output tokens, 512 KV tokens per device;
-    /// `gguf:PATH` 32 requests of 256 + 32 tokens and 8 output tokens, 768
-    /// KV tokens per device (about a minute on 2 cores). Prefixes get
-    /// evicted, loaded back from the host tier and inserted again.
+    /// `gguf:PATH` 96 requests of 256 + 32 tokens and 16 output tokens, 768
+    /// KV tokens per device (about 45 s on 2 cores; --verify adds a dense
+    /// recomputation of every checked request). Prefixes get evicted and
+    /// come back.
     #[arg(long, default_value = "simulated")]
     model: ModelArg,
     /// With a real model: check each request against a dense

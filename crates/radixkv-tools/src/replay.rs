@@ -316,11 +316,11 @@ pub fn tiny_default_workload(seed: u64) -> Trace {
 }
 
 /// The workload `radixkv replay --model gguf:PATH` runs when the default
-/// gsp sizes are not changed: 4 system prompts of 256 tokens, 8 questions
-/// of 32 tokens each, 8 output tokens (about a minute of SmolLM2-135M on
-/// 2 cores).
+/// gsp sizes are not changed: 6 system prompts of 256 tokens, 16
+/// questions of 32 tokens each, 16 output tokens (about 45 s of
+/// SmolLM2-135M on 2 cores).
 pub fn gguf_default_workload(seed: u64) -> Trace {
-    crate::trace::gsp(4, 8, 256, 32, 8, seed)
+    crate::trace::gsp(6, 16, 256, 32, 16, seed)
 }
 
 /// Replays `w` on a fresh engine; `interrupt` (e.g. set by Ctrl-C) stops

@@ -1,16 +1,22 @@
 //! A GGUF llama computed with its K/V in the engine's KV pools
-//! ([`LlamaModel`], a [`PagedModel`]): candle's quantized matmuls over the
-//! file's tensors, grouped-query attention reading every earlier
-//! position's K/V back from the slots the cache allocated, and GGUF's
-//! interleaved RoPE.
+//! ([`LlamaModel`], a [`PagedModel`]): quantized matmuls over the file's
+//! tensors (`super::qmatmul`: `Q4_1` and `Q8_0` with AVX2, candle's for
+//! other types), grouped-query attention reading every earlier position's
+//! K/V back from the slots the cache allocated, and GGUF's interleaved
+//! RoPE.
 //!
-//! Every step is computed row by row in a fixed order (the quantized
-//! matmuls quantize each activation row on its own; attention is a loop
-//! per query row and head), so a position's logits do not depend on how
-//! the prompt was chunked or batched. That matters: the matmuls quantize
+//! Every step is computed row by row in a fixed order (the matmuls
+//! quantize each activation row on its own; attention is a loop per query
+//! row and K/V head), so a position's logits do not depend on how the
+//! prompt was chunked or batched. That matters: the matmuls quantize
 //! activations to 8 bits, so a rounding difference of 1e-7 in one layer
 //! (another summation order in a batched attention) can flip a
 //! quantization step and move the logits by 0.1 to 1 thirty layers later.
+//! For the same reason the RMSNorm (squares summed in f64), the RoPE
+//! angles (one multiplication per pair) and the softmax (a reciprocal of
+//! an f64 sum) follow llama.cpp's arithmetic, which brings the logits
+//! closer to the reference runtime's (tests/llama_cpp.rs).
+//!
 //! The dense reference ([`LlamaModel::forward_dense`]) is the same layers
 //! over the whole sequence at once with its K/V in a local buffer, never
 //! a pool: with correct K/V in the slots it gives the same logits, and a
@@ -18,11 +24,14 @@
 //! llama ([`DenseModel`](super::DenseModel)) and llama.cpp are the
 //! independent checks (tests/gguf.rs, tests/llama_cpp.rs).
 
+use super::attention::attention_group;
+use super::qmatmul::Linear;
 use super::{GgufError, GgufFile};
-use crate::kvpool::{Kv, KvLayout, KvPool};
+use crate::kvpool::{Kv, KvLayout, KvPool, KvPoolError};
 use crate::paged::{Logits, ModelError, PagedModel, PagedSeq, Tolerance};
-use candle_core::quantized::{GgmlDType, QMatMul};
-use candle_core::{Device, Module, Tensor};
+use candle_core::quantized::GgmlDType;
+use candle_core::{Device, Tensor};
+use rayon::prelude::*;
 use std::path::PathBuf;
 
 /// Largest absolute difference allowed between a paged logit and the dense
@@ -68,14 +77,14 @@ impl LlamaConfig {
 
 struct Block {
     attn_norm: Tensor,
-    wq: QMatMul,
-    wk: QMatMul,
-    wv: QMatMul,
-    wo: QMatMul,
+    wq: Linear,
+    wk: Linear,
+    wv: Linear,
+    wo: Linear,
     ffn_norm: Tensor,
-    gate: QMatMul,
-    up: QMatMul,
-    down: QMatMul,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
 }
 
 /// A GGUF llama whose K/V live in [`KvPool`]s (see the module's docs).
@@ -99,10 +108,11 @@ pub struct LlamaModel {
     embed: Tensor,
     blocks: Vec<Block>,
     norm: Tensor,
-    output: QMatMul,
-    /// `base^(-2i / head_dim)` for each rotated pair, in f32 as the
-    /// reference computes them.
-    inv_freq: Vec<f32>,
+    output: Linear,
+    /// `base^(-2 / head_dim)`: pair `i` of position `p` turns by `p ×
+    /// theta_scale^i`, computed as llama.cpp does (one multiplication per
+    /// pair, in f32), so the angles are the reference runtime's to the bit.
+    theta_scale: f32,
 }
 
 impl std::fmt::Debug for LlamaModel {
@@ -197,8 +207,7 @@ impl LlamaModel {
         let mut blocks = Vec::with_capacity(layers);
         for l in 0..layers {
             let mut mm = |n: &str| {
-                q(&format!("blk.{l}.{n}.weight"))
-                    .and_then(|t| QMatMul::from_qtensor(t).map_err(candle))
+                q(&format!("blk.{l}.{n}.weight")).and_then(|t| Linear::new(t).map_err(candle))
             };
             let (wq, wk, wv, wo) = (
                 mm("attn_q")?,
@@ -223,10 +232,7 @@ impl LlamaModel {
             });
         }
         let context = u("llama.context_length").unwrap_or(2048);
-        let inv_freq = (0..head_dim)
-            .step_by(2)
-            .map(|i| 1f32 / rope_base.powf(i as f32 / head_dim as f32))
-            .collect();
+        let theta_scale = rope_base.powf(-2.0 / head_dim as f32);
         Ok(LlamaModel {
             cfg: LlamaConfig {
                 layers,
@@ -243,8 +249,8 @@ impl LlamaModel {
             embed,
             blocks,
             norm,
-            output: QMatMul::from_qtensor(output).map_err(candle)?,
-            inv_freq,
+            output: Linear::new(output).map_err(candle)?,
+            theta_scale,
         })
     }
 
@@ -262,14 +268,15 @@ impl LlamaModel {
     /// `cos` and `sin` of every row's angles, `(rows, 1, head_dim / 2)`,
     /// for candle's interleaved `rope_i` with one table per row.
     fn rope_tables(&self, pos: &[usize]) -> candle_core::Result<(Tensor, Tensor)> {
-        let half = self.inv_freq.len();
+        let half = self.cfg.head_dim / 2;
         let mut cos = Vec::with_capacity(pos.len() * half);
         let mut sin = Vec::with_capacity(pos.len() * half);
         for &p in pos {
-            for &f in &self.inv_freq {
-                let a = p as f32 * f;
-                cos.push(a.cos());
-                sin.push(a.sin());
+            let mut theta = p as f32;
+            for _ in 0..half {
+                cos.push(theta.cos());
+                sin.push(theta.sin());
+                theta *= self.theta_scale;
             }
         }
         Ok((
@@ -294,47 +301,36 @@ impl LlamaModel {
     }
 
     /// Grouped-query causal attention of `q` `(n, heads × head_dim)` at
-    /// positions `start..start + n` over `k`, `v` `(len, kv_heads ×
-    /// head_dim)` at positions `0..len`: query head `h` reads K/V head
-    /// `h / (heads / kv_heads)`. One query row and head at a time, keys in
-    /// order: the result of a row never depends on the others.
-    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], start: usize) -> Vec<f32> {
+    /// positions `start..start + n` over the K and V rows of positions
+    /// `0..len` (one slice of `kv_heads × head_dim` each): query head `h`
+    /// reads K/V head `h / (heads / kv_heads)`. Query rows run in parallel, each head's
+    /// keys in order: the result of a row never depends on the others.
+    fn attention(&self, q: &[f32], k: &[&[f32]], v: &[&[f32]], start: usize) -> Vec<f32> {
         let c = &self.cfg;
-        let (hd, width, row) = (c.head_dim, c.heads * c.head_dim, c.kv_row());
-        let g = c.heads / c.kv_heads;
-        let n = q.len() / width;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let mut out = vec![0f32; n * width];
-        let mut w = Vec::new();
-        for i in 0..n {
-            let keys = start + i + 1;
-            for h in 0..c.heads {
-                let qh = &q[i * width + h * hd..][..hd];
-                let kv = (h / g) * hd;
-                w.clear();
-                let mut max = f32::NEG_INFINITY;
-                for j in 0..keys {
-                    let kj = &k[j * row + kv..][..hd];
-                    let s = qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
-                    max = max.max(s);
-                    w.push(s);
-                }
-                let mut sum = 0f32;
-                for x in &mut w {
-                    *x = (*x - max).exp();
-                    sum += *x;
-                }
-                let o = &mut out[i * width + h * hd..][..hd];
-                for (j, &p) in w.iter().enumerate() {
-                    let vj = &v[j * row + kv..][..hd];
-                    for (acc, &x) in o.iter_mut().zip(vj) {
-                        *acc += p * x;
-                    }
-                }
-                for acc in o.iter_mut() {
-                    *acc /= sum;
-                }
-            }
+        // One item per query row and K/V head: the `g` query heads that
+        // read that K/V head (`g × head_dim` floats of `out`, and of `q`),
+        // so each K/V row is read once per item; enough keys per task to be
+        // worth another thread.
+        let span = c.heads / c.kv_heads * c.head_dim;
+        let mut out = vec![0f32; q.len()];
+        let rows = q.len() / (c.heads * c.head_dim);
+        let items = rows * c.kv_heads;
+        let keys = rows * (start + rows);
+        let min_len = (items * (1 << 16)).div_ceil(keys.max(1) * span).max(1);
+        let item = |w: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
+            let (i, kvh) = (idx / c.kv_heads, idx % c.kv_heads);
+            attention_group(c, &q[idx * span..][..span], kvh, k, v, start + i + 1, o, w)
+        };
+        if min_len >= items {
+            let mut w = Vec::new();
+            out.chunks_mut(span)
+                .enumerate()
+                .for_each(|x| item(&mut w, x));
+        } else {
+            out.par_chunks_mut(span)
+                .enumerate()
+                .with_min_len(min_len)
+                .for_each_init(Vec::new, item);
         }
         out
     }
@@ -364,16 +360,40 @@ impl LlamaModel {
         self.check(pool, seqs)?;
         let parts: Vec<(&[u32], usize)> = seqs.iter().map(|s| (s.tokens, s.start)).collect();
         // Each sequence's new K/V rows go to their slots; attention reads
-        // every position, the new ones included, back from the pool.
-        let mut kv = |li: usize, si: usize, k: Vec<f32>, v: Vec<f32>| {
+        // every position, the new ones included, back from the pool (in
+        // place when the pool is host memory).
+        let mut kv = |li: usize, si: usize, k: Vec<f32>, v: Vec<f32>, attend: &mut Attend<'_>| {
             let s = &seqs[si];
             let end = s.tokens.len();
             let new = &s.slots[s.start..end];
             pool.write_rows(li, Kv::K, new, &k)?;
             pool.write_rows(li, Kv::V, new, &v)?;
-            let kr = pool.read_rows(li, Kv::K, &s.slots[..end])?;
-            let vr = pool.read_rows(li, Kv::V, &s.slots[..end])?;
-            Ok((kr, vr))
+            let all = &s.slots[..end];
+            let layout = pool.layout();
+            if let Some(data) = pool.host_floats() {
+                let data = data?;
+                let rows = |kind: Kv| -> Result<Vec<&[f32]>, ModelError> {
+                    all.iter()
+                        .map(|&slot| {
+                            let at = layout.offset(li, kind, slot as usize);
+                            data.get(at..at + layout.row).ok_or_else(|| {
+                                ModelError::Pool(KvPoolError::OutOfRange(format!(
+                                    "slot {slot} of {}",
+                                    layout.slots
+                                )))
+                            })
+                        })
+                        .collect()
+                };
+                attend(&rows(Kv::K)?, &rows(Kv::V)?);
+            } else {
+                let kr = pool.read_rows(li, Kv::K, all)?;
+                let vr = pool.read_rows(li, Kv::V, all)?;
+                let kr: Vec<&[f32]> = kr.chunks_exact(layout.row).collect();
+                let vr: Vec<&[f32]> = vr.chunks_exact(layout.row).collect();
+                attend(&kr, &vr);
+            }
+            Ok(())
         };
         let rows = if all_rows { Rows::All } else { Rows::Last };
         let data = self.run(&parts, rows, &mut kv)?;
@@ -403,7 +423,13 @@ impl LlamaModel {
                 self.cfg.context
             )));
         }
-        let mut kv = |_: usize, _: usize, k: Vec<f32>, v: Vec<f32>| Ok((k, v));
+        let row = self.cfg.kv_row();
+        let mut kv = |_: usize, _: usize, k: Vec<f32>, v: Vec<f32>, attend: &mut Attend<'_>| {
+            let kr: Vec<&[f32]> = k.chunks_exact(row).collect();
+            let vr: Vec<&[f32]> = v.chunks_exact(row).collect();
+            attend(&kr, &vr);
+            Ok(())
+        };
         if let Some(p) = positions.iter().find(|&&p| p >= tokens.len()) {
             return Err(ModelError::Input(format!(
                 "position {p} of {}",
@@ -417,7 +443,8 @@ impl LlamaModel {
 
     /// The layers over the computed rows of `parts` (`(tokens, start)`:
     /// positions `start..` are computed); `kv(layer, part, k, v)` takes the
-    /// part's new K/V rows and returns the K/V of all its positions.
+    /// part's new K/V rows, stores them, and hands the K/V rows of all its
+    /// positions to attention.
     /// Returns each part's logits, row-major, of the rows `rows` says.
     fn run(
         &self,
@@ -463,7 +490,7 @@ impl LlamaModel {
             .index_select(&Tensor::from_vec(ids, rows, &dev)?, 0)?;
         let (cos, sin) = self.rope_tables(&pos)?;
         for (li, b) in self.blocks.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
+            let h = rms_norm(&x, &b.attn_norm, eps)?;
             let q = self.rope(&b.wq.forward(&h)?, c.heads, &cos, &sin)?;
             let k = self.rope(&b.wk.forward(&h)?, c.kv_heads, &cos, &sin)?;
             let v = b.wv.forward(&h)?;
@@ -472,18 +499,22 @@ impl LlamaModel {
                 let rows_of = |t: &Tensor| -> candle_core::Result<Vec<f32>> {
                     t.narrow(0, o, n)?.flatten_all()?.to_vec1()
                 };
-                let (kc, vc) = kv(li, pi, rows_of(&k)?, rows_of(&v)?)?;
-                att.extend(self.attention(&rows_of(&q)?, &kc, &vc, start));
+                let qr = rows_of(&q)?;
+                let mut out = Vec::new();
+                kv(li, pi, rows_of(&k)?, rows_of(&v)?, &mut |kr, vr| {
+                    out = self.attention(&qr, kr, vr, start)
+                })?;
+                att.extend(out);
             }
             let att = Tensor::from_vec(att, (rows, width), &dev)?;
             x = (x + b.wo.forward(&att)?)?;
-            let h = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
+            let h = rms_norm(&x, &b.ffn_norm, eps)?;
             let mlp = (candle_nn::ops::silu(&b.gate.forward(&h)?)? * b.up.forward(&h)?)?;
             x = (x + b.down.forward(&mlp)?)?;
         }
         let n = want.len();
         let sel = x.index_select(&Tensor::from_vec(want, n, &dev)?, 0)?;
-        let h = candle_nn::ops::rms_norm(&sel, &self.norm, eps)?;
+        let h = rms_norm(&sel, &self.norm, eps)?;
         let data = self.output.forward(&h)?.flatten_all()?.to_vec1::<f32>()?;
         let v = c.vocab;
         let mut out = Vec::with_capacity(parts.len());
@@ -496,10 +527,32 @@ impl LlamaModel {
     }
 }
 
-/// K/V rows of all positions (`(K, V)`) from a part's new ones: given
-/// `(layer, part, new K, new V)`.
+/// RMSNorm of each row of `x` `(rows, hidden)`, times `w`, computed as
+/// llama.cpp computes it: the squares summed in f64, `1 / sqrt(mean +
+/// eps)` in f32, each element scaled, then multiplied by its weight.
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
+    let (rows, hidden) = x.dims2()?;
+    let w = w.to_vec1::<f32>()?;
+    let mut y = x.flatten_all()?.to_vec1::<f32>()?;
+    for row in y.chunks_exact_mut(hidden) {
+        let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
+        let mean = (sum / hidden as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for (v, &g) in row.iter_mut().zip(&w) {
+            *v = (*v * scale) * g;
+        }
+    }
+    Tensor::from_vec(y, (rows, hidden), x.device())
+}
+
+/// Stores a part's new K/V rows and hands the K/V rows of all its
+/// positions (one `kv_row` slice each) to attention: given `(layer, part,
+/// new K, new V, attention)`.
 type KvRows<'a> =
-    dyn FnMut(usize, usize, Vec<f32>, Vec<f32>) -> Result<(Vec<f32>, Vec<f32>), ModelError> + 'a;
+    dyn FnMut(usize, usize, Vec<f32>, Vec<f32>, &mut Attend<'_>) -> Result<(), ModelError> + 'a;
+
+/// Attention over a part's K rows and V rows, one slice per position.
+type Attend<'a> = dyn FnMut(&[&[f32]], &[&[f32]]) + 'a;
 
 /// Which rows' logits [`LlamaModel::run`] returns.
 #[derive(Clone, Copy)]

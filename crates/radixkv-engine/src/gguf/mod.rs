@@ -6,6 +6,8 @@
 //! | `tokenizer.rs` | the byte-level BPE tokenizer built from `tokenizer.ggml.*` ([`GgufTokenizer`]) |
 //! | `template.rs` | the chat template (`tokenizer.chat_template`) rendered with minijinja ([`ChatTemplate`]) |
 //! | `llama.rs` | the model computed with its K/V in the engine's pools ([`LlamaModel`], a paged model) |
+//! | `attention.rs` | its grouped-query attention over the K/V rows of a query's positions |
+//! | `qmatmul.rs` | `Q4_1` and `Q8_0` matmuls as llama.cpp computes them (8-bit activations, AVX2, rayon) |
 //! | `dense.rs` | candle's quantized llama over the same file: the dense reference ([`DenseModel`]) |
 //!
 //! [`GgufBackend`] is the engine's backend over a [`LlamaModel`]; its
@@ -22,8 +24,10 @@
 //! let next = model.greedy(&ids, 8, f.eos()).unwrap();
 //! ```
 
+mod attention;
 mod dense;
 mod llama;
+mod qmatmul;
 mod template;
 mod tokenizer;
 

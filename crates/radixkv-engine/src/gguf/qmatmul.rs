@@ -1,0 +1,460 @@
+//! Matmuls over the quantized weight types SmolLM2's GGUF stores
+//! (`Q4_1` and `Q8_0`), computed the way llama.cpp computes them: each
+//! activation row is quantized to 8 bits in blocks of 32 (`q8_1`: a scale
+//! `d`, the sum `s = d × Σq`, 32 signed bytes), and a weight block's dot
+//! with it is an exact integer sum scaled by the blocks' scales. candle
+//! computes `Q4_1` with a scalar loop only; here it runs with AVX2 where the
+//! CPU has it (detected at run time) and over rayon's threads, split by
+//! output columns.
+//!
+//! A row's outputs depend only on that row and the weights, never on the
+//! other rows of the call or on how the columns were split: the paged
+//! passes and the dense reference agree exactly however they batch.
+//! Other tensor types go through candle's [`QMatMul`](candle_core::quantized::QMatMul)
+//! ([`Linear`]).
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{Module, Tensor};
+use half::f16;
+use rayon::prelude::*;
+
+/// Elements in one quantization block (both weight types and the
+/// activations).
+const BLOCK: usize = 32;
+
+/// Multiply-adds below which a task is not worth handing to another
+/// thread (waking one costs tens of microseconds).
+const MACS_PER_TASK: usize = 1 << 20;
+
+/// A `Q4_1` weight block: `w = d × q + m` for the 4-bit `q` (the low
+/// nibbles are elements 0..16, the high ones 16..32).
+#[derive(Clone, Copy)]
+struct Q41 {
+    d: f32,
+    m: f32,
+    qs: [u8; 16],
+}
+
+/// A `Q8_0` weight block: `w = d × q`.
+#[derive(Clone, Copy)]
+struct Q80 {
+    d: f32,
+    qs: [i8; 32],
+}
+
+/// An activation block (llama.cpp's `q8_1`): `x ≈ d × q`, and
+/// `s = d × Σq` for the offset term of `Q4_1`.
+#[derive(Clone, Copy)]
+struct Act {
+    d: f32,
+    s: f32,
+    qs: [i8; 32],
+}
+
+/// A weight matrix of `n` output rows of `k` inputs, in blocks.
+enum Blocks {
+    Q41(Vec<Q41>),
+    Q80(Vec<Q80>),
+}
+
+/// A `Q4_1` or `Q8_0` weight matrix, `(n, k)` as the GGUF stores it
+/// (`y = x Wᵀ`).
+pub(crate) struct QWeight {
+    n: usize,
+    k: usize,
+    blocks: Blocks,
+}
+
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+impl QWeight {
+    /// The weights of `t` when it is `Q4_1` or `Q8_0` of shape `(n, k)`
+    /// with `k` a multiple of 32; `None` for anything else.
+    pub(crate) fn new(t: &QTensor) -> candle_core::Result<Option<QWeight>> {
+        let (n, k) = match t.shape().dims() {
+            &[n, k] if k % BLOCK == 0 => (n, k),
+            _ => return Ok(None),
+        };
+        let size = match t.dtype() {
+            GgmlDType::Q4_1 => 20,
+            GgmlDType::Q8_0 => 34,
+            _ => return Ok(None),
+        };
+        let raw = t.data()?;
+        let count = n * k / BLOCK;
+        if raw.len() != count * size {
+            candle_core::bail!(
+                "{:?} tensor of {} bytes, not {}",
+                t.dtype(),
+                raw.len(),
+                count * size
+            );
+        }
+        let chunks = raw.chunks_exact(size);
+        let blocks = match t.dtype() {
+            GgmlDType::Q4_1 => Blocks::Q41(
+                chunks
+                    .map(|b| {
+                        let mut qs = [0u8; 16];
+                        qs.copy_from_slice(&b[4..20]);
+                        Q41 {
+                            d: f16_at(b, 0),
+                            m: f16_at(b, 2),
+                            qs,
+                        }
+                    })
+                    .collect(),
+            ),
+            _ => Blocks::Q80(
+                chunks
+                    .map(|b| {
+                        let mut qs = [0i8; 32];
+                        for (q, &byte) in qs.iter_mut().zip(&b[2..34]) {
+                            *q = byte as i8;
+                        }
+                        Q80 {
+                            d: f16_at(b, 0),
+                            qs,
+                        }
+                    })
+                    .collect(),
+            ),
+        };
+        Ok(Some(QWeight { n, k, blocks }))
+    }
+
+    /// `x Wᵀ` for `x` of `rows × k` (row-major): `rows × n`, row-major.
+    pub(crate) fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        assert_eq!(x.len(), rows * self.k, "activations are not rows x k");
+        let kb = self.k / BLOCK;
+        let acts: Vec<Act> = x.chunks_exact(BLOCK).map(quantize).collect();
+        let kernel = Kernel::detect();
+        // Each task computes a run of columns for every row (column-major
+        // within the task); the pieces are laid out row-major after. Small
+        // products (a decode step's) stay on the calling thread.
+        let tasks = (rows * self.n * self.k / MACS_PER_TASK).clamp(1, self.n);
+        let per_task = self.n.div_ceil(tasks);
+        let piece = |task: usize| {
+            let cols = task * per_task..((task + 1) * per_task).min(self.n);
+            let mut out = Vec::with_capacity(cols.len() * rows);
+            for c in cols {
+                for r in 0..rows {
+                    let a = &acts[r * kb..(r + 1) * kb];
+                    out.push(match &self.blocks {
+                        Blocks::Q41(w) => kernel.q4_1(&w[c * kb..(c + 1) * kb], a),
+                        Blocks::Q80(w) => kernel.q8_0(&w[c * kb..(c + 1) * kb], a),
+                    });
+                }
+            }
+            out
+        };
+        let tasks = self.n.div_ceil(per_task);
+        let pieces: Vec<Vec<f32>> = if tasks == 1 {
+            vec![piece(0)]
+        } else {
+            (0..tasks).into_par_iter().map(piece).collect()
+        };
+        let mut y = vec![0f32; rows * self.n];
+        for (task, piece) in pieces.iter().enumerate() {
+            let first = task * per_task;
+            for (i, col) in piece.chunks_exact(rows).enumerate() {
+                for (r, &v) in col.iter().enumerate() {
+                    y[r * self.n + first + i] = v;
+                }
+            }
+        }
+        y
+    }
+}
+
+/// One activation block quantized as llama.cpp's `q8_1`: `d = max|x| /
+/// 127` (stored as f16), `q = round(x × 127 / max|x|)` (ties to even),
+/// `s = d × Σq` (f16).
+fn quantize(x: &[f32]) -> Act {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut qs = [0i8; 32];
+    let mut sum = 0i32;
+    for (q, &v) in qs.iter_mut().zip(x) {
+        *q = (v * id).round_ties_even() as i8;
+        sum += *q as i32;
+    }
+    Act {
+        d: f16::from_f32(d).to_f32(),
+        s: f16::from_f32(d * sum as f32).to_f32(),
+        qs,
+    }
+}
+
+/// The block dot products, with AVX2 and FMA or without.
+#[derive(Clone, Copy)]
+enum Kernel {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+impl Kernel {
+    fn detect() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return Kernel::Avx2;
+        }
+        Kernel::Portable
+    }
+
+    /// `Σ_blocks (d_w d_a Σ q_w q_a + m_w s_a)` over a `Q4_1` row.
+    fn q4_1(self, w: &[Q41], a: &[Act]) -> f32 {
+        match self {
+            Kernel::Portable => q4_1_portable(w, a),
+            // SAFETY: `Avx2` is only made by `detect` after the CPU
+            // reported both AVX2 and FMA.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe { avx2::q4_1(w, a) },
+        }
+    }
+
+    /// `Σ_blocks d_w d_a Σ q_w q_a` over a `Q8_0` row.
+    fn q8_0(self, w: &[Q80], a: &[Act]) -> f32 {
+        match self {
+            Kernel::Portable => q8_0_portable(w, a),
+            // SAFETY: as in `q4_1`: the CPU has AVX2 and FMA.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe { avx2::q8_0(w, a) },
+        }
+    }
+}
+
+fn q4_1_portable(w: &[Q41], a: &[Act]) -> f32 {
+    let mut sum = 0f32;
+    for (w, a) in w.iter().zip(a) {
+        let mut isum = 0i32;
+        for j in 0..16 {
+            isum += (w.qs[j] & 0x0F) as i32 * a.qs[j] as i32;
+            isum += (w.qs[j] >> 4) as i32 * a.qs[j + 16] as i32;
+        }
+        sum += w.d * a.d * isum as f32 + w.m * a.s;
+    }
+    sum
+}
+
+fn q8_0_portable(w: &[Q80], a: &[Act]) -> f32 {
+    let mut sum = 0f32;
+    for (w, a) in w.iter().zip(a) {
+        let isum: i32 =
+            w.qs.iter()
+                .zip(&a.qs)
+                .map(|(&x, &y)| x as i32 * y as i32)
+                .sum();
+        sum += w.d * a.d * isum as f32;
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! The block dots with AVX2: the integer products of a block summed
+    //! exactly in eight 32-bit lanes, scaled into eight float lanes, and
+    //! the lanes added in one fixed order at the end.
+    use super::{Act, Q41, Q80};
+    use std::arch::x86_64::*;
+
+    /// The eight lanes of `v` added in a fixed order.
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// Eight lanes of `Σ u × i` over 32 pairs of unsigned `u` (below 128)
+    /// and signed `i` bytes (no overflow: each 16-bit pair sum is at most
+    /// 2 × 127 × 128).
+    #[target_feature(enable = "avx2,fma")]
+    fn dot_u8_i8(u: __m256i, i: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, i), _mm256_set1_epi16(1))
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn q4_1(w: &[Q41], a: &[Act]) -> f32 {
+        let low = _mm_set1_epi8(0x0F);
+        let mut acc = _mm256_setzero_ps();
+        let mut offsets = 0f32;
+        for (w, a) in w.iter().zip(a) {
+            // SAFETY: `qs` is 16 bytes and `loadu` has no alignment
+            // requirement.
+            let packed = unsafe { _mm_loadu_si128(w.qs.as_ptr().cast()) };
+            let lo = _mm_and_si128(packed, low);
+            let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+            let q = _mm256_set_m128i(hi, lo);
+            // SAFETY: `qs` is 32 bytes; unaligned load.
+            let y = unsafe { _mm256_loadu_si256(a.qs.as_ptr().cast()) };
+            let dots = _mm256_cvtepi32_ps(dot_u8_i8(q, y));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(w.d * a.d), dots, acc);
+            offsets += w.m * a.s;
+        }
+        hsum(acc) + offsets
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn q8_0(w: &[Q80], a: &[Act]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        for (w, a) in w.iter().zip(a) {
+            // SAFETY: both `qs` are 32 bytes; unaligned loads.
+            let (x, y) = unsafe {
+                (
+                    _mm256_loadu_si256(w.qs.as_ptr().cast()),
+                    _mm256_loadu_si256(a.qs.as_ptr().cast()),
+                )
+            };
+            // |x| × (y with x's sign) = x × y, with an unsigned left side.
+            let dots =
+                _mm256_cvtepi32_ps(dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(w.d * a.d), dots, acc);
+        }
+        hsum(acc)
+    }
+}
+
+/// A linear layer: [`QWeight`] for `Q4_1` and `Q8_0`, candle's
+/// [`QMatMul`] for every other type.
+pub(crate) enum Linear {
+    Own(QWeight),
+    Candle(QMatMul),
+}
+
+impl Linear {
+    /// The layer over `t`.
+    pub(crate) fn new(t: QTensor) -> candle_core::Result<Linear> {
+        Ok(match QWeight::new(&t)? {
+            Some(w) => Linear::Own(w),
+            None => Linear::Candle(QMatMul::from_qtensor(t)?),
+        })
+    }
+
+    /// `x Wᵀ` for `x` of shape `(rows, k)`.
+    pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Linear::Own(w) => {
+                let (rows, k) = x.dims2()?;
+                if k != w.k {
+                    candle_core::bail!("{k} inputs into a {} x {} weight", w.n, w.k);
+                }
+                let y = w.matmul(&x.flatten_all()?.to_vec1::<f32>()?, rows);
+                Tensor::from_vec(y, (rows, w.n), x.device())
+            }
+            Linear::Candle(m) => m.forward(x),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn random(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).max(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s as f32 / u32::MAX as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn weight(dtype: GgmlDType, n: usize, k: usize) -> (QTensor, QWeight) {
+        let w = Tensor::from_vec(random(n * k, 7), (n, k), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&w, dtype).unwrap();
+        let own = QWeight::new(&q).unwrap().unwrap();
+        (q, own)
+    }
+
+    /// Each output against candle's quantized matmul of the same tensor
+    /// (the same block math, with `s` rounded once more): within 1e-3 of
+    /// the row's `Σ|w x|` scale.
+    #[test]
+    fn matmul_agrees_with_candles_quantized_matmul() {
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            let (n, k, rows) = (40, 96, 5);
+            let (q, own) = weight(dtype, n, k);
+            let x = random(rows * k, 3);
+            let ours = own.matmul(&x, rows);
+            let xt = Tensor::from_vec(x, (rows, k), &Device::Cpu).unwrap();
+            let theirs = QMatMul::from_qtensor(q).unwrap().forward(&xt).unwrap();
+            let theirs = theirs.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-3 * k as f32,
+                    "{dtype:?} [{i}]: {a} vs {b}"
+                );
+            }
+        }
+    }
+
+    /// A row's outputs are the same alone or among other rows, to the bit.
+    #[test]
+    fn a_rows_outputs_do_not_depend_on_the_other_rows() {
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            let (n, k, rows) = (50, 64, 7);
+            let (_, own) = weight(dtype, n, k);
+            let x = random(rows * k, 11);
+            let all = own.matmul(&x, rows);
+            for r in 0..rows {
+                let one = own.matmul(&x[r * k..(r + 1) * k], 1);
+                assert_eq!(one, all[r * n..(r + 1) * n], "{dtype:?} row {r}");
+            }
+        }
+    }
+
+    /// The AVX2 kernel (where this CPU has it) against the portable one.
+    #[test]
+    fn the_vector_kernel_matches_the_portable_one() {
+        let kernel = Kernel::detect();
+        let acts: Vec<Act> = random(256, 5).chunks_exact(BLOCK).map(quantize).collect();
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            let (_, own) = weight(dtype, 3, 256);
+            for c in 0..3 {
+                let (fast, slow) = match &own.blocks {
+                    Blocks::Q41(w) => (
+                        kernel.q4_1(&w[c * 8..(c + 1) * 8], &acts),
+                        q4_1_portable(&w[c * 8..(c + 1) * 8], &acts),
+                    ),
+                    Blocks::Q80(w) => (
+                        kernel.q8_0(&w[c * 8..(c + 1) * 8], &acts),
+                        q8_0_portable(&w[c * 8..(c + 1) * 8], &acts),
+                    ),
+                };
+                assert!(
+                    (fast - slow).abs() <= 1e-4 * slow.abs().max(1.0),
+                    "{fast} vs {slow}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn quantize_rounds_ties_to_even_and_sums() {
+        let mut x = [0f32; 32];
+        x[0] = 127.0;
+        x[1] = 2.5;
+        x[2] = -3.5;
+        let a = quantize(&x);
+        assert_eq!((a.qs[0], a.qs[1], a.qs[2]), (127, 2, -4));
+        assert_eq!(a.d, 1.0);
+        assert_eq!(a.s, 125.0);
+        let zero = quantize(&[0f32; 32]);
+        assert_eq!((zero.d, zero.s, zero.qs), (0.0, 0.0, [0; 32]));
+    }
+}
