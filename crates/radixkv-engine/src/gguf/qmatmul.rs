@@ -128,6 +128,9 @@ impl QWeight {
     /// `x Wᵀ` for `x` of `rows × k` (row-major): `rows × n`, row-major.
     pub(crate) fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
         assert_eq!(x.len(), rows * self.k, "activations are not rows x k");
+        if rows == 0 || self.n == 0 {
+            return Vec::new();
+        }
         let kb = self.k / BLOCK;
         let acts: Vec<Act> = x.chunks_exact(BLOCK).map(quantize).collect();
         let kernel = Kernel::detect();
@@ -401,6 +404,16 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// No rows (a dense pass asked for no positions) give no outputs.
+    #[test]
+    fn no_rows_give_no_outputs() {
+        let (_, own) = weight(GgmlDType::Q4_1, 8, 32);
+        assert!(own.matmul(&[], 0).is_empty());
+        let x = Tensor::zeros((0, 32), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let y = Linear::Own(own).forward(&x).unwrap();
+        assert_eq!(y.dims(), &[0, 8]);
     }
 
     /// A row's outputs are the same alone or among other rows, to the bit.
