@@ -3,32 +3,35 @@
 //! order, its softmax as llama.cpp computes it, and the same bits with or
 //! without AVX2 (the dot products have no fused multiply-adds to contract).
 
-use super::LlamaConfig;
+/// The query heads that read one K/V head, and what they attend over.
+pub(super) struct Group<'a> {
+    /// Floats of one head.
+    pub head_dim: usize,
+    /// The group's query heads, `g × head_dim` floats.
+    pub q: &'a [f32],
+    /// The K/V head they read.
+    pub kvh: usize,
+    /// K rows of the positions (one slice of `kv_heads × head_dim` each).
+    pub k: &'a [&'a [f32]],
+    /// V rows, as `k`.
+    pub v: &'a [&'a [f32]],
+    /// Positions attended over: the first `keys` of `k` and `v`.
+    pub keys: usize,
+}
 
-/// The attention of the query heads that read K/V head `kvh` (`q`: their
-/// `g × head_dim` floats) over the first `keys` positions of `k` and `v`
-/// into `out` (the same shape); `w` is scratch for the weights. Each head
-/// is computed as alone, keys in order; reading each K/V row once for the
-/// whole group is what the grouping saves. With AVX2 the same code is
-/// compiled for it: it has no fused multiply-adds to contract, so both
+/// The attention of the group's query heads into `out` (the shape of
+/// `g.q`); `w` is scratch for the weights. Each head is computed as alone,
+/// keys in order; reading each K/V row once for the whole group is what
+/// the grouping saves. With AVX2 the same code is compiled for it, with
+/// [`dot_avx2`]: neither has fused multiply-adds to contract, so both
 /// versions give the same bits.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn attention_group(
-    c: &LlamaConfig,
-    q: &[f32],
-    kvh: usize,
-    k: &[&[f32]],
-    v: &[&[f32]],
-    keys: usize,
-    out: &mut [f32],
-    w: &mut Vec<f32>,
-) {
+pub(super) fn attention_group(g: &Group<'_>, out: &mut [f32], w: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: this CPU supports AVX2 (checked just above).
-        return unsafe { attention_group_avx2(c, q, kvh, k, v, keys, out, w) };
+        return unsafe { attention_group_avx2(g, out, w) };
     }
-    attention_group_portable(c, q, kvh, k, v, keys, out, w, dot)
+    attention_group_portable(g, out, w, dot)
 }
 
 /// [`attention_group_portable`] compiled for AVX2.
@@ -37,37 +40,28 @@ pub(super) fn attention_group(
 /// The CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attention_group_avx2(
-    c: &LlamaConfig,
-    q: &[f32],
-    kvh: usize,
-    k: &[&[f32]],
-    v: &[&[f32]],
-    keys: usize,
-    out: &mut [f32],
-    w: &mut Vec<f32>,
-) {
+unsafe fn attention_group_avx2(g: &Group<'_>, out: &mut [f32], w: &mut Vec<f32>) {
     // SAFETY (of the calls to `dot_avx2`): this function runs only where
     // the CPU supports AVX2, its own precondition.
     let dot = |a: &[f32], b: &[f32]| unsafe { dot_avx2(a, b) };
-    attention_group_portable(c, q, kvh, k, v, keys, out, w, dot)
+    attention_group_portable(g, out, w, dot)
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn attention_group_portable(
-    c: &LlamaConfig,
-    q: &[f32],
-    kvh: usize,
-    k: &[&[f32]],
-    v: &[&[f32]],
-    keys: usize,
+    group: &Group<'_>,
     out: &mut [f32],
     w: &mut Vec<f32>,
     dot: impl Fn(&[f32], &[f32]) -> f32,
 ) {
-    let hd = c.head_dim;
+    let Group {
+        head_dim: hd,
+        q,
+        kvh,
+        k,
+        v,
+        keys,
+    } = *group;
     let g = q.len() / hd;
     let at = kvh * hd;
     let scale = 1.0 / (hd as f32).sqrt();

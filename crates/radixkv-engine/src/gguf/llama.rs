@@ -24,7 +24,7 @@
 //! llama ([`DenseModel`](super::DenseModel)) and llama.cpp are the
 //! independent checks (tests/gguf.rs, tests/llama_cpp.rs).
 
-use super::attention::attention_group;
+use super::attention::{attention_group, Group};
 use super::qmatmul::Linear;
 use super::{GgufError, GgufFile};
 use crate::kvpool::{Kv, KvLayout, KvPool, KvPoolError};
@@ -76,12 +76,12 @@ impl LlamaConfig {
 }
 
 struct Block {
-    attn_norm: Tensor,
+    attn_norm: Vec<f32>,
     wq: Linear,
     wk: Linear,
     wv: Linear,
     wo: Linear,
-    ffn_norm: Tensor,
+    ffn_norm: Vec<f32>,
     gate: Linear,
     up: Linear,
     down: Linear,
@@ -107,7 +107,7 @@ pub struct LlamaModel {
     path: PathBuf,
     embed: Tensor,
     blocks: Vec<Block>,
-    norm: Tensor,
+    norm: Vec<f32>,
     output: Linear,
     /// `base^(-2 / head_dim)`: pair `i` of position `p` turns by `p ×
     /// theta_scale^i`, computed as llama.cpp does (one multiplication per
@@ -197,7 +197,7 @@ impl LlamaModel {
                 "token_embd.weight is {vocab} x {width}, the model {hidden} wide"
             )));
         }
-        let norm = q("output_norm.weight")?.dequantize(&dev).map_err(candle)?;
+        let norm = norm_weights(q("output_norm.weight")?, hidden)?;
         // No `output.weight`: the output layer is the embedding's.
         let output = match q("output.weight") {
             Ok(t) => t,
@@ -216,9 +216,7 @@ impl LlamaModel {
                 mm("attn_output")?,
             );
             let (gate, up, down) = (mm("ffn_gate")?, mm("ffn_up")?, mm("ffn_down")?);
-            let mut vec = |n: &str| {
-                q(&format!("blk.{l}.{n}.weight")).and_then(|t| t.dequantize(&dev).map_err(candle))
-            };
+            let mut vec = |n: &str| norm_weights(q(&format!("blk.{l}.{n}.weight"))?, hidden);
             blocks.push(Block {
                 attn_norm: vec("attn_norm")?,
                 ffn_norm: vec("ffn_norm")?,
@@ -319,7 +317,15 @@ impl LlamaModel {
         let min_len = (items * (1 << 16)).div_ceil(keys.max(1) * span).max(1);
         let item = |w: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
             let (i, kvh) = (idx / c.kv_heads, idx % c.kv_heads);
-            attention_group(c, &q[idx * span..][..span], kvh, k, v, start + i + 1, o, w)
+            let group = Group {
+                head_dim: c.head_dim,
+                q: &q[idx * span..][..span],
+                kvh,
+                k,
+                v,
+                keys: start + i + 1,
+            };
+            attention_group(&group, o, w)
         };
         if min_len >= items {
             let mut w = Vec::new();
@@ -527,18 +533,32 @@ impl LlamaModel {
     }
 }
 
+/// An RMSNorm's weights: `hidden` floats, read once at load.
+fn norm_weights(t: candle_core::quantized::QTensor, hidden: usize) -> Result<Vec<f32>, GgufError> {
+    let w = t
+        .dequantize(&Device::Cpu)
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(candle)?;
+    if w.len() != hidden {
+        return Err(GgufError::Format(format!(
+            "a norm of {} weights in a model {hidden} wide",
+            w.len()
+        )));
+    }
+    Ok(w)
+}
+
 /// RMSNorm of each row of `x` `(rows, hidden)`, times `w`, computed as
 /// llama.cpp computes it: the squares summed in f64, `1 / sqrt(mean +
 /// eps)` in f32, each element scaled, then multiplied by its weight.
-fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
+fn rms_norm(x: &Tensor, w: &[f32], eps: f32) -> candle_core::Result<Tensor> {
     let (rows, hidden) = x.dims2()?;
-    let w = w.to_vec1::<f32>()?;
     let mut y = x.flatten_all()?.to_vec1::<f32>()?;
     for row in y.chunks_exact_mut(hidden) {
         let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
         let mean = (sum / hidden as f64) as f32;
         let scale = 1.0 / (mean + eps).sqrt();
-        for (v, &g) in row.iter_mut().zip(&w) {
+        for (v, &g) in row.iter_mut().zip(w) {
             *v = (*v * scale) * g;
         }
     }
