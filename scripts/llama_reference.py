@@ -64,6 +64,22 @@ CHATS = [
 CONTINUATION = 32
 
 
+def load(model: str, threads: int, n_ctx: int, logits_all: bool = False) -> llama_cpp.Llama:
+    """llama.cpp on `model` with f32 K/V, as radixkv keeps it (llama.cpp's
+    default is f16, which alone moves logits by up to about 0.1)."""
+    return llama_cpp.Llama(
+        model_path=model,
+        n_ctx=n_ctx,
+        n_batch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        logits_all=logits_all,
+        type_k=llama_cpp.GGML_TYPE_F32,
+        type_v=llama_cpp.GGML_TYPE_F32,
+        verbose=False,
+    )
+
+
 def render(template: str, messages: list[dict]) -> str:
     env = jinja2.Environment(loader=jinja2.BaseLoader())
     return env.from_string(template).render(messages=messages, add_generation_prompt=True)
@@ -137,9 +153,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1500)
     a = ap.parse_args()
     if a.speed_only:
-        fast = llama_cpp.Llama(model_path=a.model, n_ctx=a.tokens + 128, n_batch=512,
-                               n_threads=a.threads, n_threads_batch=a.threads,
-                               type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, verbose=False)
+        fast = load(a.model, a.threads, n_ctx=a.tokens + 128)
         tokens = fast.tokenize(Path(a.speed_only).read_text().encode(), add_bos=False, special=True)
         if len(tokens) < a.tokens:
             raise SystemExit(f"{a.speed_only} has {len(tokens)} tokens, fewer than {a.tokens}")
@@ -148,19 +162,7 @@ def main() -> None:
     if not a.out:
         ap.error("--out is required")
     digest = hashlib.sha256(Path(a.model).read_bytes()).hexdigest()
-    llm = llama_cpp.Llama(
-        model_path=a.model,
-        n_ctx=4096,
-        n_batch=512,
-        n_threads=a.threads,
-        n_threads_batch=a.threads,
-        logits_all=True,
-        # f32 K/V as radixkv keeps it (llama.cpp's default is f16, which
-        # alone moves logits by up to about 0.1).
-        type_k=llama_cpp.GGML_TYPE_F32,
-        type_v=llama_cpp.GGML_TYPE_F32,
-        verbose=False,
-    )
+    llm = load(a.model, a.threads, n_ctx=4096, logits_all=True)
     template = llm.metadata["tokenizer.chat_template"]
     eos = llm.token_eos()
     prompts = [(n, t, None) for n, t in PLAIN]
@@ -171,18 +173,11 @@ def main() -> None:
         entry = {"name": name, "text": text, "messages": messages, "tokens": tokens}
         entry.update(positions(llm, tokens))
         entry.update(greedy(llm, tokens, eos))
-        # The continuation up to its first near tie (top-2 margin < 0.05)
-        # and up to its first step that is not sure (margin < 0.5), as
-        # text: a second implementation's greedy text starts with the
-        # latter (tests/llama_cpp.rs says why the former is too tight).
-        for key, margin in (("sure", 0.05), ("confident", 0.5)):
-            n = next(
-                (i for i, m in enumerate(entry["continuation_margin"]) if m < margin),
-                len(entry["continuation"]),
-            )
-            text = llm.detokenize(entry["continuation"][:n]).decode("utf-8", errors="replace")
-            entry[key] = n
-            entry[key + "_text"] = text.rstrip("\ufffd")
+        # Steps before the first near tie (top-2 margin < 0.05).
+        entry["sure"] = next(
+            (i for i, m in enumerate(entry["continuation_margin"]) if m < 0.05),
+            len(entry["continuation"]),
+        )
         # The whole continuation as UTF-8 bytes (hex) and where each step's
         # bytes end: where another implementation's text parts from it
         # tells at which step its tokens did.
@@ -194,16 +189,7 @@ def main() -> None:
         result.append(entry)
     long_prompt = llm.tokenize((LIBRARY * 24).encode(), add_bos=False, special=True)[:1500]
     # Speed without logits_all (which copies every position's logits).
-    fast = llama_cpp.Llama(
-        model_path=a.model,
-        n_ctx=2048,
-        n_batch=512,
-        n_threads=a.threads,
-        n_threads_batch=a.threads,
-        type_k=llama_cpp.GGML_TYPE_F32,
-        type_v=llama_cpp.GGML_TYPE_F32,
-        verbose=False,
-    )
+    fast = load(a.model, a.threads, n_ctx=2048)
     doc = {
         "note": (
             "Written by scripts/llama-reference.sh: llama.cpp (llama-cpp-python "

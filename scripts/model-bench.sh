@@ -68,10 +68,7 @@ log="$out/serve.log"
 "$bin" serve --port "$port" --model "gguf:$model" >"$log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true' EXIT
-for _ in $(seq 1 600); do
-  if curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1; then break; fi
-  sleep 0.05
-done
+bash scripts/wait-healthy.sh "http://127.0.0.1:$port" "$pid" "$log"
 "$venv/bin/python" scripts/model_bench.py "http://127.0.0.1:$port" "$text" | tee "$out/server.txt"
 kill "$pid"; wait "$pid" 2>/dev/null || true; trap - EXIT
 fi

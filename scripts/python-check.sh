@@ -59,10 +59,6 @@ log=$(mktemp)
 pid=$!
 cleanup() { kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -f "$log"; }
 trap cleanup EXIT
-for _ in $(seq 1 200); do
-  if curl -sf "http://127.0.0.1:$http/health" >/dev/null 2>&1; then break; fi
-  if ! kill -0 "$pid" 2>/dev/null; then cat "$log"; echo "radixkv serve exited"; exit 1; fi
-  sleep 0.05
-done
+bash scripts/wait-healthy.sh "http://127.0.0.1:$http" "$pid" "$log"
 "$venv/bin/python" scripts/python_check.py "http://127.0.0.1:$http" sk-radixkv-test \
   "tcp://127.0.0.1:$events" "tcp://127.0.0.1:$replay" "$pid"
