@@ -1,13 +1,15 @@
 //! Grouped-query attention of one query row over the K/V rows of its
 //! positions, for [`LlamaModel`](super::LlamaModel): each head's keys in
 //! order, its softmax as llama.cpp computes it, and the same bits with or
-//! without AVX2 (the dot products have no fused multiply-adds to contract).
+//! without AVX2 (no fused multiply-adds to contract; each head's sums are
+//! taken in the same order however many heads are computed together).
 
-/// The query heads that read one K/V head, and what they attend over.
+/// Query heads that read one K/V head, and what they attend over.
 pub(super) struct Group<'a> {
     /// Floats of one head.
     pub head_dim: usize,
-    /// The group's query heads, `g × head_dim` floats.
+    /// The query heads, `heads × head_dim` floats (all of a K/V head's
+    /// query heads, or some of them).
     pub q: &'a [f32],
     /// The K/V head they read.
     pub kvh: usize,
@@ -20,62 +22,48 @@ pub(super) struct Group<'a> {
 }
 
 /// The attention of the group's query heads into `out` (the shape of
-/// `g.q`); `w` is scratch for the weights. Each head is computed as alone,
-/// keys in order; reading each K/V row once for the whole group is what
-/// the grouping saves. With AVX2 the same code is compiled for it, with
-/// [`dot_avx2`]: neither has fused multiply-adds to contract, so both
-/// versions give the same bits.
+/// `g.q`); `w` is scratch for the weights. Each head's result is the same
+/// bits as when it is computed alone; computing a K/V head's query heads
+/// together reads each K row once for all of them. With AVX2 (and a head
+/// width that is a multiple of 8) the same sums are taken in vector
+/// registers.
 pub(super) fn attention_group(g: &Group<'_>, out: &mut [f32], w: &mut Vec<f32>) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: this CPU supports AVX2 (checked just above).
-        return unsafe { attention_group_avx2(g, out, w) };
-    }
-    attention_group_portable(g, out, w, dot)
-}
-
-/// [`attention_group_portable`] compiled for AVX2.
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn attention_group_avx2(g: &Group<'_>, out: &mut [f32], w: &mut Vec<f32>) {
-    // SAFETY (of the calls to `dot_avx2`): this function runs only where
-    // the CPU supports AVX2, its own precondition.
-    let dot = |a: &[f32], b: &[f32]| unsafe { dot_avx2(a, b) };
-    attention_group_portable(g, out, w, dot)
-}
-
-#[inline(always)]
-fn attention_group_portable(
-    group: &Group<'_>,
-    out: &mut [f32],
-    w: &mut Vec<f32>,
-    dot: impl Fn(&[f32], &[f32]) -> f32,
-) {
-    let Group {
-        head_dim: hd,
-        q,
-        kvh,
-        k,
-        v,
-        keys,
-    } = *group;
-    let g = q.len() / hd;
-    let at = kvh * hd;
-    let scale = 1.0 / (hd as f32).sqrt();
-    // w: the g heads' scores, head-major.
+    let (hd, keys) = (g.head_dim, g.keys);
+    let heads = g.q.len() / hd;
     w.clear();
-    w.resize(g * keys, 0.0);
-    for (j, kj) in k[..keys].iter().enumerate() {
+    w.resize(heads * keys, 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if hd % 8 == 0 && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: this CPU supports AVX2 (checked just above), and the
+        // head width is a multiple of 8.
+        unsafe { avx2::scores(g, w) };
+        softmax(w, keys);
+        // SAFETY: as above.
+        unsafe { avx2::weighted_sums(g, w, out) };
+        return;
+    }
+    scores(g, w);
+    softmax(w, keys);
+    weighted_sums(g, w, out);
+}
+
+/// `w[h × keys + j]`: query head `h`'s dot with key `j` (by [`dot`]),
+/// times `1 / √head_dim`.
+fn scores(g: &Group<'_>, w: &mut [f32]) {
+    let (hd, keys, at) = (g.head_dim, g.keys, g.kvh * g.head_dim);
+    let scale = 1.0 / (hd as f32).sqrt();
+    for (j, kj) in g.k[..keys].iter().enumerate() {
         let kj = &kj[at..][..hd];
-        for (h, qh) in q.chunks_exact(hd).enumerate() {
+        for (h, qh) in g.q.chunks_exact(hd).enumerate() {
             w[h * keys + j] = dot(qh, kj) * scale;
         }
     }
-    // Softmax as llama.cpp computes it: the exponentials summed in f64,
-    // then each multiplied by the reciprocal of the sum.
+}
+
+/// Each head's softmax over its `keys` scores, as llama.cpp computes it:
+/// the exponentials summed in f64, then each multiplied by the reciprocal
+/// of the sum.
+fn softmax(w: &mut [f32], keys: usize) {
     for wh in w.chunks_exact_mut(keys) {
         let max = wh.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
         let mut sum = 0f64;
@@ -88,8 +76,14 @@ fn attention_group_portable(
             *x *= inv;
         }
     }
+}
+
+/// Each head's `Σ_j w_j v_j`, element by element: `0 + w_0 v_0 + w_1 v_1
+/// + …` in key order, each product rounded before its addition.
+fn weighted_sums(g: &Group<'_>, w: &[f32], out: &mut [f32]) {
+    let (hd, keys, at) = (g.head_dim, g.keys, g.kvh * g.head_dim);
     out.fill(0.0);
-    for (j, vj) in v[..keys].iter().enumerate() {
+    for (j, vj) in g.v[..keys].iter().enumerate() {
         let vj = &vj[at..][..hd];
         for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
             let p = w[h * keys + j];
@@ -103,8 +97,7 @@ fn attention_group_portable(
 /// `Σ a b` in eight lanes (element `i` into lane `i % 8`, multiplied then
 /// added, no fused multiply-add), the lanes added as `((l0 + l4) + (l2 +
 /// l6)) + ((l1 + l5) + (l3 + l7))`, then the elements past the last eight.
-/// [`dot_avx2`] computes the same bits.
-#[inline(always)]
+/// [`avx2::scores`] computes the same bits.
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut l = [0f32; 8];
     let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
@@ -122,52 +115,174 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     (((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))) + tail
 }
 
-/// [`dot`] with AVX2 registers.
-///
-/// # Safety
-/// The CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+mod avx2 {
+    //! [`super::scores`] and [`super::weighted_sums`] in AVX2 registers,
+    //! for head widths that are multiples of 8: several independent sums
+    //! at once (up to four heads' dots with one key, eight vectors of one
+    //! head's output over all keys), each in the portable code's order.
+    use super::Group;
     use std::arch::x86_64::*;
-    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = a8
-        .remainder()
-        .iter()
-        .zip(b8.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    let mut acc = _mm256_setzero_ps();
-    for (x, y) in a8.zip(b8) {
-        // SAFETY: `x` and `y` are 8 floats each; unaligned loads.
-        let (x, y) = unsafe { (_mm256_loadu_ps(x.as_ptr()), _mm256_loadu_ps(y.as_ptr())) };
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(x, y));
+
+    /// The eight lanes of `v` added as [`super::dot`] adds them.
+    #[target_feature(enable = "avx2")]
+    fn hsum(v: __m256) -> f32 {
+        // (l0 + l4, l1 + l5, l2 + l6, l3 + l7), then pairs 0 + 2 and 1 + 3.
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
     }
-    // (l0 + l4, l1 + l5, l2 + l6, l3 + l7), then pairs 0 + 2 and 1 + 3.
-    let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s) + tail
+
+    /// [`super::scores`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `g.head_dim` must be a multiple of 8.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn scores(g: &Group<'_>, w: &mut [f32]) {
+        let hd = g.head_dim;
+        let heads = g.q.len() / hd;
+        let mut h = 0;
+        while h < heads {
+            // SAFETY (of each call): AVX2 is present and `hd` is a
+            // multiple of 8, this function's own preconditions.
+            h += unsafe {
+                match heads - h {
+                    1 => scores_of::<1>(g, h, w),
+                    2 => scores_of::<2>(g, h, w),
+                    3 => scores_of::<3>(g, h, w),
+                    _ => scores_of::<4>(g, h, w),
+                }
+            };
+        }
+    }
+
+    /// The scores of query heads `first..first + N`; returns `N`.
+    ///
+    /// # Safety
+    /// As [`scores`].
+    #[target_feature(enable = "avx2")]
+    unsafe fn scores_of<const N: usize>(g: &Group<'_>, first: usize, w: &mut [f32]) -> usize {
+        let (hd, keys, at) = (g.head_dim, g.keys, g.kvh * g.head_dim);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let q = &g.q[first * hd..][..N * hd];
+        for (j, kj) in g.k[..keys].iter().enumerate() {
+            let kj = &kj[at..][..hd];
+            let mut acc = [_mm256_setzero_ps(); N];
+            for c in (0..hd).step_by(8) {
+                // SAFETY: `c + 8 <= hd` (`hd` is a multiple of 8) and `kj`
+                // is `hd` floats; unaligned load.
+                let kc = unsafe { _mm256_loadu_ps(kj.as_ptr().add(c)) };
+                for (i, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: `i * hd + c + 8 <= N * hd`, the length of `q`.
+                    let qc = unsafe { _mm256_loadu_ps(q.as_ptr().add(i * hd + c)) };
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(qc, kc));
+                }
+            }
+            for (i, a) in acc.iter().enumerate() {
+                w[(first + i) * keys + j] = hsum(*a) * scale;
+            }
+        }
+        N
+    }
+
+    /// [`super::weighted_sums`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `g.head_dim` must be a multiple of 8.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn weighted_sums(g: &Group<'_>, w: &[f32], out: &mut [f32]) {
+        let (hd, keys) = (g.head_dim, g.keys);
+        for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+            let wh = &w[h * keys..][..keys];
+            let mut c = 0;
+            // SAFETY (of each call): AVX2 is present (this function's
+            // precondition) and `c + 8 × N <= hd` in each.
+            while c + 64 <= hd {
+                unsafe { sums_of::<8>(g, wh, c, &mut oh[c..c + 64]) };
+                c += 64;
+            }
+            while c < hd {
+                unsafe { sums_of::<1>(g, wh, c, &mut oh[c..c + 8]) };
+                c += 8;
+            }
+        }
+    }
+
+    /// Elements `c..c + 8N` of one head's weighted sum of the V rows, by
+    /// the weights `wh`, into `out` (`8N` floats).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `c + 8N <= g.head_dim`.
+    #[target_feature(enable = "avx2")]
+    unsafe fn sums_of<const N: usize>(g: &Group<'_>, wh: &[f32], c: usize, out: &mut [f32]) {
+        let at = g.kvh * g.head_dim + c;
+        let mut acc = [_mm256_setzero_ps(); N];
+        for (vj, &p) in g.v[..wh.len()].iter().zip(wh) {
+            let vj = &vj[at..][..8 * N];
+            let p = _mm256_set1_ps(p);
+            for (i, a) in acc.iter_mut().enumerate() {
+                // SAFETY: `8 i + 8 <= 8 N`, the length of `vj`.
+                let x = unsafe { _mm256_loadu_ps(vj.as_ptr().add(8 * i)) };
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(p, x));
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            // SAFETY: `out` is `8 N` floats; unaligned store.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * i), *a) };
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    /// The AVX2 dot (where this CPU has it) gives the portable one's bits.
+    use super::*;
+
+    fn wave(n: usize, a: f32, b: f32) -> Vec<f32> {
+        (0..n).map(|i| (i as f32 * a).sin() * b).collect()
+    }
+
+    /// The AVX2 path (where this CPU has it) gives the portable code's
+    /// bits, for one to five heads at a time and head widths with and
+    /// without a run of 64; and a head computed with others gives the
+    /// bits it gives alone.
     #[test]
-    fn the_vector_dot_equals_the_portable_one() {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            let a: Vec<f32> = (0..67).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
-            let b: Vec<f32> = (0..67).map(|i| (i as f32 * 1.91).cos() / 7.0).collect();
-            for n in [0, 5, 8, 64, 67] {
-                // SAFETY: AVX2 is present (checked above).
-                let fast = unsafe { super::dot_avx2(&a[..n], &b[..n]) };
-                assert_eq!(
-                    fast.to_bits(),
-                    super::dot(&a[..n], &b[..n]).to_bits(),
-                    "{n}"
-                );
+    fn every_path_gives_the_portable_bits() {
+        for hd in [8, 64, 72] {
+            let (kv_heads, keys) = (2, 37);
+            let row = kv_heads * hd;
+            let kr: Vec<Vec<f32>> = (0..keys).map(|j| wave(row, 0.37 + j as f32, 3.0)).collect();
+            let vr: Vec<Vec<f32>> = (0..keys).map(|j| wave(row, 1.91 - j as f32, 0.5)).collect();
+            let k: Vec<&[f32]> = kr.iter().map(Vec::as_slice).collect();
+            let v: Vec<&[f32]> = vr.iter().map(Vec::as_slice).collect();
+            for heads in 1..=5 {
+                let q = wave(heads * hd, 0.77, 1.3);
+                let g = Group {
+                    head_dim: hd,
+                    q: &q,
+                    kvh: 1,
+                    k: &k,
+                    v: &v,
+                    keys,
+                };
+                let mut fast = vec![0f32; q.len()];
+                attention_group(&g, &mut fast, &mut Vec::new());
+                let mut w = vec![0f32; heads * keys];
+                scores(&g, &mut w);
+                softmax(&mut w, keys);
+                let mut slow = vec![0f32; q.len()];
+                weighted_sums(&g, &w, &mut slow);
+                let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fast), bits(&slow), "head width {hd}, {heads} heads");
+                for h in 0..heads {
+                    let one = Group {
+                        q: &q[h * hd..][..hd],
+                        ..g
+                    };
+                    let mut alone = vec![0f32; hd];
+                    attention_group(&one, &mut alone, &mut Vec::new());
+                    assert_eq!(bits(&alone), bits(&fast[h * hd..][..hd]), "head {h}");
+                }
             }
         }
     }

@@ -301,38 +301,49 @@ impl LlamaModel {
     /// Grouped-query causal attention of `q` `(n, heads × head_dim)` at
     /// positions `start..start + n` over the K and V rows of positions
     /// `0..len` (one slice of `kv_heads × head_dim` each): query head `h`
-    /// reads K/V head `h / (heads / kv_heads)`. Query rows run in parallel, each head's
-    /// keys in order: the result of a row never depends on the others.
+    /// reads K/V head `h / (heads / kv_heads)`. Query rows run in parallel,
+    /// each head's keys in order: the result of a row never depends on the
+    /// others, nor on how the heads were grouped.
     fn attention(&self, q: &[f32], k: &[&[f32]], v: &[&[f32]], start: usize) -> Vec<f32> {
         let c = &self.cfg;
-        // One item per query row and K/V head: the `g` query heads that
-        // read that K/V head (`g × head_dim` floats of `out`, and of `q`),
-        // so each K/V row is read once per item; enough keys per task to be
-        // worth another thread.
-        let span = c.heads / c.kv_heads * c.head_dim;
-        let mut out = vec![0f32; q.len()];
+        let group = c.heads / c.kv_heads;
         let rows = q.len() / (c.heads * c.head_dim);
-        let items = rows * c.kv_heads;
-        let keys = rows * (start + rows);
-        let min_len = (items * (1 << 16)).div_ceil(keys.max(1) * span).max(1);
+        // One item per query row and K/V head: the query heads that read
+        // that K/V head, so each K row is read once per item. With too few
+        // of those to share among the threads (a decode step's one row),
+        // one item per query head instead.
+        let threads = rayon::current_num_threads();
+        let per_item = if rows * c.kv_heads >= 4 * threads {
+            group
+        } else {
+            1
+        };
+        let span = per_item * c.head_dim;
+        let items_per_row = c.heads / per_item;
+        let mut out = vec![0f32; q.len()];
         let item = |w: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
-            let (i, kvh) = (idx / c.kv_heads, idx % c.kv_heads);
+            let (i, first) = (idx / items_per_row, idx % items_per_row * per_item);
             let group = Group {
                 head_dim: c.head_dim,
                 q: &q[idx * span..][..span],
-                kvh,
+                kvh: first / group,
                 k,
                 v,
                 keys: start + i + 1,
             };
             attention_group(&group, o, w)
         };
-        if min_len >= items {
+        // Floats of K and V read over all rows' heads; parallel only when
+        // that is worth a thread, with enough of it per task.
+        let items = rows * items_per_row;
+        let work = rows * (start + rows) * c.heads * c.head_dim;
+        if work < 1 << 16 {
             let mut w = Vec::new();
             out.chunks_mut(span)
                 .enumerate()
                 .for_each(|x| item(&mut w, x));
         } else {
+            let min_len = (items << 14).div_ceil(work).max(1);
             out.par_chunks_mut(span)
                 .enumerate()
                 .with_min_len(min_len)
@@ -452,7 +463,22 @@ impl LlamaModel {
     /// part's new K/V rows, stores them, and hands the K/V rows of all its
     /// positions to attention.
     /// Returns each part's logits, row-major, of the rows `rows` says.
+    ///
+    /// The pass runs on one of rayon's threads: its parallel parts (a few
+    /// per layer) then fork from inside the pool, where an idle thread is
+    /// still spinning for work, instead of each being queued from outside
+    /// and waited for on a lock.
     fn run(
+        &self,
+        parts: &[(&[u32], usize)],
+        rows_wanted: Rows<'_>,
+        kv: &mut KvRows<'_>,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        rayon::scope(|_| self.run_in_pool(parts, rows_wanted, kv))
+    }
+
+    /// [`run`](Self::run), on the thread it was called on.
+    fn run_in_pool(
         &self,
         parts: &[(&[u32], usize)],
         rows_wanted: Rows<'_>,
@@ -568,8 +594,9 @@ fn rms_norm(x: &Tensor, w: &[f32], eps: f32) -> candle_core::Result<Tensor> {
 /// Stores a part's new K/V rows and hands the K/V rows of all its
 /// positions (one `kv_row` slice each) to attention: given `(layer, part,
 /// new K, new V, attention)`.
-type KvRows<'a> =
-    dyn FnMut(usize, usize, Vec<f32>, Vec<f32>, &mut Attend<'_>) -> Result<(), ModelError> + 'a;
+type KvRows<'a> = dyn FnMut(usize, usize, Vec<f32>, Vec<f32>, &mut Attend<'_>) -> Result<(), ModelError>
+    + Send
+    + 'a;
 
 /// Attention over a part's K rows and V rows, one slice per position.
 type Attend<'a> = dyn FnMut(&[&[f32]], &[&[f32]]) + 'a;

@@ -22,9 +22,10 @@ use rayon::prelude::*;
 /// activations).
 const BLOCK: usize = 32;
 
-/// Multiply-adds below which a task is not worth handing to another
-/// thread (waking one costs tens of microseconds).
-const MACS_PER_TASK: usize = 1 << 20;
+/// Multiply-adds per task when a product is split over rayon's threads
+/// (a few microseconds of work: the model's pass runs inside the pool,
+/// where handing a task to a spinning thread costs far less).
+const MACS_PER_TASK: usize = 1 << 15;
 
 /// A `Q4_1` weight block: `w = d × q + m` for the 4-bit `q` (the low
 /// nibbles are elements 0..16, the high ones 16..32).
@@ -135,21 +136,17 @@ impl QWeight {
         let acts: Vec<Act> = x.chunks_exact(BLOCK).map(quantize).collect();
         let kernel = Kernel::detect();
         // Each task computes a run of columns for every row (column-major
-        // within the task); the pieces are laid out row-major after. Small
-        // products (a decode step's) stay on the calling thread.
+        // within the task); the pieces are laid out row-major after. The
+        // columns per task are a multiple of four (the kernel's widest
+        // step); a product of one task stays on the calling thread.
         let tasks = (rows * self.n * self.k / MACS_PER_TASK).clamp(1, self.n);
-        let per_task = self.n.div_ceil(tasks);
+        let per_task = self.n.div_ceil(tasks).next_multiple_of(4);
         let piece = |task: usize| {
             let cols = task * per_task..((task + 1) * per_task).min(self.n);
-            let mut out = Vec::with_capacity(cols.len() * rows);
-            for c in cols {
-                for r in 0..rows {
-                    let a = &acts[r * kb..(r + 1) * kb];
-                    out.push(match &self.blocks {
-                        Blocks::Q41(w) => kernel.q4_1(&w[c * kb..(c + 1) * kb], a),
-                        Blocks::Q80(w) => kernel.q8_0(&w[c * kb..(c + 1) * kb], a),
-                    });
-                }
+            let mut out = vec![0f32; cols.len() * rows];
+            for r in 0..rows {
+                let a = &acts[r * kb..(r + 1) * kb];
+                kernel.columns(&self.blocks, kb, cols.clone(), a, (r, rows), &mut out);
             }
             out
         };
@@ -176,6 +173,27 @@ impl QWeight {
 /// 127` (stored as f16), `q = round(x × 127 / max|x|)` (ties to even),
 /// `s = d × Σq` (f16).
 fn quantize(x: &[f32]) -> Act {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: this CPU supports AVX2 (checked just above).
+        return unsafe { quantize_avx2(x) };
+    }
+    quantize_portable(x)
+}
+
+/// [`quantize`] compiled for AVX2 (vector rounding instead of a call per
+/// element; the same bits).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_avx2(x: &[f32]) -> Act {
+    quantize_portable(x)
+}
+
+#[inline(always)]
+fn quantize_portable(x: &[f32]) -> Act {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
@@ -210,10 +228,12 @@ impl Kernel {
         Kernel::Portable
     }
 
-    /// `Σ_blocks (d_w d_a Σ q_w q_a + m_w s_a)` over a `Q4_1` row.
-    fn q4_1(self, w: &[Q41], a: &[Act]) -> f32 {
+    /// `Σ_blocks (d_w d_a Σ q_w q_a + m_w s_a)` over each of `N` `Q4_1`
+    /// rows with the same activations. Each row's sum is taken as if alone:
+    /// several at once only keep more independent work in flight.
+    fn q4_1<const N: usize>(self, w: [&[Q41]; N], a: &[Act]) -> [f32; N] {
         match self {
-            Kernel::Portable => q4_1_portable(w, a),
+            Kernel::Portable => w.map(|w| q4_1_portable(w, a)),
             // SAFETY: `Avx2` is only made by `detect` after the CPU
             // reported both AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
@@ -221,13 +241,51 @@ impl Kernel {
         }
     }
 
-    /// `Σ_blocks d_w d_a Σ q_w q_a` over a `Q8_0` row.
-    fn q8_0(self, w: &[Q80], a: &[Act]) -> f32 {
+    /// `Σ_blocks d_w d_a Σ q_w q_a` over each of `N` `Q8_0` rows, as
+    /// [`q4_1`](Self::q4_1).
+    fn q8_0<const N: usize>(self, w: [&[Q80]; N], a: &[Act]) -> [f32; N] {
         match self {
-            Kernel::Portable => q8_0_portable(w, a),
+            Kernel::Portable => w.map(|w| q8_0_portable(w, a)),
             // SAFETY: as in `q4_1`: the CPU has AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => unsafe { avx2::q8_0(w, a) },
+        }
+    }
+
+    /// Row `r` of `a` (`kb` blocks each) against weight rows `cols` of
+    /// `blocks`, into `out[(c - cols.start) × rows + r]`.
+    fn columns(
+        self,
+        blocks: &Blocks,
+        kb: usize,
+        cols: std::ops::Range<usize>,
+        a: &[Act],
+        (r, rows): (usize, usize),
+        out: &mut [f32],
+    ) {
+        let first = cols.start;
+        let mut c = first;
+        let mut put = |c: usize, ys: &[f32]| {
+            for (i, &y) in ys.iter().enumerate() {
+                out[(c + i - first) * rows + r] = y;
+            }
+        };
+        macro_rules! run {
+            ($w:expr, $f:ident) => {{
+                let row = |c: usize| &$w[c * kb..(c + 1) * kb];
+                while c + 4 <= cols.end {
+                    put(c, &self.$f([row(c), row(c + 1), row(c + 2), row(c + 3)], a));
+                    c += 4;
+                }
+                while c < cols.end {
+                    put(c, &self.$f([row(c)], a));
+                    c += 1;
+                }
+            }};
+        }
+        match blocks {
+            Blocks::Q41(w) => run!(w, q4_1),
+            Blocks::Q80(w) => run!(w, q8_0),
         }
     }
 }
@@ -283,48 +341,57 @@ mod avx2 {
         _mm256_madd_epi16(_mm256_maddubs_epi16(u, i), _mm256_set1_epi16(1))
     }
 
+    /// [`super::Kernel::q4_1`]: per row, one vector accumulator and one
+    /// scalar sum of offsets, block by block.
+    ///
     /// # Safety
     /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn q4_1(w: &[Q41], a: &[Act]) -> f32 {
+    pub(super) unsafe fn q4_1<const N: usize>(w: [&[Q41]; N], a: &[Act]) -> [f32; N] {
         let low = _mm_set1_epi8(0x0F);
-        let mut acc = _mm256_setzero_ps();
-        let mut offsets = 0f32;
-        for (w, a) in w.iter().zip(a) {
-            // SAFETY: `qs` is 16 bytes and `loadu` has no alignment
-            // requirement.
-            let packed = unsafe { _mm_loadu_si128(w.qs.as_ptr().cast()) };
-            let lo = _mm_and_si128(packed, low);
-            let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
-            let q = _mm256_set_m128i(hi, lo);
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut offsets = [0f32; N];
+        for (b, a) in a.iter().enumerate() {
             // SAFETY: `qs` is 32 bytes; unaligned load.
             let y = unsafe { _mm256_loadu_si256(a.qs.as_ptr().cast()) };
-            let dots = _mm256_cvtepi32_ps(dot_u8_i8(q, y));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(w.d * a.d), dots, acc);
-            offsets += w.m * a.s;
+            for i in 0..N {
+                let w = &w[i][b];
+                // SAFETY: `qs` is 16 bytes and `loadu` has no alignment
+                // requirement.
+                let packed = unsafe { _mm_loadu_si128(w.qs.as_ptr().cast()) };
+                let lo = _mm_and_si128(packed, low);
+                let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+                let q = _mm256_set_m128i(hi, lo);
+                let dots = _mm256_cvtepi32_ps(dot_u8_i8(q, y));
+                acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(w.d * a.d), dots, acc[i]);
+                offsets[i] += w.m * a.s;
+            }
         }
-        hsum(acc) + offsets
+        std::array::from_fn(|i| hsum(acc[i]) + offsets[i])
     }
 
+    /// [`super::Kernel::q8_0`]: per row, one vector accumulator, block by
+    /// block.
+    ///
     /// # Safety
     /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn q8_0(w: &[Q80], a: &[Act]) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        for (w, a) in w.iter().zip(a) {
-            // SAFETY: both `qs` are 32 bytes; unaligned loads.
-            let (x, y) = unsafe {
-                (
-                    _mm256_loadu_si256(w.qs.as_ptr().cast()),
-                    _mm256_loadu_si256(a.qs.as_ptr().cast()),
-                )
-            };
-            // |x| × (y with x's sign) = x × y, with an unsigned left side.
-            let dots =
-                _mm256_cvtepi32_ps(dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(w.d * a.d), dots, acc);
+    pub(super) unsafe fn q8_0<const N: usize>(w: [&[Q80]; N], a: &[Act]) -> [f32; N] {
+        let mut acc = [_mm256_setzero_ps(); N];
+        for (b, a) in a.iter().enumerate() {
+            // SAFETY: `qs` is 32 bytes; unaligned load.
+            let y = unsafe { _mm256_loadu_si256(a.qs.as_ptr().cast()) };
+            for i in 0..N {
+                let w = &w[i][b];
+                // SAFETY: `qs` is 32 bytes; unaligned load.
+                let x = unsafe { _mm256_loadu_si256(w.qs.as_ptr().cast()) };
+                // |x| × (y with x's sign) = x × y, with an unsigned left side.
+                let dots =
+                    _mm256_cvtepi32_ps(dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)));
+                acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(w.d * a.d), dots, acc[i]);
+            }
         }
-        hsum(acc)
+        std::array::from_fn(|i| hsum(acc[i]))
     }
 }
 
@@ -441,11 +508,11 @@ mod tests {
             for c in 0..3 {
                 let (fast, slow) = match &own.blocks {
                     Blocks::Q41(w) => (
-                        kernel.q4_1(&w[c * 8..(c + 1) * 8], &acts),
+                        kernel.q4_1([&w[c * 8..(c + 1) * 8]], &acts)[0],
                         q4_1_portable(&w[c * 8..(c + 1) * 8], &acts),
                     ),
                     Blocks::Q80(w) => (
-                        kernel.q8_0(&w[c * 8..(c + 1) * 8], &acts),
+                        kernel.q8_0([&w[c * 8..(c + 1) * 8]], &acts)[0],
                         q8_0_portable(&w[c * 8..(c + 1) * 8], &acts),
                     ),
                 };
@@ -454,6 +521,38 @@ mod tests {
                     "{fast} vs {slow}"
                 );
             }
+        }
+    }
+
+    /// Four rows at once give each row's bits alone.
+    #[test]
+    fn rows_taken_four_at_once_give_their_bits_alone() {
+        let kernel = Kernel::detect();
+        let acts: Vec<Act> = random(256, 9).chunks_exact(BLOCK).map(quantize).collect();
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            let (_, own) = weight(dtype, 4, 256);
+            let (four, alone): (Vec<f32>, Vec<f32>) = match &own.blocks {
+                Blocks::Q41(w) => {
+                    let row = |c: usize| &w[c * 8..(c + 1) * 8];
+                    (
+                        kernel
+                            .q4_1([row(0), row(1), row(2), row(3)], &acts)
+                            .to_vec(),
+                        (0..4).map(|c| kernel.q4_1([row(c)], &acts)[0]).collect(),
+                    )
+                }
+                Blocks::Q80(w) => {
+                    let row = |c: usize| &w[c * 8..(c + 1) * 8];
+                    (
+                        kernel
+                            .q8_0([row(0), row(1), row(2), row(3)], &acts)
+                            .to_vec(),
+                        (0..4).map(|c| kernel.q8_0([row(c)], &acts)[0]).collect(),
+                    )
+                }
+            };
+            let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&four), bits(&alone), "{dtype:?}");
         }
     }
 
