@@ -7,6 +7,13 @@ BOS: the model's add_bos_token is false), the argmax, top-5 and top-2
 margin of the next-token logits at every position, and 32 greedy tokens
 (stopping at the end-of-sequence token). Also llama.cpp's prefill and
 decode speed at the given thread count.
+
+With --against-flash-attn REF.json it instead measures llama.cpp against
+its own stored reference with one change of summation order (flash
+attention on, everything else equal), by the measures
+crates/radixkv-engine/tests/llama_cpp.rs applies to radixkv: how far a
+second computation of the same model moves the logits and the greedy
+tokens.
 """
 
 from __future__ import annotations
@@ -64,10 +71,13 @@ CHATS = [
 CONTINUATION = 32
 
 
-def load(model: str, threads: int, n_ctx: int, logits_all: bool = False) -> llama_cpp.Llama:
+def load(
+    model: str, threads: int, n_ctx: int, logits_all: bool = False, flash_attn: bool = False
+) -> llama_cpp.Llama:
     """llama.cpp on `model` with f32 K/V, as radixkv keeps it (llama.cpp's
     default is f16, which alone moves logits by up to about 0.1)."""
     return llama_cpp.Llama(
+        flash_attn=flash_attn,
         model_path=model,
         n_ctx=n_ctx,
         n_batch=512,
@@ -143,6 +153,40 @@ def speed(llm: llama_cpp.Llama, tokens: list[int]) -> dict:
     }
 
 
+def against_flash_attn(model: str, threads: int, ref_path: str) -> None:
+    """Prints llama.cpp with flash attention against the stored reference
+    (made without it): the mean and largest |Δ| over the reference's top-5
+    logits at every position, argmax agreement, where each greedy
+    continuation first parts from the reference's (and the reference's
+    top-2 margin there), and the steps equal before each continuation's
+    first near tie (margin < 0.05)."""
+    ref = json.loads(Path(ref_path).read_text())
+    llm = load(model, threads, n_ctx=4096, logits_all=True, flash_attn=True)
+    deltas: list[float] = []
+    agree = total = before = equal = 0
+    for p in ref["prompts"]:
+        tokens = p["tokens"]
+        here = positions(llm, tokens)
+        scores = np.asarray(llm.scores[: len(tokens)], dtype=np.float32)
+        for i, (ids, logits) in enumerate(zip(p["top5"], p["top5_logits"])):
+            deltas += [abs(float(scores[i, t]) - v) for t, v in zip(ids, logits)]
+        agree += sum(a == b for a, b in zip(here["argmax"], p["argmax"]))
+        total += len(tokens)
+        ours = greedy(llm, tokens, ref["eos"])["continuation"]
+        theirs, margins = p["continuation"], p["continuation_margin"]
+        parts = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+        if parts is not None:
+            print(f"{p['name']}: step {parts} differs at the reference's margin {margins[parts]}")
+        sure = next((i for i, m in enumerate(margins) if m < 0.05), len(theirs))
+        before += sure
+        equal += min(sure, len(theirs) if parts is None else parts)
+    print(
+        f"flash attention against the reference: |Δ| over its top-5 mean {np.mean(deltas):.4f}, "
+        f"max {np.max(deltas):.3f}; argmax {agree}/{total} = {100 * agree / total:.2f} %; "
+        f"greedy tokens equal before the first near tie: {equal} of {before}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", required=True)
@@ -151,7 +195,12 @@ def main() -> None:
     ap.add_argument("--speed-only", metavar="TEXT_FILE",
                     help="only time prefill and decode on the first --tokens tokens of this text; print JSON")
     ap.add_argument("--tokens", type=int, default=1500)
+    ap.add_argument("--against-flash-attn", metavar="REF_JSON",
+                    help="compare llama.cpp with flash attention to this stored reference; print the measures")
     a = ap.parse_args()
+    if a.against_flash_attn:
+        against_flash_attn(a.model, a.threads, a.against_flash_attn)
+        return
     if a.speed_only:
         fast = load(a.model, a.threads, n_ctx=a.tokens + 128)
         tokens = fast.tokenize(Path(a.speed_only).read_text().encode(), add_bos=False, special=True)
