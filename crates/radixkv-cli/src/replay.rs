@@ -67,7 +67,7 @@ pub struct ReplayArgs {
     /// and --output-len they run smaller workloads: `tiny` 256 requests of
     /// 64 + 16 tokens and 4 output tokens, 512 KV tokens per device;
     /// `gguf:PATH` 96 requests of 256 + 32 tokens and 16 output tokens, 768
-    /// KV tokens per device (about 45 s on 2 cores; --verify adds a dense
+    /// KV tokens per device (about 30 s on 2 cores; --verify adds a dense
     /// recomputation of every checked request). Prefixes get evicted and
     /// come back.
     #[arg(long, default_value = "simulated")]

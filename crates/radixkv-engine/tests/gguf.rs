@@ -10,6 +10,8 @@
 //! to get it.
 #![cfg(feature = "gguf")]
 
+mod common;
+
 use radixkv::{DeviceId, Tier, TokenKey};
 use radixkv_engine::backend::ModelBackend;
 use radixkv_engine::gguf::{
@@ -188,24 +190,12 @@ fn run_engine(cfg: EngineConfig, waves: &[Vec<Vec<u32>>]) -> (Arc<GgufBackend>, 
     let backend = Arc::new(GgufBackend::new(model, pools).unwrap());
     let engine = Engine::start(cfg, backend.clone()).unwrap();
     let mut reuse = [0u64; 3];
-    for wave in waves {
-        for p in wave {
-            engine.submit(EngineRequest::new(p.clone(), 3)).unwrap();
-        }
-        for _ in wave {
-            let c = engine.completions().recv().unwrap();
-            assert!(c.error.is_none(), "{c:?}");
-            reuse[0] += c.tokens.cached_tokens;
-            reuse[1] += c.tokens.copied.host_loaded_tokens;
-            reuse[2] += c.tokens.copied.peer_copied_tokens;
-        }
+    for t in common::run_waves(&engine, waves, 3) {
+        reuse[0] += t.cached_tokens;
+        reuse[1] += t.copied.host_loaded_tokens;
+        reuse[2] += t.copied.peer_copied_tokens;
     }
-    let report = engine.shutdown();
-    let evicted = report
-        .devices
-        .iter()
-        .map(|d| d.eviction.evicted_tokens)
-        .sum();
+    let evicted = common::evicted_tokens(&engine.shutdown());
     (backend, reuse, evicted)
 }
 

@@ -8,6 +8,8 @@
 //! mismatch. With feature `cuda` the same proof runs with the pools in GPU
 //! memory (`scripts/gpu-check.sh`), and is skipped without a driver.
 
+mod common;
+
 use radixkv::{DeviceId, PagedCache, RadixCache, Tier, TokenKey};
 use radixkv_engine::backend::{Batch, DecodeWork, ModelBackend, PrefillWork, WorkData};
 use radixkv_engine::kvpool::{HostKvPool, Kv, KvPool};
@@ -323,28 +325,14 @@ fn run_grouped_waves(
     let engine = Engine::start(cfg, backend).unwrap();
     let prompts = shared_prompts(6, 4, 64, 10);
     let cached = run_engine(&engine, &waves(&prompts), 3);
-    let report = engine.shutdown();
-    let evicted = report
-        .devices
-        .iter()
-        .map(|d| d.eviction.evicted_tokens)
-        .sum();
-    (cached, evicted)
+    (cached, common::evicted_tokens(&engine.shutdown()))
 }
 
 fn run_engine(engine: &Engine, waves: &[Vec<Vec<u32>>], out: usize) -> usize {
-    let mut cached = 0;
-    for wave in waves {
-        for p in wave {
-            engine.submit(EngineRequest::new(p.clone(), out)).unwrap();
-        }
-        for _ in wave {
-            let c = engine.completions().recv().unwrap();
-            assert!(c.error.is_none(), "{c:?}");
-            cached += c.tokens.cached_tokens as usize;
-        }
-    }
-    cached
+    common::run_waves(engine, waves, out)
+        .iter()
+        .map(|t| t.cached_tokens as usize)
+        .sum()
 }
 
 #[test]

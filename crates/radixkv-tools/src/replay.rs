@@ -317,7 +317,7 @@ pub fn tiny_default_workload(seed: u64) -> Trace {
 
 /// The workload `radixkv replay --model gguf:PATH` runs when the default
 /// gsp sizes are not changed: 6 system prompts of 256 tokens, 16
-/// questions of 32 tokens each, 16 output tokens (about 45 s of
+/// questions of 32 tokens each, 16 output tokens (about 30 s of
 /// SmolLM2-135M on 2 cores).
 pub fn gguf_default_workload(seed: u64) -> Trace {
     crate::trace::gsp(6, 16, 256, 32, 16, seed)

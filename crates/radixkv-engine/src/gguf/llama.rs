@@ -7,8 +7,9 @@
 //!
 //! Every step is computed row by row in a fixed order (the matmuls
 //! quantize each activation row on its own; attention is a loop per query
-//! row and K/V head), so a position's logits do not depend on how the
-//! prompt was chunked or batched. That matters: the matmuls quantize
+//! row and head, a K/V head's query heads taken together or apart with the
+//! same bits), so a position's logits do not depend on how the prompt was
+//! chunked or batched, nor on how the work was shared among threads. That matters: the matmuls quantize
 //! activations to 8 bits, so a rounding difference of 1e-7 in one layer
 //! (another summation order in a batched attention) can flip a
 //! quantization step and move the logits by 0.1 to 1 thirty layers later.
@@ -27,7 +28,7 @@
 use super::attention::{attention_group, Group};
 use super::qmatmul::Linear;
 use super::{GgufError, GgufFile};
-use crate::kvpool::{Kv, KvLayout, KvPool, KvPoolError};
+use crate::kvpool::{with_kv_rows, Kv, KvLayout, KvPool};
 use crate::paged::{Logits, ModelError, PagedModel, PagedSeq, Tolerance};
 use candle_core::quantized::GgmlDType;
 use candle_core::{Device, Tensor};
@@ -385,31 +386,7 @@ impl LlamaModel {
             let new = &s.slots[s.start..end];
             pool.write_rows(li, Kv::K, new, &k)?;
             pool.write_rows(li, Kv::V, new, &v)?;
-            let all = &s.slots[..end];
-            let layout = pool.layout();
-            if let Some(data) = pool.host_floats() {
-                let data = data?;
-                let rows = |kind: Kv| -> Result<Vec<&[f32]>, ModelError> {
-                    all.iter()
-                        .map(|&slot| {
-                            let at = layout.offset(li, kind, slot as usize);
-                            data.get(at..at + layout.row).ok_or_else(|| {
-                                ModelError::Pool(KvPoolError::OutOfRange(format!(
-                                    "slot {slot} of {}",
-                                    layout.slots
-                                )))
-                            })
-                        })
-                        .collect()
-                };
-                attend(&rows(Kv::K)?, &rows(Kv::V)?);
-            } else {
-                let kr = pool.read_rows(li, Kv::K, all)?;
-                let vr = pool.read_rows(li, Kv::V, all)?;
-                let kr: Vec<&[f32]> = kr.chunks_exact(layout.row).collect();
-                let vr: Vec<&[f32]> = vr.chunks_exact(layout.row).collect();
-                attend(&kr, &vr);
-            }
+            with_kv_rows(&*pool, li, &s.slots[..end], |k, v| attend(k, v))?;
             Ok(())
         };
         let rows = if all_rows { Rows::All } else { Rows::Last };

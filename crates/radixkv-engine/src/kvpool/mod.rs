@@ -56,6 +56,7 @@
 //! | `layout.rs` | [`KvLayout`], the [`KvPool`] interface, [`KvPoolError`], copy spans |
 //! | `host.rs` | [`HostKvPool`] and the row access of host-slice pools |
 //! | `copy.rs` | [`page_runs`], [`copy_runs`], [`copy_pages`] |
+//! | `rows.rs` | [`with_kv_rows`]: a layer's K and V rows of some slots, for attention |
 //! | `cuda.rs` | `CudaKvPool` and `PinnedKvPool` (feature `cuda`) |
 
 mod copy;
@@ -63,9 +64,11 @@ mod copy;
 mod cuda;
 mod host;
 mod layout;
+mod rows;
 
 pub use copy::{copy_pages, copy_runs, page_runs};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaKvPool, PinnedKvPool};
 pub use host::HostKvPool;
 pub use layout::{Kv, KvLayout, KvPool, KvPoolError};
+pub use rows::with_kv_rows;
