@@ -4,26 +4,29 @@
 //! the same tokens and the chat messages the same rendered text; the
 //! next-token argmax agrees on at least 95 % of the positions (the top-5
 //! overlap is printed) and llama.cpp's top-5 logits are matched within a
-//! bound; radixkv's greedy continuations never leave llama.cpp's at a step
-//! whose top-2 margin is [`CONFIDENT`] or more, and equal them up to the
-//! first step with a margin below [`NEAR_TIE`] (0.05) on at least
-//! [`NEAR_TIE_SHARE`] of those steps.
+//! bound; and radixkv's greedy continuations equal llama.cpp's stored
+//! ones up to the first step at which either runtime's top-2 margin is
+//! below [`NEAR_TIE`] (0.05), for every prompt.
 //!
-//! Why not every step up to a margin of 0.05: both runtimes quantize every
-//! activation row to 8 bits before each matmul, so a difference of one
-//! rounding step anywhere (llama.cpp's SIMD exponential, its summation
-//! orders) flips a quantization step now and then and moves logits by 0.1
-//! on average, up to about 1, after thirty layers. llama.cpp does not meet
-//! that bar against itself: with flash attention on (the same weights and
-//! f32 K/V, only the attention's summation order changed;
+//! A near tie on either side, not on llama.cpp's alone: both runtimes
+//! quantize every activation row to 8 bits before each matmul, so a
+//! difference of one rounding step anywhere (llama.cpp's SIMD exponential,
+//! its summation orders) flips a quantization step now and then and moves
+//! logits by 0.1 on average, up to about 1, after thirty layers. A step
+//! where radixkv is within 0.05 of a tie can then go either way although
+//! llama.cpp's margin there is larger ("numbers", step 2: llama.cpp's
+//! margin 0.228, radixkv's 0.035). llama.cpp itself does not stay with its
+//! reference that closely: with flash attention on (the same weights and
+//! f32 K/V, only the attention's order of operations changed;
 //! `bash scripts/llama-reference.sh --against-flash-attn`) its logits move
-//! from its own reference by a mean of 0.165 and up to 1.32 over the top
-//! 5, its greedy tokens equal the reference's on only 123 of the 211 steps
-//! before the first near tie, and its continuations part at margins up to
-//! 0.23, at four of the five points where radixkv's part (measured:
-//! radixkv 181 of 211, mean 0.149, max 1.0). So a margin of 0.05 is inside
-//! the noise of any second computation; the test prints where the
-//! continuations part.
+//! by a mean of 0.165 and up to 1.32 over the top 5, its greedy tokens
+//! equal the reference's on only 123 of the 211 steps before llama.cpp's
+//! first near tie (radixkv: 181), and two of its continuations part where
+//! both margins are at least 0.097. So the test also bounds how far
+//! radixkv may be from llama.cpp by llama.cpp's margins alone: it never
+//! parts at a margin of [`CONFIDENT`] or more, and at least
+//! [`NEAR_TIE_SHARE`] of the steps before llama.cpp's first near tie are
+//! equal. It prints where the continuations part.
 #![cfg(feature = "gguf")]
 
 use radixkv_engine::gguf::{GgufFile, LlamaModel, Message};
@@ -64,12 +67,12 @@ struct Prompt {
 /// docs).
 const CONFIDENT: f32 = 0.5;
 
-/// Below this margin a step is a near tie: the continuations are compared
-/// up to the first one.
+/// Below this top-2 margin a step is a near tie: the continuations are
+/// compared up to the first one (of either runtime).
 const NEAR_TIE: f32 = 0.05;
 
-/// The share of the steps before each continuation's first near tie that
-/// must be equal (measured: 181 of 211).
+/// The share of the steps before each continuation's first near tie by
+/// llama.cpp's margins that must be equal (measured: 181 of 211).
 const NEAR_TIE_SHARE: f64 = 0.8;
 
 /// Bounds on |our logit − llama.cpp's| over llama.cpp's top-5 tokens at
@@ -186,18 +189,32 @@ fn next_token_argmaxes_agree_with_llama_cpp_on_95_percent_of_positions() {
     assert!(agree >= 0.95, "{same} of {total}");
 }
 
+/// The gap between a row's largest and second largest logit.
+fn top2_margin(row: &[f32]) -> f32 {
+    let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in row {
+        if x > first {
+            (first, second) = (x, first);
+        } else if x > second {
+            second = x;
+        }
+    }
+    first - second
+}
+
 #[test]
-fn greedy_continuations_follow_llama_cpps_wherever_it_is_sure() {
+fn greedy_continuations_equal_llama_cpps_up_to_a_near_tie() {
     let (r, f) = (reference(), gguf());
     let m = f.llama().unwrap();
     let greedy = Sampling::default();
     let (mut steps, mut equal) = (0, 0);
+    let mut parted_before_a_near_tie = Vec::new();
     for p in &r.prompts {
         let n = p.tokens.len() + p.continuation.len();
         let slots: Vec<u32> = (0..n as u32).collect();
         let mut pool = HostKvPool::new(m.pool_layout(n));
         let mut ids = p.tokens.clone();
-        let mut ours = Vec::new();
+        let (mut ours, mut our_margins) = (Vec::new(), Vec::new());
         let mut start = 0;
         while ours.len() < p.continuation.len() {
             let seq = PagedSeq {
@@ -206,8 +223,10 @@ fn greedy_continuations_follow_llama_cpps_wherever_it_is_sure() {
                 start,
             };
             let l = m.forward_paged(&mut pool, &[seq], false).unwrap();
-            let next = greedy.sample(l[0].last().unwrap(), ids.len() - 1).unwrap();
+            let row = l[0].last().unwrap();
+            let next = greedy.sample(row, ids.len() - 1).unwrap();
             ours.push(next);
+            our_margins.push(top2_margin(row));
             start = ids.len();
             ids.push(next);
             if next == r.eos {
@@ -219,16 +238,20 @@ fn greedy_continuations_follow_llama_cpps_wherever_it_is_sure() {
             .zip(&p.continuation)
             .position(|(a, b)| a != b)
             .unwrap_or(p.continuation.len());
-        let near_tie = p
-            .continuation_margin
-            .iter()
-            .position(|&g| g < NEAR_TIE)
-            .unwrap_or(p.continuation.len());
-        steps += near_tie;
-        equal += near_tie.min(first_difference);
+        let near_tie = |margins: &[f32]| {
+            margins
+                .iter()
+                .position(|&g| g < NEAR_TIE)
+                .unwrap_or(p.continuation.len())
+        };
+        let theirs = near_tie(&p.continuation_margin);
+        let either = theirs.min(near_tie(&our_margins));
+        steps += theirs;
+        equal += theirs.min(first_difference);
         if let Some(&margin) = p.continuation_margin.get(first_difference) {
+            let own = our_margins[first_difference];
             eprintln!(
-                "{}: step {first_difference} differs at llama.cpp's margin {margin}",
+                "{}: step {first_difference} differs at llama.cpp's margin {margin} (radixkv's {own:.4})",
                 p.name
             );
             assert!(
@@ -237,7 +260,14 @@ fn greedy_continuations_follow_llama_cpps_wherever_it_is_sure() {
                 p.name
             );
         }
+        if first_difference < either {
+            parted_before_a_near_tie.push(format!("{} at step {first_difference}", p.name));
+        }
     }
+    assert!(
+        parted_before_a_near_tie.is_empty(),
+        "greedy tokens left llama.cpp's before either runtime's first margin below {NEAR_TIE}: {parted_before_a_near_tie:?}"
+    );
     let share = equal as f64 / steps as f64;
     eprintln!(
         "greedy tokens equal to llama.cpp's before its first near tie (margin < {NEAR_TIE}): \
