@@ -1394,6 +1394,33 @@ async fn query_by_hash_resolves_published_block_ids() {
         .await
         .json();
     assert_eq!(v["data"]["radixkv"]["matched_tokens"], 32, "{v}");
+    // The ids are in the default namespace: a salt or an adapter named
+    // with them matches nothing.
+    for other in [
+        json!({"cache_salt": "tenant-b"}),
+        json!({"lora_name": "sql"}),
+    ] {
+        let mut body = other.clone();
+        body["block_hashes"] = json!(ids);
+        let v = http.post_to("/query_by_hash", body).await.json();
+        assert_eq!(v["data"]["radixkv"]["matched_tokens"], 0, "{other}: {v}");
+    }
+    // A salted prompt's ids match with their salt named, and without.
+    let r = http
+        .post(json!({"prompt": prompt, "max_tokens": 2, "cache_salt": "tenant-b"}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    http.wait_idle().await;
+    publisher.flush().await;
+    let ns = radixkv::TokenKey::namespace_for(None, Some("tenant-b"));
+    let salted = radixkv_events::wire::block_ids(ns.as_deref(), &prompt[..96], 16);
+    for body in [
+        json!({"block_hashes": salted, "cache_salt": "tenant-b"}),
+        json!({"block_hashes": salted}),
+    ] {
+        let v = http.post_to("/query_by_hash", body.clone()).await.json();
+        assert_eq!(v["data"]["radixkv"]["matched_tokens"], 96, "{body}: {v}");
+    }
     let _ = tx.send(());
     handle.await.unwrap().unwrap();
 }

@@ -634,13 +634,18 @@ async fn query_by_hash(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_or_error(&s, body)?;
-    let (ids, _namespace) = query::parse_by_hash(&body)?;
+    let (ids, namespace) = query::parse_by_hash(&body)?;
     let resolved = s.kv_events.get().and_then(|p| p.resolve(&ids)).ok_or_else(|| {
         ApiError::BadRequest(
             "`/query_by_hash` needs the KV-event publisher's block index: start the server with --kv-events".into(),
         )
     })?;
-    let (ns, tokens) = resolved;
+    let (ns, mut tokens) = resolved;
+    // The ids name their namespace; one the body names as well must be
+    // theirs, or none of the chain is in it.
+    if namespace.is_some() && namespace.as_deref() != ns.as_deref() {
+        tokens.clear();
+    }
     let v = query::answer(&s.caches, &tokens, ns.as_deref());
     Ok(json_response(StatusCode::OK, &v))
 }

@@ -7,7 +7,9 @@
 //! `lora_name` (together the cache namespace, as in the KV events) and
 //! `model` (accepted, not used). `/query_by_hash` takes `block_hashes`
 //! instead: radixkv's own block ids, as its KV events publish them (it
-//! needs `--kv-events`, whose publisher keeps the id → tokens index).
+//! needs `--kv-events`, whose publisher keeps the id → tokens index). The
+//! ids carry their namespace; a `cache_salt` or `lora_name` sent with them
+//! must name that namespace, or nothing matches.
 //!
 //! Answer, in tokens (whole pages):
 //!
