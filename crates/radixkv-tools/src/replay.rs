@@ -378,8 +378,22 @@ pub fn replay(
             Arc::new(backend)
         }
     };
-    let cfg = &cfg;
+    replay_on(w, &cfg, backend, interrupt)
+}
+
+/// [`replay`] on `backend` (the simulator, a paged model, or one of your
+/// own), with `cfg.model` ignored. A scheduler thread that fails ends the
+/// replay with [`EngineError::Failed`]: the requests it held never
+/// complete.
+pub fn replay_on(
+    w: &Trace,
+    cfg: &ReplayConfig,
+    backend: Arc<dyn radixkv_engine::sched::batch::ModelBackend>,
+    interrupt: &AtomicBool,
+) -> Result<ReplaySummary, EngineError> {
     let engine = Engine::start(cfg.engine.clone(), Arc::clone(&backend))?;
+    let failed_engine =
+        |engine: &Engine| engine.failure().map(|why| EngineError::Failed(why.into()));
     let wall = Instant::now();
     let at = arrivals(w, cfg.request_rate, cfg.seed);
     let n = w.requests.len();
@@ -414,6 +428,9 @@ pub fn replay(
     for (i, r) in w.requests.iter().enumerate() {
         let due = wall + Duration::from_secs_f64(at[i].max(0.0) / 1000.0 / cfg.speedup);
         loop {
+            if let Some(e) = failed_engine(&engine) {
+                return Err(e);
+            }
             if interrupt.load(Ordering::Relaxed) {
                 interrupted = true;
                 break;
@@ -458,7 +475,11 @@ pub fn replay(
                 last_done = Instant::now();
                 record(c, &mut done, &mut progress);
             }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if let Some(e) = failed_engine(&engine) {
+                    return Err(e);
+                }
+            }
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
         }
     }

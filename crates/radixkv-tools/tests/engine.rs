@@ -342,3 +342,50 @@ fn streaming_delivers_every_token_then_done_and_cancel_releases_everything() {
         .iter()
         .any(|d| d.match_latency.count == 1 && d.insert_latency.count >= 1));
 }
+
+/// The simulator, panicking in every pass on device 1.
+struct PanicsOnDeviceOne(SimulatedBackend);
+
+impl radixkv_engine::sched::batch::ModelBackend for PanicsOnDeviceOne {
+    fn step(
+        &self,
+        device: radixkv::DeviceId,
+        batch: &radixkv_engine::sched::batch::Batch,
+    ) -> Result<radixkv_engine::sched::batch::StepOutput, radixkv_engine::sched::batch::BackendError>
+    {
+        assert_ne!(device.index(), 1, "a bug in the model on device 1");
+        self.0.step(device, batch)
+    }
+
+    fn describe(&self) -> String {
+        format!("{} panicking on device 1", self.0.describe())
+    }
+}
+
+/// A replay whose scheduler thread dies ends with the engine's failure
+/// instead of waiting forever for what that thread held, whether it is
+/// draining or held back by its concurrency cap.
+#[test]
+fn a_replay_ends_with_the_failure_of_a_scheduler_thread() {
+    for cap in [None, Some(2)] {
+        let mut cfg = replay_cfg(RouterKind::RoundRobin, 2);
+        cfg.max_concurrency = cap;
+        let backend = Arc::new(PanicsOnDeviceOne(SimulatedBackend::new(
+            CostModel::default(),
+            50.0,
+        )));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let w = gsp(4, 4, 64, 8, 2, 3);
+            let stop = AtomicBool::new(false);
+            let _ = tx.send(radixkv_tools::replay::replay_on(&w, &cfg, backend, &stop));
+        });
+        match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(Err(EngineError::Failed(why))) => {
+                assert!(why.contains("device 1"), "cap {cap:?}: {why}")
+            }
+            Ok(other) => panic!("cap {cap:?}: {:?}", other.map(|s| s.finished)),
+            Err(_) => panic!("cap {cap:?}: the replay still waits after two minutes"),
+        }
+    }
+}
