@@ -89,7 +89,16 @@ fn reference() -> Reference {
             path.display()
         )
     });
-    serde_json::from_str(&text).unwrap()
+    let r: Reference = serde_json::from_str(&text).unwrap();
+    for p in &r.prompts {
+        assert_eq!(
+            p.continuation_margin.len(),
+            p.continuation.len(),
+            "{}: a margin per continuation step",
+            p.name
+        );
+    }
+    r
 }
 
 fn gguf() -> GgufFile {

@@ -382,15 +382,23 @@ pub fn replay(
 }
 
 /// [`replay`] on `backend` (the simulator, a paged model, or one of your
-/// own), with `cfg.model` ignored. A scheduler thread that fails ends the
-/// replay with [`EngineError::Failed`]: the requests it held never
-/// complete.
+/// own), with `cfg.model` ignored and `cfg.speedup` taken as given (it
+/// must be a positive number; `replay` sets it to 1 for the models that
+/// compute, whose model time is wall time). A scheduler thread that fails
+/// ends the replay with [`EngineError::Failed`]: the requests it held
+/// never complete.
 pub fn replay_on(
     w: &Trace,
     cfg: &ReplayConfig,
     backend: Arc<dyn radixkv_engine::sched::batch::ModelBackend>,
     interrupt: &AtomicBool,
 ) -> Result<ReplaySummary, EngineError> {
+    if !(cfg.speedup.is_finite() && cfg.speedup > 0.0) {
+        return Err(EngineError::InvalidConfig(format!(
+            "speedup must be a positive number, not {}",
+            cfg.speedup
+        )));
+    }
     let engine = Engine::start(cfg.engine.clone(), Arc::clone(&backend))?;
     let failed_engine =
         |engine: &Engine| engine.failure().map(|why| EngineError::Failed(why.into()));
@@ -429,6 +437,7 @@ pub fn replay_on(
         let due = wall + Duration::from_secs_f64(at[i].max(0.0) / 1000.0 / cfg.speedup);
         loop {
             if let Some(e) = failed_engine(&engine) {
+                progress.finish();
                 return Err(e);
             }
             if interrupt.load(Ordering::Relaxed) {
@@ -477,6 +486,7 @@ pub fn replay_on(
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 if let Some(e) = failed_engine(&engine) {
+                    progress.finish();
                     return Err(e);
                 }
             }

@@ -382,10 +382,34 @@ fn a_replay_ends_with_the_failure_of_a_scheduler_thread() {
         });
         match rx.recv_timeout(Duration::from_secs(120)) {
             Ok(Err(EngineError::Failed(why))) => {
-                assert!(why.contains("device 1"), "cap {cap:?}: {why}")
+                assert!(
+                    why.contains("device 1") && why.contains("a bug in the model"),
+                    "cap {cap:?}: {why}"
+                )
             }
             Ok(other) => panic!("cap {cap:?}: {:?}", other.map(|s| s.finished)),
             Err(_) => panic!("cap {cap:?}: the replay still waits after two minutes"),
         }
+    }
+}
+
+/// `replay_on` refuses a speedup that is not a positive number, as
+/// `replay` does, instead of panicking on it.
+#[test]
+fn replay_on_refuses_a_bad_speedup() {
+    for speedup in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let mut cfg = replay_cfg(RouterKind::RoundRobin, 1);
+        cfg.speedup = speedup;
+        let r = radixkv_tools::replay::replay_on(
+            &gsp(1, 1, 8, 8, 1, 1),
+            &cfg,
+            fast(),
+            &AtomicBool::new(false),
+        );
+        assert!(
+            matches!(r, Err(EngineError::InvalidConfig(_))),
+            "{speedup}: {:?}",
+            r.map(|s| s.finished)
+        );
     }
 }

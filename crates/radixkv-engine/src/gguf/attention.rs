@@ -197,7 +197,7 @@ mod avx2 {
             let wh = &w[h * keys..][..keys];
             let mut c = 0;
             // SAFETY (of each call): AVX2 is present (this function's
-            // precondition) and `c + 8 × N <= hd` in each.
+            // precondition).
             while c + 64 <= hd {
                 unsafe { sums_of::<8>(g, wh, c, &mut oh[c..c + 64]) };
                 c += 64;
@@ -210,10 +210,11 @@ mod avx2 {
     }
 
     /// Elements `c..c + 8N` of one head's weighted sum of the V rows, by
-    /// the weights `wh`, into `out` (`8N` floats).
+    /// the weights `wh`, into `out` (`8N` floats; the slices of rows and
+    /// of `out` are bounds-checked).
     ///
     /// # Safety
-    /// The CPU must support AVX2; `c + 8N <= g.head_dim`.
+    /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     unsafe fn sums_of<const N: usize>(g: &Group<'_>, wh: &[f32], c: usize, out: &mut [f32]) {
         let at = g.kvh * g.head_dim + c;
@@ -227,9 +228,9 @@ mod avx2 {
                 *a = _mm256_add_ps(*a, _mm256_mul_ps(p, x));
             }
         }
-        for (i, a) in acc.iter().enumerate() {
-            // SAFETY: `out` is `8 N` floats; unaligned store.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * i), *a) };
+        for (o, a) in out.chunks_exact_mut(8).zip(&acc) {
+            // SAFETY: `o` is 8 floats; unaligned store.
+            unsafe { _mm256_storeu_ps(o.as_mut_ptr(), *a) };
         }
     }
 }

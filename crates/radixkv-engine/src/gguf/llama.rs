@@ -9,10 +9,11 @@
 //! quantize each activation row on its own; attention is a loop per query
 //! row and head, a K/V head's query heads taken together or apart with the
 //! same bits), so a position's logits do not depend on how the prompt was
-//! chunked or batched, nor on how the work was shared among threads. That matters: the matmuls quantize
-//! activations to 8 bits, so a rounding difference of 1e-7 in one layer
-//! (another summation order in a batched attention) can flip a
-//! quantization step and move the logits by 0.1 to 1 thirty layers later.
+//! chunked or batched, nor on how the work was shared among threads. That
+//! matters: the matmuls quantize activations to 8 bits, so a rounding
+//! difference of 1e-7 in one layer (another summation order in a batched
+//! attention) can flip a quantization step and move the logits by 0.1 to 1
+//! thirty layers later.
 //! For the same reason the RMSNorm (squares summed in f64), the RoPE
 //! angles (one multiplication per pair) and the softmax (a reciprocal of
 //! an f64 sum) follow llama.cpp's arithmetic, which brings the logits
@@ -444,7 +445,11 @@ impl LlamaModel {
     /// The pass runs on one of rayon's threads: its parallel parts (a few
     /// per layer) then fork from inside the pool, where an idle thread is
     /// still spinning for work, instead of each being queued from outside
-    /// and waited for on a lock.
+    /// and waited for on a lock. The price, when several devices' passes
+    /// run at once: a thread waiting inside one pass may take up another
+    /// device's whole pass queued meanwhile, so a short decode step can
+    /// finish only after another device's long prefill (the work done is
+    /// the same; which device waits is not).
     fn run(
         &self,
         parts: &[(&[u32], usize)],
