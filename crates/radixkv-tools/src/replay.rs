@@ -323,6 +323,17 @@ pub fn gguf_default_workload(seed: u64) -> Trace {
     crate::trace::gsp(6, 16, 256, 32, 16, seed)
 }
 
+/// Model time per wall time must be a positive number.
+fn check_speedup(speedup: f64) -> Result<(), EngineError> {
+    if speedup.is_finite() && speedup > 0.0 {
+        Ok(())
+    } else {
+        Err(EngineError::InvalidConfig(format!(
+            "speedup must be a positive number, not {speedup}"
+        )))
+    }
+}
+
 /// Replays `w` on a fresh engine; `interrupt` (e.g. set by Ctrl-C) stops
 /// it early with a partial summary.
 pub fn replay(
@@ -330,12 +341,7 @@ pub fn replay(
     cfg: &ReplayConfig,
     interrupt: &AtomicBool,
 ) -> Result<ReplaySummary, EngineError> {
-    if !(cfg.speedup.is_finite() && cfg.speedup > 0.0) {
-        return Err(EngineError::InvalidConfig(format!(
-            "speedup must be a positive number, not {}",
-            cfg.speedup
-        )));
-    }
+    check_speedup(cfg.speedup)?;
     // The tiny model (feature candle) runs in wall time: speedup 1.
     #[cfg_attr(not(feature = "candle"), allow(unused_mut))]
     let mut cfg = cfg.clone();
@@ -393,12 +399,7 @@ pub fn replay_on(
     backend: Arc<dyn radixkv_engine::sched::batch::ModelBackend>,
     interrupt: &AtomicBool,
 ) -> Result<ReplaySummary, EngineError> {
-    if !(cfg.speedup.is_finite() && cfg.speedup > 0.0) {
-        return Err(EngineError::InvalidConfig(format!(
-            "speedup must be a positive number, not {}",
-            cfg.speedup
-        )));
-    }
+    check_speedup(cfg.speedup)?;
     let engine = Engine::start(cfg.engine.clone(), Arc::clone(&backend))?;
     let failed_engine =
         |engine: &Engine| engine.failure().map(|why| EngineError::Failed(why.into()));

@@ -121,18 +121,9 @@ mod avx2 {
     //! for head widths that are multiples of 8: several independent sums
     //! at once (up to four heads' dots with one key, eight vectors of one
     //! head's output over all keys), each in the portable code's order.
+    use super::super::lanes::hsum;
     use super::Group;
     use std::arch::x86_64::*;
-
-    /// The eight lanes of `v` added as [`super::dot`] adds them.
-    #[target_feature(enable = "avx2")]
-    fn hsum(v: __m256) -> f32 {
-        // (l0 + l4, l1 + l5, l2 + l6, l3 + l7), then pairs 0 + 2 and 1 + 3.
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
 
     /// [`super::scores`].
     ///

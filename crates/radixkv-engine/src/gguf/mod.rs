@@ -8,6 +8,7 @@
 //! | `llama.rs` | the model computed with its K/V in the engine's pools ([`LlamaModel`], a paged model) |
 //! | `attention.rs` | its grouped-query attention over the K/V rows of a query's positions |
 //! | `qmatmul.rs` | `Q4_1` and `Q8_0` matmuls as llama.cpp computes them (8-bit activations, AVX2, rayon) |
+//! | `lanes.rs` | the AVX2 lane sum both kernels share (its order fixes their bits) |
 //! | `dense.rs` | candle's quantized llama over the same file: the dense reference ([`DenseModel`]) |
 //!
 //! [`GgufBackend`] is the engine's backend over a [`LlamaModel`]; its
@@ -26,6 +27,8 @@
 
 mod attention;
 mod dense;
+#[cfg(target_arch = "x86_64")]
+mod lanes;
 mod llama;
 mod qmatmul;
 mod template;

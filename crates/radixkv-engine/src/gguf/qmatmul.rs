@@ -321,17 +321,9 @@ mod avx2 {
     //! The block dots with AVX2: the integer products of a block summed
     //! exactly in eight 32-bit lanes, scaled into eight float lanes, and
     //! the lanes added in one fixed order at the end.
+    use super::super::lanes::hsum;
     use super::{Act, Q41, Q80};
     use std::arch::x86_64::*;
-
-    /// The eight lanes of `v` added in a fixed order.
-    #[target_feature(enable = "avx2,fma")]
-    fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
 
     /// Eight lanes of `Σ u × i` over 32 pairs of unsigned `u` (below 128)
     /// and signed `i` bytes (no overflow: each 16-bit pair sum is at most
