@@ -12,6 +12,7 @@
 
 mod common;
 
+use common::smollm2 as model;
 use radixkv::{DeviceId, Tier, TokenKey};
 use radixkv_engine::backend::ModelBackend;
 use radixkv_engine::gguf::{
@@ -21,29 +22,7 @@ use radixkv_engine::kvpool::{HostKvPool, Kv, KvPool};
 use radixkv_engine::paged::{compare_rows, ModelError, PagedModel, PagedSeq, PoolConfig};
 use radixkv_engine::router::RouterKind;
 use radixkv_engine::{Engine, EngineConfig, EngineRequest};
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
-
-fn model_path() -> PathBuf {
-    std::env::var_os("RADIXKV_SMOLLM2")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_default();
-            let cache = std::env::var_os("RADIXKV_CACHE")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| home.join(".cache/radixkv"));
-            cache.join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-        })
-}
-
-fn model() -> GgufFile {
-    let path = model_path();
-    GgufFile::open(&path).unwrap_or_else(|e| {
-        panic!("{e}: run `bash scripts/fetch-smollm2.sh` (or set RADIXKV_SMOLLM2)")
-    })
-}
 
 #[test]
 fn the_tokenizer_round_trips_and_knows_its_control_tokens() {

@@ -1,12 +1,13 @@
 //! KV pools: host round trips, page and run copies (consecutive pages
-//! merged into runs, direct and staged paths agreeing), typed errors, and
+//! merged into runs, direct and staged paths agreeing), attention's rows
+//! read in place or staged (agreeing), typed errors, and
 //! (feature `cuda`) the GPU and pinned host pools: typed errors without a
 //! driver, and with one round trips, run copies each way and bandwidth
 //! figures (run by `scripts/gpu-check.sh` on a GPU machine).
 
 use radixkv::SlotRun;
 use radixkv_engine::kvpool::{
-    copy_pages, copy_runs, page_runs, HostKvPool, Kv, KvLayout, KvPool, KvPoolError,
+    copy_pages, copy_runs, page_runs, with_kv_rows, HostKvPool, Kv, KvLayout, KvPool, KvPoolError,
 };
 use std::any::Any;
 
@@ -48,6 +49,29 @@ impl KvPool for Opaque {
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+}
+
+/// `with_kv_rows` gives the same rows, in the order of the slots, from a
+/// host pool (in place) and from one it must stage; a bad layer or slot is
+/// an error either way.
+#[test]
+fn attention_rows_are_the_same_in_place_and_staged() {
+    let host = filled(LAYOUT, 0.25);
+    let staged = Opaque(host.clone());
+    let slots = [6, 0, 31, 6];
+    for layer in 0..LAYOUT.layers {
+        let read = |p: &dyn KvPool| with_kv_rows(p, layer, &slots, |k, v| (k.concat(), v.concat()));
+        let (k, v) = read(&host).unwrap();
+        assert_eq!(k, host.read_rows(layer, Kv::K, &slots).unwrap());
+        assert_eq!(v, host.read_rows(layer, Kv::V, &slots).unwrap());
+        assert_eq!(read(&staged).unwrap(), (k, v));
+    }
+    for p in [&host as &dyn KvPool, &staged] {
+        let bad_layer = with_kv_rows(p, LAYOUT.layers, &[0], |_, _| ());
+        assert!(matches!(bad_layer, Err(KvPoolError::OutOfRange(_))));
+        let bad_slot = with_kv_rows(p, 0, &[LAYOUT.slots as u32], |_, _| ());
+        assert!(matches!(bad_slot, Err(KvPoolError::OutOfRange(_))));
     }
 }
 

@@ -29,7 +29,9 @@
 //! equal. It prints where the continuations part.
 #![cfg(feature = "gguf")]
 
-use radixkv_engine::gguf::{GgufFile, LlamaModel, Message};
+mod common;
+
+use radixkv_engine::gguf::{LlamaModel, Message};
 use radixkv_engine::kvpool::HostKvPool;
 use radixkv_engine::paged::{PagedModel, PagedSeq};
 use radixkv_engine::sched::sampling::Sampling;
@@ -101,26 +103,9 @@ fn reference() -> Reference {
     r
 }
 
-fn gguf() -> GgufFile {
-    let path = std::env::var_os("RADIXKV_SMOLLM2")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let cache = std::env::var_os("RADIXKV_CACHE")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                        .join(".cache/radixkv")
-                });
-            cache.join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    GgufFile::open(&path).unwrap_or_else(|e| {
-        panic!("{e}: run `bash scripts/fetch-smollm2.sh` (or set RADIXKV_SMOLLM2)")
-    })
-}
-
 #[test]
 fn tokens_and_rendered_chats_equal_llama_cpps() {
-    let (r, f) = (reference(), gguf());
+    let (r, f) = (reference(), common::smollm2());
     assert!(r.positions >= 2000, "{} positions", r.positions);
     assert_eq!(f.eos(), Some(r.eos));
     let (tok, template) = (f.tokenizer().unwrap(), f.template().unwrap());
@@ -167,7 +152,7 @@ fn top5(row: &[f32]) -> Vec<u32> {
 
 #[test]
 fn next_token_argmaxes_agree_with_llama_cpp_on_95_percent_of_positions() {
-    let (r, f) = (reference(), gguf());
+    let (r, f) = (reference(), common::smollm2());
     let m = f.llama().unwrap();
     let (mut same, mut total, mut overlap) = (0usize, 0usize, 0usize);
     let (mut max_delta, mut sum_delta, mut deltas) = (0f32, 0f64, 0usize);
@@ -213,7 +198,7 @@ fn top2_margin(row: &[f32]) -> f32 {
 
 #[test]
 fn greedy_continuations_equal_llama_cpps_up_to_a_near_tie() {
-    let (r, f) = (reference(), gguf());
+    let (r, f) = (reference(), common::smollm2());
     let m = f.llama().unwrap();
     let greedy = Sampling::default();
     let (mut steps, mut equal) = (0, 0);

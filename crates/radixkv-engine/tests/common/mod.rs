@@ -1,6 +1,7 @@
-//! What the engine-level tests (tests/tiny.rs, tests/gguf.rs) share:
-//! running waves of prompts through a started engine, and reading a
-//! shut-down engine's evictions.
+//! What the engine-level tests (tests/tiny.rs, tests/gguf.rs,
+//! tests/llama_cpp.rs) share: running waves of prompts through a started
+//! engine, reading a shut-down engine's evictions, and finding SmolLM2's
+//! GGUF.
 #![allow(dead_code)] // each test binary uses its own part of this
 
 use radixkv_engine::{Engine, EngineReport, EngineRequest, PromptTokens};
@@ -31,4 +32,27 @@ pub fn evicted_tokens(report: &EngineReport) -> u64 {
         .iter()
         .map(|d| d.eviction.evicted_tokens)
         .sum()
+}
+
+/// SmolLM2-135M-Instruct's GGUF: `RADIXKV_SMOLLM2`, else where
+/// `scripts/fetch-smollm2.sh` caches it (`$RADIXKV_CACHE`, default
+/// `~/.cache/radixkv`). A file that cannot be opened fails the test and
+/// says how to get it.
+#[cfg(feature = "gguf")]
+pub fn smollm2() -> radixkv_engine::gguf::GgufFile {
+    use std::path::PathBuf;
+    let path = std::env::var_os("RADIXKV_SMOLLM2")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_default();
+            let cache = std::env::var_os("RADIXKV_CACHE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| home.join(".cache/radixkv"));
+            cache.join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    radixkv_engine::gguf::GgufFile::open(&path).unwrap_or_else(|e| {
+        panic!("{e}: run `bash scripts/fetch-smollm2.sh` (or set RADIXKV_SMOLLM2)")
+    })
 }
