@@ -72,7 +72,7 @@ mod dense;
 pub use backend::{default_pages_per_device, TinyBackend, DEFAULT_POOL_TOKENS};
 pub use dense::{ARGMAX_MARGIN, LOGIT_TOLERANCE, TOLERANCE};
 
-use crate::kvpool::{with_kv_rows, Kv, KvLayout, KvPool};
+use crate::kvpool::{Kv, KvLayout, KvPool};
 use crate::paged::{Logits, ModelError, PagedSeq};
 use candle_core::{Device, Tensor};
 
@@ -401,8 +401,8 @@ impl TinyModel {
                         p.write_rows(li, Kv::V, new, &vs.flatten_all()?.to_vec1::<f32>()?)?;
                         // Every position, the new ones included, read back
                         // from the pool.
-                        let (kr, vr) =
-                            with_kv_rows(&*p, li, &slots[..end], |k, v| (k.concat(), v.concat()))?;
+                        let kr = p.read_rows(li, Kv::K, &slots[..end])?;
+                        let vr = p.read_rows(li, Kv::V, &slots[..end])?;
                         (
                             Tensor::from_vec(kr, (end, d), &self.device)?,
                             Tensor::from_vec(vr, (end, d), &self.device)?,
