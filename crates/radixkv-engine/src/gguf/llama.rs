@@ -325,7 +325,7 @@ impl LlamaModel {
         let mut out = vec![0f32; q.len()];
         let item = |w: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
             let (i, first) = (idx / items_per_row, idx % items_per_row * per_item);
-            let group = Group {
+            let heads = Group {
                 head_dim: c.head_dim,
                 q: &q[idx * span..][..span],
                 kvh: first / group,
@@ -333,7 +333,7 @@ impl LlamaModel {
                 v,
                 keys: start + i + 1,
             };
-            attention_group(&group, o, w)
+            attention_group(&heads, o, w)
         };
         // Floats of K and V read over all rows' heads; parallel only when
         // that is worth a thread, with enough of it per task.

@@ -133,20 +133,19 @@ impl QWeight {
             return Vec::new();
         }
         let kb = self.k / BLOCK;
-        let acts: Vec<Act> = x.chunks_exact(BLOCK).map(quantize).collect();
         let kernel = Kernel::detect();
-        // Each task computes a run of columns for every row (column-major
-        // within the task); the pieces are laid out row-major after. The
-        // columns per task are a multiple of four (the kernel's widest
-        // step); a product of one task stays on the calling thread.
+        let acts: Vec<Act> = x.chunks_exact(BLOCK).map(|b| kernel.quantize(b)).collect();
+        // Each task computes a run of columns for every row (row-major
+        // within the task), copied into place after. The columns per task
+        // are a multiple of four (the kernel's widest step); a product of
+        // one task stays on the calling thread.
         let tasks = (rows * self.n * self.k / MACS_PER_TASK).clamp(1, self.n);
         let per_task = self.n.div_ceil(tasks).next_multiple_of(4);
         let piece = |task: usize| {
             let cols = task * per_task..((task + 1) * per_task).min(self.n);
             let mut out = vec![0f32; cols.len() * rows];
-            for r in 0..rows {
-                let a = &acts[r * kb..(r + 1) * kb];
-                kernel.columns(&self.blocks, kb, cols.clone(), a, (r, rows), &mut out);
+            for (a, out) in acts.chunks_exact(kb).zip(out.chunks_exact_mut(cols.len())) {
+                kernel.columns(&self.blocks, kb, cols.clone(), a, out);
             }
             out
         };
@@ -159,30 +158,17 @@ impl QWeight {
         let mut y = vec![0f32; rows * self.n];
         for (task, piece) in pieces.iter().enumerate() {
             let first = task * per_task;
-            for (i, col) in piece.chunks_exact(rows).enumerate() {
-                for (r, &v) in col.iter().enumerate() {
-                    y[r * self.n + first + i] = v;
-                }
+            let width = piece.len() / rows;
+            for (y, p) in y.chunks_exact_mut(self.n).zip(piece.chunks_exact(width)) {
+                y[first..first + width].copy_from_slice(p);
             }
         }
         y
     }
 }
 
-/// One activation block quantized as llama.cpp's `q8_1`: `d = max|x| /
-/// 127` (stored as f16), `q = round(x × 127 / max|x|)` (ties to even),
-/// `s = d × Σq` (f16).
-fn quantize(x: &[f32]) -> Act {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: this CPU supports AVX2 (checked just above).
-        return unsafe { quantize_avx2(x) };
-    }
-    quantize_portable(x)
-}
-
-/// [`quantize`] compiled for AVX2 (vector rounding instead of a call per
-/// element; the same bits).
+/// [`quantize_portable`] compiled for AVX2 (vector rounding instead of a
+/// call per element; the same bits).
 ///
 /// # Safety
 /// The CPU must support AVX2.
@@ -192,6 +178,9 @@ unsafe fn quantize_avx2(x: &[f32]) -> Act {
     quantize_portable(x)
 }
 
+/// One activation block quantized as llama.cpp's `q8_1`: `d = max|x| /
+/// 127` (stored as f16), `q = round(x × 127 / max|x|)` (ties to even),
+/// `s = d × Σq` (f16).
 #[inline(always)]
 fn quantize_portable(x: &[f32]) -> Act {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -228,6 +217,17 @@ impl Kernel {
         Kernel::Portable
     }
 
+    /// One activation block, as [`quantize_portable`].
+    fn quantize(self, x: &[f32]) -> Act {
+        match self {
+            Kernel::Portable => quantize_portable(x),
+            // SAFETY: `Avx2` is only made by `detect` after the CPU
+            // reported AVX2 (and FMA).
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe { quantize_avx2(x) },
+        }
+    }
+
     /// `Σ_blocks (d_w d_a Σ q_w q_a + m_w s_a)` over each of `N` `Q4_1`
     /// rows with the same activations. Each row's sum is taken as if alone:
     /// several at once only keep more independent work in flight.
@@ -252,33 +252,28 @@ impl Kernel {
         }
     }
 
-    /// Row `r` of `a` (`kb` blocks each) against weight rows `cols` of
-    /// `blocks`, into `out[(c - cols.start) × rows + r]`.
+    /// One activation row `a` (`kb` blocks) against weight rows `cols` of
+    /// `blocks`, into `out[c - cols.start]`.
     fn columns(
         self,
         blocks: &Blocks,
         kb: usize,
         cols: std::ops::Range<usize>,
         a: &[Act],
-        (r, rows): (usize, usize),
         out: &mut [f32],
     ) {
         let first = cols.start;
         let mut c = first;
-        let mut put = |c: usize, ys: &[f32]| {
-            for (i, &y) in ys.iter().enumerate() {
-                out[(c + i - first) * rows + r] = y;
-            }
-        };
         macro_rules! run {
             ($w:expr, $f:ident) => {{
                 let row = |c: usize| &$w[c * kb..(c + 1) * kb];
                 while c + 4 <= cols.end {
-                    put(c, &self.$f([row(c), row(c + 1), row(c + 2), row(c + 3)], a));
+                    let ys = self.$f([row(c), row(c + 1), row(c + 2), row(c + 3)], a);
+                    out[c - first..c - first + 4].copy_from_slice(&ys);
                     c += 4;
                 }
                 while c < cols.end {
-                    put(c, &self.$f([row(c)], a));
+                    out[c - first] = self.$f([row(c)], a)[0];
                     c += 1;
                 }
             }};
@@ -494,7 +489,10 @@ mod tests {
     #[test]
     fn the_vector_kernel_matches_the_portable_one() {
         let kernel = Kernel::detect();
-        let acts: Vec<Act> = random(256, 5).chunks_exact(BLOCK).map(quantize).collect();
+        let acts: Vec<Act> = random(256, 5)
+            .chunks_exact(BLOCK)
+            .map(|b| kernel.quantize(b))
+            .collect();
         for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
             let (_, own) = weight(dtype, 3, 256);
             for c in 0..3 {
@@ -520,7 +518,10 @@ mod tests {
     #[test]
     fn rows_taken_four_at_once_give_their_bits_alone() {
         let kernel = Kernel::detect();
-        let acts: Vec<Act> = random(256, 9).chunks_exact(BLOCK).map(quantize).collect();
+        let acts: Vec<Act> = random(256, 9)
+            .chunks_exact(BLOCK)
+            .map(|b| kernel.quantize(b))
+            .collect();
         for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
             let (_, own) = weight(dtype, 4, 256);
             let (four, alone): (Vec<f32>, Vec<f32>) = match &own.blocks {
@@ -554,11 +555,11 @@ mod tests {
         x[0] = 127.0;
         x[1] = 2.5;
         x[2] = -3.5;
-        let a = quantize(&x);
+        let a = Kernel::detect().quantize(&x);
         assert_eq!((a.qs[0], a.qs[1], a.qs[2]), (127, 2, -4));
         assert_eq!(a.d, 1.0);
         assert_eq!(a.s, 125.0);
-        let zero = quantize(&[0f32; 32]);
+        let zero = Kernel::detect().quantize(&[0f32; 32]);
         assert_eq!((zero.d, zero.s, zero.qs), (0.0, 0.0, [0; 32]));
     }
 }
