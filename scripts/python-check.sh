@@ -5,15 +5,18 @@
 # and replaying its KV events, /query, and 1,000 concurrent streaming
 # clients with a bounded number of server threads, and NVIDIA Dynamo's
 # standalone KV indexer (ai-dynamo-runtime's `python -m dynamo.indexer`)
-# subscribed to the server's events. The packages go into
-# their own virtual environment (target/py-venv), installed by this script.
-# Without python3 it prints SKIPPED (and exits 0): it never passes silently.
+# subscribed to the server's events; then pyzmq subscribed across three
+# SIGKILL restarts (scripts/kv_restart_check.py: AllBlocksCleared first,
+# within a second) and that check's negative control (no startup hold:
+# it must fail). The packages go into their own virtual environment
+# (target/py-venv), installed by this script. Without python3 it prints
+# SKIPPED and fails: it never passes silently.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if ! command -v python3 >/dev/null 2>&1; then
   echo "SKIPPED: the Python client checks (no python3 on this machine)"
-  exit 0
+  exit 1
 fi
 venv=target/py-venv
 if [ ! -x "$venv/bin/python" ]; then
@@ -62,3 +65,24 @@ trap cleanup EXIT
 bash scripts/wait-healthy.sh "http://127.0.0.1:$http" "$pid" "$log"
 "$venv/bin/python" scripts/python_check.py "http://127.0.0.1:$http" sk-radixkv-test \
   "tcp://127.0.0.1:$events" "tcp://127.0.0.1:$replay" "$pid"
+cleanup
+trap - EXIT
+
+echo "-- pyzmq (libzmq) across SIGKILL restarts of radixkv serve (scripts/kv_restart_check.py)"
+"$venv/bin/python" scripts/kv_restart_check.py "$bin"
+control=$(mktemp)
+if "$venv/bin/python" scripts/kv_restart_check.py "$bin" --control >"$control" 2>&1; then
+  echo "FAIL: the restart check passed without the startup hold (--control)"
+  cat "$control"
+  rm -f "$control"
+  exit 1
+fi
+if grep -q "^DIFFERENT:" "$control"; then
+  echo "control kv_restart_check.py --control (no startup hold): failed as required: $(grep -m1 '^FAIL' "$control" | cut -c1-120)"
+  rm -f "$control"
+else
+  echo "FAIL: the restart control failed, but not with a reported difference:"
+  tail -n 20 "$control"
+  rm -f "$control"
+  exit 1
+fi

@@ -2,11 +2,22 @@
 # The Python package (crates/radixkv-py) as a user gets it: `pip install
 # ./crates/radixkv-py` into a fresh virtual environment (maturin builds the
 # abi3 wheel; a Rust toolchain is all it needs), then its tests
-# (crates/radixkv-py/tests: the core's API, inputs, errors, the GIL, a
-# panic). The venv is cached outside the repository
-# ($RADIXKV_PY_CACHE, default ~/.cache/radixkv) and reused; the wheel is
-# rebuilt every run. Without python3 it prints SKIPPED and fails: the
-# package is never reported as checked when it was not.
+# (crates/radixkv-py/tests: the core's API, inputs, errors, the SGLang
+# tree). Then:
+#   - the released wheel carries no test hook (`_panic_inside`,
+#     `_hold_next_store`, …: the cargo feature `test-hooks`, which
+#     pyproject.toml does not enable);
+#   - every entry point is declared through the panic guard's attributes
+#     (no bare #[pymethods] / #[pyfunction] in its sources);
+#   - a wheel built with `test-hooks` passes tests/test_hooks.py (every
+#     entry point's panic a RuntimeError, a broken mirror refusing every
+#     call, the GIL released inside an insert);
+#   - the GIL test's negative control: a wheel whose inserts keep the GIL
+#     must fail it.
+# The venvs are cached outside the repository ($RADIXKV_PY_CACHE, default
+# ~/.cache/radixkv) and reused; the wheels are rebuilt every run. Without
+# python3 it prints SKIPPED and fails: the package is never reported as
+# checked when it was not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -32,20 +43,54 @@ CARGO_TARGET_DIR="$root/target/py" "$venv/bin/python" -m pip install --quiet \
 # Imported from the installed wheel, not from the source tree.
 cd "$cache"
 "$venv/bin/python" -c 'import radixkv, sys; print("radixkv", radixkv.__version__, "from", radixkv.__file__, "on Python", sys.version.split()[0])'
-"$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/crates/radixkv-py/tests"
+"$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/crates/radixkv-py/tests" \
+  --ignore="$root/crates/radixkv-py/tests/test_hooks.py"
+
+echo "-- the released wheel has no test hook"
+"$venv/bin/python" - <<'PY'
+import radixkv
+from radixkv import _radixkv as ext
+
+found = sorted(
+    f"{owner.__name__}.{name}"
+    for owner in [ext] + [c for c in vars(ext).values() if isinstance(c, type)]
+    for name in vars(owner)
+    if name.startswith("_") and not name.startswith("__")
+)
+if found:
+    raise SystemExit(f"FAIL: the released wheel carries test hooks: {found}")
+print("no test hook in", radixkv.__file__)
+PY
+
+echo "-- every entry point is declared through the panic guard (#[py_methods] / #[py_function])"
+if grep -rnE '#\[(pyo3::)?(pymethods|pyfunction)\]' "$root/crates/radixkv-py/src"; then
+  echo "FAIL: a bare PyO3 attribute (above): its functions would run outside the panic guard; use #[py_methods] / #[py_function]"
+  exit 1
+fi
+
+# A venv for a wheel built with a feature list: `hooked VENV FEATURES`.
+hooked() {
+  if [ ! -x "$1/bin/python" ]; then
+    python3 -m venv "$1"
+  fi
+  "$1/bin/python" -m pip install --quiet --disable-pip-version-check "numpy>=1.21" "pytest>=7"
+  MATURIN_PEP517_ARGS="--features $2" CARGO_TARGET_DIR="$root/target/py-hooks" \
+    "$1/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
+    --no-deps "$root/crates/radixkv-py"
+}
+
+echo "-- a wheel with the test hooks: tests/test_hooks.py"
+hooks="$cache/package-hooks-venv"
+hooked "$hooks" test-hooks
+"$hooks/bin/python" -m pytest -q -p no:cacheprovider "$root/crates/radixkv-py/tests/test_hooks.py"
 
 # The GIL test's negative control: a wheel whose inserts keep the GIL (the
 # feature `negative-hold-gil`) must fail that test, with its own message.
+echo "-- the GIL test's negative control"
 control="$cache/package-control-venv"
-if [ ! -x "$control/bin/python" ]; then
-  python3 -m venv "$control"
-fi
-"$control/bin/python" -m pip install --quiet --disable-pip-version-check "numpy>=1.21" "pytest>=7"
-MATURIN_PEP517_ARGS="--features negative-hold-gil" CARGO_TARGET_DIR="$root/target/py-control" \
-  "$control/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
-  --no-deps "$root/crates/radixkv-py"
+hooked "$control" negative-hold-gil
 log=$(mktemp)
-if "$control/bin/python" -m pytest -q -p no:cacheprovider "$root/crates/radixkv-py/tests" \
+if "$control/bin/python" -m pytest -q -p no:cacheprovider "$root/crates/radixkv-py/tests/test_hooks.py" \
   -k test_the_gil_is_released >"$log" 2>&1; then
   echo "FAIL: the GIL test passed with inserts that keep the GIL (control negative-hold-gil)"
   rm -f "$log"

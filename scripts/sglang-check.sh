@@ -11,8 +11,14 @@
 #     ReqToTokenPool and allocators; admissions, chunked prefill, decode,
 #     finish, abort, evictions, SchedulePolicy ordering), free lists, rows,
 #     sizes and KV events compared after every step;
+#   - chaos_vs_sglang.py: random scheduler call sequences beside SGLang's
+#     RadixCache with what the differential never does (aborts at every
+#     point, retraction, checkpoints at any up_to, resets in flight,
+#     evictions past the evictable size, locks on held nodes, two Python
+#     threads), the slot accounting checked after every step;
 #   - plugin_check.py: SGLang's load_plugins() and create_tree_cache build
-#     the backend, and refuse what it does not support;
+#     the backend (also as create_simulated builds SGLang's: no pools, the
+#     LoRA name table None), and refuse what it does not support;
 #   - tensor_inputs.py: ids and values from torch tensors of every kind
 #     read as a list reads them, bad ones refused by name;
 #   - conformance.py: the shared conformance vectors through the Python API
@@ -21,7 +27,8 @@
 #     RADIXKV_DIFF_FAULT=priority (radixkv drops the insert priority),
 #     =hits (radixkv counts hits on match), =slru (radixkv's slru without
 #     the threshold), =free_order (the backend frees an eviction in one
-#     call, not one per node).
+#     call, not one per node), =old_checkpoint (the backend's checkpoint as
+#     c5b5d3e had it: an up_to below the protected length lowered it).
 # Without python3.11 (SGLang 0.5.23's wheel is cp311) it prints SKIPPED and
 # fails, so the check is never reported done when it was not.
 set -euo pipefail
@@ -40,6 +47,9 @@ echo "-- radixkv's tree against SGLang's RadixCache (tree_vs_sglang.py)"
 
 echo "-- radixkv's SGLang backend against SGLang's RadixCache, request by request (backend_vs_sglang.py)"
 "$venv/bin/python" "$here/backend_vs_sglang.py"
+
+echo "-- chaos beside SGLang's RadixCache: aborts at every point, retraction, any checkpoint, resets in flight, two threads; every slot accounted for after every step (chaos_vs_sglang.py)"
+"$venv/bin/python" "$here/chaos_vs_sglang.py"
 
 echo "-- token ids and values from torch tensors (tensor_inputs.py)"
 "$venv/bin/python" "$here/tensor_inputs.py"
@@ -80,3 +90,5 @@ control tree_vs_sglang.py hits --policies lfu,slru
 control tree_vs_sglang.py slru --policies slru
 # A backend that frees an eviction's slots in one call, not one per node.
 control backend_vs_sglang.py free_order --policies lru --page-sizes 2,4
+# The checkpoint of c5b5d3e, which lowered the protected length.
+control chaos_vs_sglang.py old_checkpoint --policies lru --page-sizes 1,4

@@ -6,7 +6,7 @@ use radixkv_events::{Encoding, KvEventPublisher, KvEventsConfig};
 use std::sync::Arc;
 
 /// The KV-event flags of `serve` and `replay`.
-#[derive(clap::Args, Debug, Clone, Default)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct KvEventArgs {
     /// Publish KV events (vLLM's format) on this ZeroMQ PUB endpoint,
     /// `tcp://HOST:PORT`: device 0 on PORT, device d on PORT + d; the host
@@ -25,6 +25,13 @@ pub struct KvEventArgs {
     /// Event encoding: `map` (current vLLM) or `array` (older vLLM).
     #[arg(long, default_value = "map", requires = "kv_events")]
     pub kv_events_encoding: String,
+    /// Seconds after the start during which changes wait while each socket
+    /// repeats AllBlocksCleared every 100 ms (0 to 86,400): a subscriber
+    /// that stayed connected across a restart reconnects within its
+    /// reconnect interval (libzmq's default is 0.1 s) and sees the
+    /// clearing before the new run's first store. 0 sends at once.
+    #[arg(long, default_value_t = 1.0, value_parser = crate::ranges::seconds, requires = "kv_events")]
+    pub kv_events_startup_hold_s: f64,
 }
 
 impl KvEventArgs {
@@ -37,6 +44,7 @@ impl KvEventArgs {
         c.replay_endpoint = self.kv_events_replay.clone();
         c.topic = self.kv_events_topic.clone();
         c.encoding = self.kv_events_encoding.parse::<Encoding>()?;
+        c.startup_hold = std::time::Duration::from_secs_f64(self.kv_events_startup_hold_s);
         Ok(Some(c))
     }
 }

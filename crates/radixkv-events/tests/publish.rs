@@ -30,8 +30,9 @@ fn free_ports(n: u16) -> u16 {
 }
 
 /// A publisher for `devices` devices (page size `ps`) on free loopback
-/// ports, with a replay socket per device after the PUB sockets; `tweak`
-/// sets anything else.
+/// ports, with a replay socket per device after the PUB sockets and no
+/// startup hold (the first change is sent at once); `tweak` sets anything
+/// else.
 async fn publisher_with_replay(
     devices: u16,
     ps: usize,
@@ -40,6 +41,7 @@ async fn publisher_with_replay(
     let port = free_ports(2 * devices);
     let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
     cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + devices));
+    cfg.startup_hold = Duration::ZERO;
     tweak(&mut cfg);
     KvEventPublisher::start(cfg, usize::from(devices), ps)
         .await
@@ -284,6 +286,70 @@ async fn events_reach_subscribers_and_replays_in_vllm_format() {
     assert_eq!(later.len(), batches.len() - 2);
     assert!(before.iter().all(|s| s.dropped_events == 0));
     p.shutdown().await;
+}
+
+/// For `startup_hold` after the start, changes wait in the queue while the
+/// socket repeats `AllBlocksCleared` (a subscriber that reconnects after a
+/// restart sees it before any store); then the first batch of changes
+/// starts with it. A shutdown ends the hold at once, nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_changes_wait_for_the_startup_hold_behind_repeated_clearings() {
+    let hold = Duration::from_millis(450);
+    let started = Instant::now();
+    let p = publisher_with_replay(1, 2, |cfg| cfg.startup_hold = hold).await;
+    let cache = cache_on(&p);
+    cache
+        .insert(TokenKey::new(&[1, 2]), DeviceId(0), &[1, 2], 0)
+        .unwrap();
+    // Until the hold ends, only clearings are sent.
+    wait_sent(&p, 3).await;
+    let during = replay(&p.replay_endpoints()[0], 0).await.unwrap();
+    if started.elapsed() < hold {
+        let kinds: Vec<_> = during
+            .iter()
+            .flat_map(|b| decode(&b.payload).1)
+            .map(|e| field(&e, "type").as_str().unwrap().to_string())
+            .collect();
+        assert!(
+            kinds.iter().all(|k| k == "AllBlocksCleared"),
+            "a change sent during the hold: {kinds:?}"
+        );
+    }
+    p.flush().await;
+    assert!(
+        started.elapsed() >= hold,
+        "flush returned before the hold ended"
+    );
+    let batches = replay(&p.replay_endpoints()[0], 0).await.unwrap();
+    let kinds: Vec<Vec<String>> = batches
+        .iter()
+        .map(|b| {
+            decode(&b.payload)
+                .1
+                .iter()
+                .map(|e| field(e, "type").as_str().unwrap().to_string())
+                .collect()
+        })
+        .collect();
+    let (last, repeated) = kinds.split_last().unwrap();
+    assert_eq!(last, &["AllBlocksCleared", "BlockStored"], "{kinds:?}");
+    assert!(
+        repeated.len() >= 3 && repeated.iter().all(|k| k == &["AllBlocksCleared"]),
+        "the clearing repeats every 100 ms of the hold: {kinds:?}"
+    );
+    p.shutdown().await;
+
+    // A shutdown during the hold sends what waits.
+    let p = publisher_with_replay(1, 2, |cfg| cfg.startup_hold = Duration::from_secs(3600)).await;
+    let cache = cache_on(&p);
+    cache
+        .insert(TokenKey::new(&[3, 4]), DeviceId(0), &[3, 4], 0)
+        .unwrap();
+    let t = Instant::now();
+    let s = p.shutdown().await;
+    assert!(t.elapsed() < Duration::from_secs(60));
+    assert_eq!(s[0].events, s[0].queued, "{s:?}");
+    assert_eq!(s[0].dropped_events, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

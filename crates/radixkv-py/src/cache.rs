@@ -11,8 +11,8 @@ use crate::results::{Evicted, InsertResult, Lease, MatchResult, NodeHandle, Size
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use radixkv::{ClockKind, EvictionPolicy, HitCounts, Ownership, TokenKey};
+use radixkv_py_macros::py_methods;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// The options both kinds of cache are built with.
 pub(crate) struct Options<'a> {
@@ -152,7 +152,7 @@ pub(crate) fn event_to_py<'py>(py: Python<'py>, e: Event) -> PyResult<Bound<'py,
 /// `$($extra)*`, the kind's own.
 macro_rules! shared_methods {
     ($ty:ident, { $($extra:tt)* }) => {
-        #[pymethods]
+        #[py_methods]
         impl $ty {
             $($extra)*
 
@@ -345,29 +345,34 @@ macro_rules! shared_methods {
 
             /// Test hook: the next store parks its thread inside the insert
             /// (events on).
+            #[cfg(feature = "test-hooks")]
             fn _hold_next_store(&self, py: Python<'_>) -> PyResult<()> {
-                self.log(py)?.hold_next_store();
+                self.log(py)?.gate.hold_next_store();
                 Ok(())
             }
 
             /// Test hook: waits (GIL released) until a store is parked.
+            #[cfg(feature = "test-hooks")]
             fn _wait_store_parked(&self, py: Python<'_>, timeout_s: f64) -> PyResult<bool> {
                 let log = Arc::clone(self.log(py)?);
-                let limit = Duration::try_from_secs_f64(timeout_s).unwrap_or(Duration::ZERO);
-                Ok(py.detach(move || log.wait_parked(limit)))
+                let limit = std::time::Duration::try_from_secs_f64(timeout_s).unwrap_or_default();
+                Ok(py.detach(move || log.gate.wait_parked(limit)))
             }
 
             /// Test hook: lets a parked store go; whether one was parked.
+            #[cfg(feature = "test-hooks")]
             fn _release_store(&self, py: Python<'_>) -> PyResult<bool> {
-                Ok(self.log(py)?.release())
+                Ok(self.log(py)?.gate.release())
             }
 
             /// Test hook: whether the parked store gave up waiting.
+            #[cfg(feature = "test-hooks")]
             fn _store_timed_out(&self, py: Python<'_>) -> PyResult<bool> {
-                Ok(self.log(py)?.timed_out())
+                Ok(self.log(py)?.gate.timed_out())
             }
         }
 
+        #[cfg(feature = "test-hooks")]
         impl $ty {
             fn log(&self, py: Python<'_>) -> PyResult<&Arc<EventLog>> {
                 self.events.as_ref().ok_or_else(|| invalid(py, "this cache was built without events=True".into()))

@@ -95,9 +95,18 @@ pub(crate) fn failed(py: Python<'_>, message: String) -> PyErr {
 
 /// Runs `f`, turning a Rust panic into a `RuntimeError` that says so (a
 /// panic is a bug of radixkv's, never the caller's input): nothing unwinds
-/// into the interpreter.
+/// into the interpreter, and nothing raises PyO3's `PanicException` (a
+/// `BaseException`, which SGLang's `except Exception` would not catch).
+///
+/// Every Python entry point runs inside it: `#[py_methods]` and
+/// `#[py_function]` (the crate `radixkv-py-macros`) wrap each body.
 pub(crate) fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+    let run = || {
+        #[cfg(feature = "test-hooks")]
+        hooks::panic_if_armed();
+        f()
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
         Ok(r) => r,
         Err(payload) => {
             let what = payload
@@ -108,6 +117,29 @@ pub(crate) fn guarded<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
             Err(PyRuntimeError::new_err(format!(
                 "radixkv: internal error (a Rust panic, caught at the boundary): {what}"
             )))
+        }
+    }
+}
+
+/// The guard's test hook (feature `test-hooks`, never in the released
+/// wheel): the next guarded entry point panics inside its guard.
+#[cfg(feature = "test-hooks")]
+pub(crate) mod hooks {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static ARMED: AtomicBool = AtomicBool::new(false);
+
+    /// Arms the hook.
+    pub(crate) fn arm() {
+        // SeqCst: a test switch, read by whichever thread enters next.
+        ARMED.store(true, Ordering::SeqCst);
+    }
+
+    /// Panics once after `arm`.
+    pub(crate) fn panic_if_armed() {
+        // SeqCst: as in `arm`; the swap disarms it for every other entry.
+        if ARMED.swap(false, Ordering::SeqCst) {
+            panic!("the test hook _panic_at_next_entry");
         }
     }
 }

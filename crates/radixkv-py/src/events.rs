@@ -2,17 +2,12 @@
 //! store, removal, split and clear the core reports, in the order the
 //! core's listener sees them (see `radixkv::events`), with what SGLang's
 //! `BlockStored` / `BlockRemoved` need: the tokens, the node and its
-//! parent, and the namespace.
-//!
-//! It also holds a gate for the tests: armed, the next store parks the
-//! thread that reports it (inside the insert, the tree's locks held, the
-//! GIL released) until another Python thread lets it go, which it can only
-//! do if the insert released the GIL.
+//! parent, and the namespace. With the feature `test-hooks` it also holds
+//! the tests' store gate (`gate.rs`).
 
 use radixkv::events::{CacheListener, PageEvent, SplitEvent};
 use radixkv::Tier;
-use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Mutex, MutexGuard};
 
 /// One event, as Python gets it.
 #[derive(Clone, Debug)]
@@ -45,25 +40,13 @@ pub(crate) enum Event {
     Cleared,
 }
 
-/// The test gate's state.
-#[derive(Debug, Default)]
-struct GateState {
-    armed: bool,
-    parked: bool,
-    released: bool,
-    timed_out: bool,
-}
-
-/// How long a parked store waits before it gives up (a test that never
-/// releases it fails instead of hanging).
-const PARK_LIMIT: Duration = Duration::from_secs(30);
-
-/// The queue of events, and the test gate.
+/// The queue of events (and, with the feature `test-hooks`, the test gate).
 #[derive(Debug, Default)]
 pub(crate) struct EventLog {
     queue: Mutex<Vec<Event>>,
-    gate: Mutex<GateState>,
-    wake: Condvar,
+    /// The test gate (see `gate.rs`).
+    #[cfg(feature = "test-hooks")]
+    pub(crate) gate: crate::gate::StoreGate,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -79,76 +62,12 @@ impl EventLog {
     fn push(&self, e: Event) {
         lock(&self.queue).push(e);
     }
-
-    /// Arms the gate: the next store parks its thread.
-    pub(crate) fn hold_next_store(&self) {
-        *lock(&self.gate) = GateState {
-            armed: true,
-            ..GateState::default()
-        };
-    }
-
-    /// Waits (at most `limit`) until a store is parked; whether one is.
-    pub(crate) fn wait_parked(&self, limit: Duration) -> bool {
-        let deadline = Instant::now() + limit;
-        let mut g = lock(&self.gate);
-        while !g.parked {
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            g = self
-                .wake
-                .wait_timeout(g, deadline - now)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
-        true
-    }
-
-    /// Lets a parked store go (and disarms); whether one was parked.
-    pub(crate) fn release(&self) -> bool {
-        let mut g = lock(&self.gate);
-        let was = g.parked;
-        g.armed = false;
-        g.released = true;
-        self.wake.notify_all();
-        was
-    }
-
-    /// Whether the last parked store gave up waiting instead of being let go.
-    pub(crate) fn timed_out(&self) -> bool {
-        lock(&self.gate).timed_out
-    }
-
-    /// Parks this thread if the gate is armed (the first store disarms it).
-    fn park_if_armed(&self) {
-        let mut g = lock(&self.gate);
-        if !g.armed {
-            return;
-        }
-        g.armed = false;
-        g.parked = true;
-        self.wake.notify_all();
-        let deadline = Instant::now() + PARK_LIMIT;
-        while !g.released {
-            let now = Instant::now();
-            if now >= deadline {
-                g.timed_out = true;
-                break;
-            }
-            g = self
-                .wake
-                .wait_timeout(g, deadline - now)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
-    }
 }
 
 impl CacheListener for EventLog {
     fn stored(&self, e: &PageEvent<'_>) {
-        self.park_if_armed();
+        #[cfg(feature = "test-hooks")]
+        self.gate.park_if_armed();
         let loc = e.location();
         let (namespace, prefix_len) = match &loc {
             Some(l) => (

@@ -2,7 +2,8 @@
 //!
 //! | input | how it is read | copies |
 //! | --- | --- | --- |
-//! | a C-contiguous buffer of 32-bit unsigned ints (`array('I')`, a `numpy.uint32` array) | borrowed through the buffer protocol, held (so it cannot be resized) until the call returns | none |
+//! | a read-only C-contiguous buffer of 32-bit unsigned ints (a `numpy.uint32` array with `writeable=False`, `memoryview(bytes).cast('I')`) | borrowed through the buffer protocol, held (so it cannot be resized) until the call returns | none |
+//! | a writable C-contiguous buffer of 32-bit unsigned ints (`array('I')`, a writable `numpy.uint32` array) | copied while the GIL is held: the walk runs without it, and another thread could write the buffer meanwhile | one |
 //! | a C-contiguous buffer of other integers (`array('q')`, `numpy.int64`, …) | converted, every id checked to lie in `0..2^32` | one |
 //! | a contiguous one-dimensional int64 or int32 torch tensor on the CPU | read at its `data_ptr()`, every id checked (see `tensor.rs`) | one |
 //! | any other torch tensor (no buffer protocol) | `tensor.numpy(force=True)` (detached, on the CPU), then as above | one more |
@@ -49,7 +50,8 @@ extern "C" {
 const C_CONTIGUOUS_WITH_FORMAT: c_int = 0x0038 | 0x0004;
 
 /// A buffer view held until dropped (with the GIL held: the caller's
-/// method frame drops it).
+/// method frame drops it). Neither `Send` nor `Sync` (it holds raw
+/// pointers): it never leaves the thread that made it.
 struct View(Box<RawBuffer>);
 
 impl Drop for View {
@@ -95,12 +97,14 @@ pub(crate) struct Ids {
     borrowed: (*const u32, usize),
 }
 
-// SAFETY: the borrowed pointer stays valid while `view` is held (the
-// exporter cannot free or resize a buffer with an export outstanding), and
-// only `&[u32]` is handed out, read-only, to threads that run while the
-// `Ids` lives; the view itself is released on the thread that made it.
-unsafe impl Send for Ids {}
-// SAFETY: as above: shared access only reads.
+// SAFETY: shared access only reads: `as_slice` hands out `&[u32]`, which
+// a walk may read on another thread while the GIL is released. The
+// borrowed pointer stays valid while `view` is held (the exporter cannot
+// free or resize a buffer with an export outstanding), and only a buffer
+// its exporter declared read-only is borrowed (a writable one is copied),
+// so no Python code writes it through that object meanwhile. `Ids` is not
+// `Send`: the view is released (`PyBuffer_Release`, which needs the GIL)
+// on the thread that made it, when the method's frame ends.
 unsafe impl Sync for Ids {}
 
 impl Ids {
@@ -222,7 +226,10 @@ fn from_buffer(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<Ids>> {
         .checked_div(itemsize)
         .unwrap_or(0);
     let base = raw.buf as *const u8;
-    if elem == Elem::Unsigned(4) && (base as usize).is_multiple_of(std::mem::align_of::<u32>()) {
+    if elem == Elem::Unsigned(4)
+        && raw.readonly != 0
+        && (base as usize).is_multiple_of(std::mem::align_of::<u32>())
+    {
         return Ok(Some(Ids {
             borrowed: (base.cast::<u32>(), n),
             view: Some(view),

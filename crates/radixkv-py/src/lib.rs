@@ -9,12 +9,19 @@
 //! | `ids.rs` | token ids and values from arrays, tensors and lists |
 //! | `convert.rs` | tiers (`0`, `1`, …, `"host"`) and numpy results |
 //! | `events.rs` | the residency events queued for `take_events` |
-//! | `errors.rs` | the core's errors as `radixkv.errors` exceptions; panics as `RuntimeError` |
+//! | `gate.rs` | the test gate that parks a store inside an insert (feature `test-hooks`) |
+//! | `errors.rs` | the core's errors as `radixkv.errors` exceptions; the panic guard every entry point runs in |
 //! | `gil.rs` | the GIL released around an insert, and that step's negative control |
 //! | `sglang/` | the tree under `radixkv.sglang`, SGLang's `--radix-cache-backend radixkv` |
 //!
-//! Every call that walks the tree releases the GIL; a Rust panic is caught
-//! at the boundary and raised as a `RuntimeError`.
+//! Every call that walks the tree releases the GIL. Every entry point is
+//! declared with `#[py_methods]` or `#[py_function]` (never PyO3's bare
+//! attributes), which run its body inside the panic guard: a Rust panic is
+//! caught at the boundary and raised as a `RuntimeError`.
+//!
+//! The feature `test-hooks` adds the hooks the package's own tests use
+//! (`_panic_inside`, `_panic_at_next_entry`, `_hold_next_store` and its
+//! companions, `SglangTree._break_mirror`); the released wheel has none.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -22,6 +29,8 @@ mod cache;
 mod convert;
 mod errors;
 mod events;
+#[cfg(feature = "test-hooks")]
+mod gate;
 mod gil;
 mod ids;
 mod narrow;
@@ -31,27 +40,36 @@ mod sglang;
 mod tensor;
 
 use pyo3::prelude::*;
+use radixkv_py_macros::py_function;
 
 /// The namespace of a request naming a LoRA adapter and a cache salt (the
 /// core's rule: the salt alone, or `lora:<name>` with the salt after a
 /// U+001F separator; `None` for neither).
-#[pyfunction]
+#[py_function]
 #[pyo3(signature = (lora_name=None, cache_salt=None))]
 fn namespace_for(lora_name: Option<&str>, cache_salt: Option<&str>) -> Option<String> {
     radixkv::TokenKey::namespace_for(lora_name, cache_salt)
 }
 
-/// Test hook: panics inside Rust, so that a test sees the boundary turn it
-/// into a `RuntimeError`.
-#[pyfunction]
+/// Test hook (feature `test-hooks`): panics inside Rust, so that a test
+/// sees the boundary turn it into a `RuntimeError`.
+#[cfg(feature = "test-hooks")]
+#[py_function]
 fn _panic_inside(message: &str) -> PyResult<()> {
-    let message = message.to_string();
-    errors::guarded(move || -> PyResult<()> { panic!("{message}") })
+    panic!("{message}")
 }
 
-/// Whether `tokens` would be read without a copy (a C-contiguous array of
-/// 32-bit unsigned ints).
-#[pyfunction]
+/// Test hook (feature `test-hooks`): the next call of any entry point (on
+/// any thread) panics inside its guard.
+#[cfg(feature = "test-hooks")]
+#[py_function]
+fn _panic_at_next_entry() {
+    errors::hooks::arm();
+}
+
+/// Whether `tokens` would be read without a copy (a read-only, C-contiguous
+/// array of 32-bit unsigned ints; a writable one is copied).
+#[py_function]
 fn reads_without_copy(tokens: &Bound<'_, PyAny>) -> PyResult<bool> {
     Ok(ids::ids(tokens, "tokens")?.is_borrowed())
 }
@@ -77,7 +95,11 @@ fn _radixkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sglang::SglangNode>()?;
     m.add_function(wrap_pyfunction!(namespace_for, m)?)?;
     m.add_function(wrap_pyfunction!(reads_without_copy, m)?)?;
-    m.add_function(wrap_pyfunction!(_panic_inside, m)?)?;
+    #[cfg(feature = "test-hooks")]
+    {
+        m.add_function(wrap_pyfunction!(_panic_inside, m)?)?;
+        m.add_function(wrap_pyfunction!(_panic_at_next_entry, m)?)?;
+    }
     m.add("HOST", convert::HOST)?;
     m.add("MAX_PAGE_SIZE", radixkv::cache::MAX_PAGE_SIZE)?;
     m.add("MAX_DEVICES", radixkv::cache::MAX_DEVICES)?;

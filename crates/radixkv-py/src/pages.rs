@@ -12,6 +12,7 @@ use crate::errors::{cache_error, guarded};
 use crate::ids::ids;
 use crate::results::{put_back, take_out, InsertResult};
 use pyo3::prelude::*;
+use radixkv_py_macros::py_methods;
 use std::sync::Mutex;
 
 /// Pages a caller owns (from `PagedCache.alloc`): closing (or collecting)
@@ -46,7 +47,7 @@ impl PageSpan {
     }
 }
 
-#[pymethods]
+#[py_methods]
 impl PageSpan {
     /// The page ids, in order (`numpy.uint32`).
     #[getter]
@@ -86,9 +87,9 @@ impl PageSpan {
     }
 
     #[pyo3(signature = (*_args))]
-    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
-        self.close();
-        false
+    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.close()?;
+        Ok(false)
     }
 }
 
@@ -127,7 +128,7 @@ impl Request {
     }
 }
 
-#[pymethods]
+#[py_methods]
 impl Request {
     /// Tokens whose KV comes from the cache (a multiple of the page size).
     #[getter]
@@ -238,9 +239,9 @@ impl Request {
     }
 
     #[pyo3(signature = (*_args))]
-    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
-        self.close();
-        false
+    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.close()?;
+        Ok(false)
     }
 }
 
@@ -291,7 +292,7 @@ impl PrefixCopy {
     }
 }
 
-#[pymethods]
+#[py_methods]
 impl PrefixCopy {
     /// What the copy moves.
     fn view(&self, py: Python<'_>) -> PyResult<CopyView> {
@@ -323,9 +324,9 @@ impl PrefixCopy {
     }
 
     #[pyo3(signature = (*_args))]
-    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
-        self.close();
-        false
+    fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.close()?;
+        Ok(false)
     }
 }
 
@@ -344,7 +345,7 @@ impl Evictor {
     }
 }
 
-#[pymethods]
+#[py_methods]
 impl Evictor {
     /// `(wakeups, evictions, evicted_pages)` so far.
     fn stats(&self, py: Python<'_>) -> PyResult<(u64, u64, u64)> {

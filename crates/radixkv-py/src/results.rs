@@ -5,6 +5,7 @@
 use crate::convert::{array, tier_to_py};
 use crate::errors::closed;
 use pyo3::prelude::*;
+use radixkv_py_macros::py_methods;
 use std::sync::Mutex;
 
 /// A pin on a matched prefix on one tier: while it is open, the prefix's
@@ -29,21 +30,31 @@ impl Lease {
     }
 }
 
-#[pymethods]
+impl Lease {
+    fn release(&self) {
+        let l = self.lease.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(l);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.lease
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+}
+
+#[py_methods]
 impl Lease {
     /// Releases the pin (again: nothing).
     fn close(&self) {
-        let l = self.lease.lock().unwrap_or_else(|p| p.into_inner()).take();
-        drop(l);
+        self.release();
     }
 
     /// Whether the lease was closed.
     #[getter]
     fn closed(&self) -> bool {
-        self.lease
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+        self.is_closed()
     }
 
     /// Whether the lease protects nothing (the match was empty).
@@ -68,7 +79,7 @@ impl Lease {
 
     #[pyo3(signature = (*_args))]
     fn __exit__(&self, _args: &Bound<'_, pyo3::types::PyTuple>) -> bool {
-        self.close();
+        self.release();
         false
     }
 
@@ -79,7 +90,7 @@ impl Lease {
                 radixkv::Tier::Host => "'host'".to_string(),
                 radixkv::Tier::Device(d) => d.0.to_string(),
             },
-            self.closed()
+            self.is_closed()
         )
     }
 }
@@ -90,7 +101,7 @@ pub struct NodeHandle {
     pub(crate) handle: radixkv::NodeHandle,
 }
 
-#[pymethods]
+#[py_methods]
 impl NodeHandle {
     /// Whether the match matched nothing.
     #[getter]
@@ -149,7 +160,7 @@ impl MatchResult {
     }
 }
 
-#[pymethods]
+#[py_methods]
 impl MatchResult {
     fn __repr__(&self) -> String {
         format!(
@@ -186,7 +197,7 @@ impl From<radixkv::InsertResult> for InsertResult {
     }
 }
 
-#[pymethods]
+#[py_methods]
 impl InsertResult {
     fn __repr__(&self) -> String {
         format!(
@@ -227,7 +238,7 @@ impl Evicted {
     }
 }
 
-#[pymethods]
+#[py_methods]
 impl Evicted {
     fn __repr__(&self) -> String {
         format!(
@@ -261,7 +272,7 @@ impl From<radixkv::Sizes> for Sizes {
     }
 }
 
-#[pymethods]
+#[py_methods]
 impl Sizes {
     fn __repr__(&self) -> String {
         format!(

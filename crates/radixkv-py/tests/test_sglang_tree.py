@@ -134,9 +134,101 @@ def test_bad_input_is_an_exception_naming_it_and_the_tree_stays_sound():
 
 def test_checkpoint_splits_at_the_prompt_and_returns_the_path():
     t = tree(page_size=2)
-    prefix, node, path = t.checkpoint([1, 2, 3, 4, 5, 6, 7], [10, 11, 12, 13, 14, 15], 6, None, None, 0, 0, 4)
+    prefix, node, path, delta = t.checkpoint([1, 2, 3, 4, 5, 6, 7], [10, 11, 12, 13, 14, 15], 6, None, None, 0, 0, 4)
     assert prefix == 0 and path.tolist() == [10, 11, 12, 13, 14, 15]
+    # The end node comes back locked (the caller releases its old lock).
+    assert delta == -6 and node.lock_ref == 1 and t.protected_size() == 6
+    assert t.dec_lock_ref(node) == 6
     # The prompt [1 2 3 4] ends a node of its own.
     assert [length for _, length, _ in t.outline()] == [4, 2]
     assert t.match_key(key([1, 2, 3, 4]))[1] != node
+    t.audit()
+
+
+def test_a_lock_held_below_a_node_is_not_released_from_it():
+    # Request A locks [1 2 3 4]; nobody locked [1 2] itself, so a release
+    # of [1 2] is refused (SGLang's own RadixCache would unprotect A's path).
+    t = tree()
+    t.insert_key(key([1, 2, 3, 4]), [1, 2, 3, 4], 0, 0)
+    t.insert_key(key([1, 2, 9]), [1, 2, 9], 0, 0)
+    _, a = t.match_key(key([1, 2, 3, 4]))
+    _, upper = t.match_key(key([1, 2]))
+    assert t.inc_lock_ref(a) == -4
+    assert upper.lock_ref == 1
+    with pytest.raises(errors.InvalidArgument, match="holds no lock"):
+        t.dec_lock_ref(upper)
+    assert (t.evictable_size(), t.protected_size()) == (1, 4)
+    assert t.evict(100)[0] == 1, "only the unlocked leaf goes"
+    # Two holders of one node: one release leaves the other's lock.
+    assert t.inc_lock_ref(a) == 0
+    assert t.dec_lock_ref(a) == 0
+    assert (t.evictable_size(), t.protected_size(), a.lock_ref) == (0, 4, 1)
+    assert t.dec_lock_ref(a) == 4
+    t.audit()
+
+
+def test_locks_pins_and_sizes_stay_together_under_threads():
+    # Four Python threads insert, match, lock, release and evict on one
+    # tree at once (walks release the GIL, so their calls interleave inside
+    # Rust); every value is adopted once and handed back once, the sizes
+    # never wrap, and the audit (lock counts against the core's pins and a
+    # scan of the tree) holds at the end.
+    import random
+    import threading
+
+    t = tree(page_size=2, eviction_policy="lru")
+    adopted, evicted, errors_seen = [], [], []
+    lock = threading.Lock()
+    next_value = iter(range(1, 1 << 30))
+
+    def values(n):
+        with lock:
+            return [next(next_value) for _ in range(n)]
+
+    def worker(seed):
+        rng = random.Random(seed)
+        held = []
+        try:
+            for _ in range(1500):
+                x = rng.random()
+                tokens = [rng.randint(1, 3) for _ in range(2 * rng.randint(1, 5))]
+                if x < 0.35:
+                    v = values(len(tokens))
+                    cached = t.insert_key(key(tokens), v, rng.randint(0, 2), 0)
+                    with lock:
+                        adopted.extend(v[cached:])
+                elif x < 0.6:
+                    n, node = t.match_key(key(tokens))
+                    try:
+                        t.inc_lock_ref(node)
+                        held.append(node)
+                    except errors.StaleHandle:
+                        pass  # evicted by another thread since the match
+                elif x < 0.8 and held:
+                    t.dec_lock_ref(held.pop(rng.randrange(len(held))))
+                elif x < 0.95:
+                    n, v, ends = t.evict(rng.randint(0, 6))
+                    assert n == len(v) and (not ends or ends[-1] == n)
+                    with lock:
+                        evicted.extend(v.tolist())
+                else:
+                    e, p = t.evictable_size(), t.protected_size()
+                    assert 0 <= e < 1 << 40 and 0 <= p < 1 << 40, (e, p)
+            for node in held:
+                t.dec_lock_ref(node)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors_seen.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors_seen, errors_seen
+    assert t.protected_size() == 0
+    t.audit()
+    n, v, _ = t.evict(1 << 30)
+    evicted.extend(v.tolist())
+    assert (t.evictable_size(), t.node_count()) == (0, 0)
+    assert sorted(evicted) == sorted(adopted), "a value lost or handed back twice"
     t.audit()

@@ -40,6 +40,14 @@ pub struct KvEventsConfig {
     ///
     /// [`KvEventPublisher::resolve`]: super::handle::KvEventPublisher::resolve
     pub index_blocks: bool,
+    /// How long after the start the first changes wait (default 1 s) while
+    /// the socket repeats `AllBlocksCleared` every 100 ms: a subscriber
+    /// that stayed connected across a restart reconnects only after its
+    /// reconnect interval (libzmq's default: 100 ms) and would otherwise
+    /// miss the clearing and see the new run's first stores with the old
+    /// run's state. Changes are queued meanwhile, none lost; zero sends
+    /// the first change at once.
+    pub startup_hold: Duration,
 }
 
 impl KvEventsConfig {
@@ -56,6 +64,7 @@ impl KvEventsConfig {
             max_pending: 100_000,
             max_delay: Duration::from_millis(1),
             index_blocks: false,
+            startup_hold: Duration::from_secs(1),
         }
     }
 }

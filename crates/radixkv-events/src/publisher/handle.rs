@@ -22,10 +22,14 @@ use zeromq::Socket;
 /// that kept state from an earlier run drops it), with a sequence number
 /// taken from the wall clock (microseconds since the epoch), so that it is
 /// above any earlier run's; then one batch per flush, numbered one more
-/// each. Until the first change the clearing is sent again every 100 ms,
-/// and the first batch of changes starts with it: a subscriber that stayed
-/// connected across a restart, which ZeroMQ reconnects only some time
-/// after the bind, still sees it before any other event of the new run. The host tier's pages appear on every socket with medium `CPU`.
+/// each. Until the first change is sent the clearing is sent again every
+/// 100 ms, and the first batch of changes starts with it; no change is
+/// sent before [`KvEventsConfig::startup_hold`] has passed (they wait in
+/// the queue). A subscriber that stayed connected across a restart, which
+/// ZeroMQ reconnects only after its reconnect interval, thus still sees
+/// the clearing before any other event of the new run.
+///
+/// The host tier's pages appear on every socket with medium `CPU`.
 /// A cache that is dropped (a reset: an engine replacing its cache, or
 /// shutting down) is cleared: `AllBlocksCleared` on every socket that only
 /// it published on, and on a socket it shared with another cache (private

@@ -74,19 +74,35 @@ pub(super) async fn publish_loop(
         b.finish(rank)
     };
     let _ = socket.send(send(cleared(), 1, seq)).await;
-    // Until the first change, the clearing is sent again every
-    // `ANNOUNCE_EVERY`, and the first batch of changes starts with it: a
-    // subscriber that stayed connected across a restart (ZeroMQ reconnects
-    // it some time after the bind, too late for the first message) still
-    // sees it before any other event of this run.
+    // Until the first change is sent, the clearing is sent again every
+    // `ANNOUNCE_EVERY`, and the first batch of changes starts with it; no
+    // change is sent before `startup_hold` has passed (changes wait in the
+    // queue). A subscriber that stayed connected across a restart (ZeroMQ
+    // reconnects it some time after the bind, too late for the first
+    // message) thus sees the clearing before any other event of this run.
     let mut announcing = true;
     let mut announced = std::time::Instant::now();
+    let hold_until = tokio::time::Instant::now() + cfg.startup_hold;
     let mut spare = Changes::default();
     let mut ids = Vec::new();
     let mut mem = Remembered::default();
     let mut idle = 0;
     loop {
         let closing = shared.closing.load(Ordering::SeqCst);
+        if announcing && !closing && tokio::time::Instant::now() < hold_until {
+            if announced.elapsed() >= ANNOUNCE_EVERY {
+                // Relaxed: statistics, as for every batch.
+                q.counters.queued.fetch_add(1, Ordering::Relaxed);
+                seq += 1;
+                let _ = socket.send(send(cleared(), 1, seq)).await;
+                announced = std::time::Instant::now();
+            }
+            // Until the next announcement or the hold's end, whichever is
+            // first; a shutdown ends the hold (its changes are sent).
+            let next = tokio::time::Instant::from_std(announced + ANNOUNCE_EVERY).min(hold_until);
+            let _ = tokio::time::timeout_at(next, q.notify.notified()).await;
+            continue;
+        }
         if !closing {
             // Let a burst gather into one batch, for at most max_delay.
             tokio::time::sleep(cfg.max_delay).await;

@@ -25,6 +25,18 @@ paged ones, and the ``tlru`` eviction policy.
 Token ids and slot indices are unsigned 32-bit in radixkv: a slot index
 crosses to the tree as one copy through host memory, and the path's
 indices come back as an int64 tensor moved to the allocator's device.
+
+What it holds to whatever order SGLang calls it in: a checkpoint never
+lowers what the tree protects for a request (an ``up_to`` below the
+request's ``cache_protected_len`` is refused with a ``ValueError``, before
+anything changes: SGLang's own ``RadixCache`` would hand tree-owned slots
+back to the request); no call raises after it changed the tree without its
+KV events recorded; once the tree's mirror is inconsistent every call
+raises :class:`radixkv.errors.CacheError` naming the first inconsistency
+(never a wrong size; :meth:`RadixKVCache.reset` starts afresh); a lock
+taken before a :meth:`RadixKVCache.reset` ended with it (releasing it
+changes nothing). A Rust panic surfaces as a ``RuntimeError``, which
+SGLang's ``except Exception`` catches.
 """
 
 from __future__ import annotations
@@ -52,11 +64,14 @@ from sglang.srt.mem_cache.base_prefix_cache import (
     InsertResult,
     MatchPrefixParams,
     MatchResult,
+    TreeLock,
 )
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.events import KvEventLoraNames
 from sglang.srt.mem_cache.utils import get_eviction_strategy
 
 from radixkv._radixkv import SglangNode, SglangTree
+from radixkv.errors import InvalidArgument, StaleHandle
 
 __all__ = ["RadixKVCache", "UnsupportedConfiguration", "factory", "BACKEND_NAME"]
 
@@ -111,8 +126,14 @@ class RadixKVCache(BasePrefixCache):
         )
         self._events_on = bool(params.enable_kv_cache_events) and not self.disable
         self._dynamo_format = bool(params.dynamo_kv_event_format)
-        self._lora_names = params.kv_event_lora_names
+        # None (RadixCache.create_simulated's default) is an empty table,
+        # as SGLang's own event recorder takes it.
+        names = params.kv_event_lora_names
+        self._lora_names = names if names is not None else KvEventLoraNames()
         self._queue: list = []
+        # The trees a reset replaced (by id): a lock on one of their nodes
+        # ended with it.
+        self._retired: set[int] = set()
         if params.enable_metrics:
             self.init_metrics_collector()
         allocator = self.token_to_kv_pool_allocator
@@ -123,9 +144,13 @@ class RadixKVCache(BasePrefixCache):
     # -- construction and state ------------------------------------------------
 
     def reset(self) -> None:
-        """An empty tree (handles of the old one are refused from now on);
-        frees no slot (SGLang's scheduler clears the pools itself). Records
+        """An empty tree (handles of the old one are refused from now on,
+        but for releasing a lock, which ended with the old tree); frees no
+        slot (SGLang's scheduler clears the pools itself). Records
         ``AllBlocksCleared``."""
+        old = getattr(self, "_tree", None)
+        if old is not None:
+            self._retired.add(old.id)
         self._tree = SglangTree(
             page_size=self.page_size,
             eviction_policy="lru" if self.disable else self.eviction_policy,
@@ -175,7 +200,7 @@ class RadixKVCache(BasePrefixCache):
         if value is None:
             # SGLang's debug fallback: the token ids as values.
             value = key.token_ids
-        prefix_len = self._tree.insert_key(key, value, params.priority or 0, params.inserted_len)
+        prefix_len = self._tree.insert_key(key, value, params.priority or 0, params.inserted_len or 0)
         if self._events_on:
             self._drain()
         return InsertResult(prefix_len=prefix_len)
@@ -183,7 +208,14 @@ class RadixKVCache(BasePrefixCache):
     def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
         """Caches the request's KV up to row position ``up_to`` (page-aligned),
         points its row at the tree's slots, frees its duplicates and moves its
-        lock to the new end node (SGLang's ``RadixCache.checkpoint``)."""
+        lock to the new end node (SGLang's ``RadixCache.checkpoint``).
+
+        Refused with :class:`radixkv.errors.InvalidArgument` (a
+        ``ValueError``), before anything changes: an ``up_to`` below the
+        request's ``cache_protected_len`` (the tree already owns those
+        slots; SGLang's scheduler never asks it), and one past the slots the
+        request holds (``kv_allocated_len``).
+        """
         if self.disable:
             return
         kv = req.kv
@@ -191,9 +223,24 @@ class RadixKVCache(BasePrefixCache):
             raise _refuse("sliding-window eviction floors (a hybrid SWA request)")
         ids = req.full_untruncated_fill_ids
         key_len = min(len(ids), up_to) // self.page_size * self.page_size
+        cpl = kv.cache_protected_len
+        if key_len < cpl:
+            raise InvalidArgument(
+                f"checkpoint(up_to={up_to}) of request {req.rid!r}: the key's {key_len} tokens "
+                f"(whole pages of at most {len(ids)} ids) are below its cache_protected_len={cpl}; "
+                "a checkpoint never lowers what the tree protects"
+            )
+        if key_len > kv.kv_allocated_len:
+            raise InvalidArgument(
+                f"checkpoint(up_to={up_to}) of request {req.rid!r}: the key's {key_len} tokens "
+                f"pass the {kv.kv_allocated_len} positions it holds KV slots for (kv_allocated_len)"
+            )
+        allocator = self._allocator("checkpoint")
         row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
         priority = req.priority or 0
-        prefix_len, node, path = self._tree.checkpoint(
+        # The tree's part, in one call, ends with the new end node locked:
+        # no other thread's eviction can take it before the lock.
+        prefix_len, node, path, delta = self._tree.checkpoint(
             ids,
             row[:key_len],
             key_len,
@@ -203,17 +250,21 @@ class RadixKVCache(BasePrefixCache):
             kv.cache_inserted_len,
             len(req.origin_input_ids),
         )
-        kv.cache_inserted_len = max(kv.cache_inserted_len, key_len)
-        cpl = kv.cache_protected_len
-        self.token_to_kv_pool_allocator.free_segment(row[cpl:prefix_len], start_pos=cpl)
+        # The tree changed: its events first, and the new lock recorded on
+        # the request, so that nothing below can lose either.
         if self._events_on:
             self._drain()
-        new_indices = self._on_device(path)
-        self.req_to_token_pool.write((kv.req_pool_idx, slice(cpl, len(new_indices))), new_indices[cpl:])
-        kv.cache_protected_len = len(new_indices)
-        self.unlock(req.lock)
-        req.lock = self.lock(node)
+        old_lock = req.lock
+        req.lock = TreeLock(node, IncLockRefResult(delta=delta).to_dec_params())
         req.last_node = node
+        kv.cache_inserted_len = max(kv.cache_inserted_len, key_len)
+        try:
+            allocator.free_segment(row[cpl:prefix_len], start_pos=cpl)
+            new_indices = self._on_device(path)
+            self.req_to_token_pool.write((kv.req_pool_idx, slice(cpl, len(new_indices))), new_indices[cpl:])
+            kv.cache_protected_len = len(new_indices)
+        finally:
+            self.unlock(old_lock)
 
     # -- eviction ----------------------------------------------------------------
 
@@ -224,16 +275,16 @@ class RadixKVCache(BasePrefixCache):
         if self.disable:
             return EvictResult()
         start = time.perf_counter()
+        free_segment = self._allocator("evict").free_segment
         tokens, values, ends = self._tree.evict(max(params.num_tokens, 0))
         if tokens:
+            if self._events_on:
+                self._drain()
             slots = self._on_device(values)
-            free_segment = self.token_to_kv_pool_allocator.free_segment
             begin = 0
             for end in ends:
                 free_segment(slots[begin:end], start_pos=0)
                 begin = end
-            if self._events_on:
-                self._drain()
         self.update_eviction_metrics(tokens, start)
         return EvictResult(num_tokens_evicted=tokens)
 
@@ -244,12 +295,17 @@ class RadixKVCache(BasePrefixCache):
         the change of the evictable size (≤ 0)."""
         if self.disable:
             return IncLockRefResult(delta=0)
+        if getattr(node, "tree_id", None) in self._retired:
+            raise StaleHandle(f"{node!r} belongs to a tree that reset() replaced")
         return IncLockRefResult(delta=self._tree.inc_lock_ref(node))
 
     def dec_lock_ref(self, node: Any, params: Optional[DecLockRefParams] = None) -> DecLockRefResult:
         """Releases one lock of ``node``; ``delta`` (≥ 0) is the change of the
-        evictable size."""
+        evictable size. A lock taken before :meth:`reset` ended with the old
+        tree: releasing it changes nothing (``delta`` 0)."""
         if self.disable:
+            return DecLockRefResult(delta=0)
+        if getattr(node, "tree_id", None) in self._retired:
             return DecLockRefResult(delta=0)
         return DecLockRefResult(delta=self._tree.dec_lock_ref(node))
 
@@ -258,8 +314,9 @@ class RadixKVCache(BasePrefixCache):
     def path_device_indices(self, node: Any) -> torch.Tensor:
         """The slots of the path from the root to ``node``: a contiguous int64
         tensor on the allocator's device."""
-        if node is self.root_node or self.disable:
+        if self.disable:
             return self._empty_device_indices
+        # The root too: the tree answers it (empty), or raises once broken.
         return self._on_device(self._tree.path_values(node))
 
     def evictable_size(self) -> int:
@@ -370,6 +427,18 @@ class RadixKVCache(BasePrefixCache):
         self._queue.append(event)
 
     # -- helpers ------------------------------------------------------------------------
+
+    def _allocator(self, call: str) -> Any:
+        """The KV allocator, which ``call`` frees slots to (checked before
+        the tree changes: ``RadixCache.create_simulated`` builds a cache
+        without one)."""
+        allocator = self.token_to_kv_pool_allocator
+        if allocator is None:
+            raise InvalidArgument(
+                f"{call}: this cache has no token_to_kv_pool_allocator to free slots to "
+                "(built without one, as RadixCache.create_simulated does without mock_allocator)"
+            )
+        return allocator
 
     def _on_device(self, values: Any) -> torch.Tensor:
         """An int64 numpy array of slots as a tensor on the allocator's device."""

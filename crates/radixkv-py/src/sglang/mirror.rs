@@ -17,9 +17,22 @@
 //! the node, a split before the new prefix node's events, a child's
 //! removal before its parent's), so the mirror always finds the parent of
 //! a store and the node of a split or removal.
+//!
+//! The locks SGLang takes live here too: a node's lock count, the core pin
+//! (`Lease`) behind each of its own locks, and the sizes change together,
+//! under the mirror's one mutex ([`Shape::lock`], [`Shape::unlock`]).
+//!
+//! Nothing here panics or wraps: every counter changes by checked
+//! arithmetic, chosen by the node's lock state. The first change that
+//! would break an invariant (a store under an unknown parent, a locked
+//! node evicted, a split past a node's end, a counter out of range) leaves
+//! the counters as they were and marks the mirror broken; from then on
+//! [`Shape::usable`] names that first inconsistency, and the backend
+//! raises it from every call instead of answering with a wrong size.
 
 use crate::sglang::hash::{chain, salt_seed, Digest};
 use radixkv::events::{CacheListener, PageEvent, SplitEvent};
+use radixkv::Lease;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -150,8 +163,11 @@ impl Node {
 pub(crate) enum LockRefused {
     /// The node is not in the tree (evicted).
     Gone,
-    /// An unlock of a node that holds no lock.
+    /// An unlock of a node that holds no lock of its own (its count is
+    /// only its descendants').
     NotLocked,
+    /// The mirror is broken: the first inconsistency.
+    Broken(String),
 }
 
 /// The mirror's state (behind [`Mirror`]'s mutex).
@@ -165,8 +181,11 @@ pub(crate) struct Shape {
     events: bool,
     namespaces: HashMap<Option<String>, Arc<Namespace>>,
     raw: Vec<RawEvent>,
-    /// Set when an event broke an invariant (a store below an unknown
-    /// parent, …): `audit` reports it.
+    /// The core pins behind the locks, by node: one per lock taken on the
+    /// node itself (not below it).
+    leases: HashMap<u64, Vec<Lease>>,
+    /// The first inconsistency (a store below an unknown parent, a locked
+    /// node evicted, a counter out of range, …): every call raises it.
     broken: Option<String>,
 }
 
@@ -190,52 +209,173 @@ impl Shape {
         self.protected
     }
 
-    /// Locks the path root → `id`: the change of the evictable size (≤ 0).
-    pub(crate) fn lock(&mut self, id: u64) -> Result<i64, LockRefused> {
+    /// `Ok` while the mirror is consistent; otherwise its first
+    /// inconsistency.
+    pub(crate) fn usable(&self) -> Result<(), String> {
+        match &self.broken {
+            None => Ok(()),
+            Some(b) => Err(b.clone()),
+        }
+    }
+
+    /// Marks the mirror broken (the first inconsistency is kept).
+    fn corrupt(&mut self, what: impl FnOnce() -> String) {
+        if self.broken.is_none() {
+            self.broken = Some(what());
+        }
+    }
+
+    /// The nodes root → `id` (`id` first), if every one is in the tree.
+    fn path(&self, id: u64) -> Option<Vec<u64>> {
+        let mut path = Vec::new();
+        let mut cur = id;
+        while cur != ROOT {
+            path.push(cur);
+            cur = self.nodes.get(&cur)?.parent;
+            if path.len() > self.nodes.len() {
+                return None;
+            }
+        }
+        Some(path)
+    }
+
+    /// Whether `id` can take a lock now: `Gone` if it is not in the tree.
+    /// Checked before the core pin is taken, so that a refused lock leaves
+    /// no pin behind.
+    pub(crate) fn lockable(&self, id: u64) -> Result<(), LockRefused> {
+        self.usable().map_err(LockRefused::Broken)?;
+        if id != ROOT && !self.nodes.contains_key(&id) {
+            return Err(LockRefused::Gone);
+        }
+        Ok(())
+    }
+
+    /// Locks the path root → `id` with `lease` (the core pin behind the
+    /// lock, kept until the matching [`unlock`](Self::unlock)): the change
+    /// of the evictable size (≤ 0). The root takes no lock (its lease is
+    /// empty and dropped).
+    pub(crate) fn lock(&mut self, id: u64, lease: Lease) -> Result<i64, LockRefused> {
+        self.lockable(id)?;
         if id == ROOT {
             return Ok(0);
+        }
+        let Some(path) = self.path(id) else {
+            self.corrupt(|| format!("lock of node {id}: its path to the root is broken"));
+            return Err(LockRefused::Broken(self.usable().err().unwrap_or_default()));
+        };
+        // Checked first, applied after: a refused lock changes nothing.
+        let mut moved = 0usize;
+        for &n in &path {
+            let node = &self.nodes[&n];
+            if node.lock_ref == u64::MAX {
+                return Err(
+                    self.refuse(format!("lock of node {id}: node {n} holds 2^64 - 1 locks"))
+                );
+            }
+            if node.lock_ref == 0 {
+                moved = match moved.checked_add(node.len) {
+                    Some(m) => m,
+                    None => {
+                        return Err(self.refuse(format!(
+                            "lock of node {id}: its path holds over 2^64 tokens"
+                        )))
+                    }
+                };
+            }
+        }
+        let (Some(evictable), Some(protected), Ok(delta)) = (
+            self.evictable.checked_sub(moved),
+            self.protected.checked_add(moved),
+            i64::try_from(moved),
+        ) else {
+            return Err(self.refuse(format!(
+                "lock of node {id}: {moved} tokens to protect, but evictable {} protected {}",
+                self.evictable, self.protected
+            )));
+        };
+        for n in &path {
+            if let Some(node) = self.nodes.get_mut(n) {
+                node.lock_ref += 1;
+            }
+        }
+        (self.evictable, self.protected) = (evictable, protected);
+        self.leases.entry(id).or_default().push(lease);
+        Ok(-delta)
+    }
+
+    /// Releases one lock of `id` (root → `id`): the change of the evictable
+    /// size (≥ 0) and the lock's lease, for the caller to drop (the core
+    /// unpin) before it lets the mirror go.
+    pub(crate) fn unlock(&mut self, id: u64) -> Result<(i64, Option<Lease>), LockRefused> {
+        self.usable().map_err(LockRefused::Broken)?;
+        if id == ROOT {
+            return Ok((0, None));
         }
         if !self.nodes.contains_key(&id) {
             return Err(LockRefused::Gone);
         }
-        let mut delta = 0i64;
-        let mut cur = id;
-        while cur != ROOT {
-            let n = self.nodes.get_mut(&cur).ok_or(LockRefused::Gone)?;
-            if n.lock_ref == 0 {
-                self.evictable -= n.len;
-                self.protected += n.len;
-                delta -= n.len as i64;
-            }
-            n.lock_ref += 1;
-            cur = n.parent;
+        if self.leases.get(&id).is_none_or(Vec::is_empty) {
+            return Err(LockRefused::NotLocked);
         }
-        Ok(delta)
+        let Some(path) = self.path(id) else {
+            self.corrupt(|| format!("unlock of node {id}: its path to the root is broken"));
+            return Err(LockRefused::Broken(self.usable().err().unwrap_or_default()));
+        };
+        let mut moved = 0usize;
+        for &n in &path {
+            let node = &self.nodes[&n];
+            match node.lock_ref {
+                0 => {
+                    return Err(self.refuse(format!(
+                        "unlock of node {id}: node {n} on its path holds no lock"
+                    )))
+                }
+                1 => {
+                    moved = match moved.checked_add(node.len) {
+                        Some(m) => m,
+                        None => {
+                            return Err(self.refuse(format!(
+                                "unlock of node {id}: its path holds over 2^64 tokens"
+                            )))
+                        }
+                    };
+                }
+                _ => {}
+            }
+        }
+        let (Some(evictable), Some(protected), Ok(delta)) = (
+            self.evictable.checked_add(moved),
+            self.protected.checked_sub(moved),
+            i64::try_from(moved),
+        ) else {
+            return Err(self.refuse(format!(
+                "unlock of node {id}: {moved} tokens to release, but evictable {} protected {}",
+                self.evictable, self.protected
+            )));
+        };
+        for n in &path {
+            if let Some(node) = self.nodes.get_mut(n) {
+                node.lock_ref -= 1;
+            }
+        }
+        (self.evictable, self.protected) = (evictable, protected);
+        let lease = self.leases.get_mut(&id).and_then(Vec::pop);
+        if self.leases.get(&id).is_some_and(Vec::is_empty) {
+            self.leases.remove(&id);
+        }
+        Ok((delta, lease))
     }
 
-    /// Unlocks the path root → `id`: the change of the evictable size (≥ 0).
-    pub(crate) fn unlock(&mut self, id: u64) -> Result<i64, LockRefused> {
-        if id == ROOT {
-            return Ok(0);
-        }
-        match self.nodes.get(&id) {
-            None => return Err(LockRefused::Gone),
-            Some(n) if n.lock_ref == 0 => return Err(LockRefused::NotLocked),
-            Some(_) => {}
-        }
-        let mut delta = 0i64;
-        let mut cur = id;
-        while cur != ROOT {
-            let n = self.nodes.get_mut(&cur).ok_or(LockRefused::Gone)?;
-            n.lock_ref -= 1;
-            if n.lock_ref == 0 {
-                self.protected -= n.len;
-                self.evictable += n.len;
-                delta += n.len as i64;
-            }
-            cur = n.parent;
-        }
-        Ok(delta)
+    /// Marks the mirror broken with `what` and returns the refusal.
+    fn refuse(&mut self, what: String) -> LockRefused {
+        self.corrupt(|| what);
+        LockRefused::Broken(self.usable().err().unwrap_or_default())
+    }
+
+    /// Test hook: breaks the mirror with `what`.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn break_with(&mut self, what: String) {
+        self.corrupt(|| what);
     }
 
     /// The lock count of `id` (`None` if it is not in the tree).
@@ -361,6 +501,16 @@ impl Shape {
                     n.lock_ref
                 ));
             }
+            let own = self.leases.get(&id).map_or(0, Vec::len) as u64;
+            if n.lock_ref - below != own {
+                return Some(format!(
+                    "node {id}: {} locks of its own, {own} pins behind them",
+                    n.lock_ref - below
+                ));
+            }
+        }
+        if let Some(id) = self.leases.keys().find(|id| !self.nodes.contains_key(id)) {
+            return Some(format!("pins held for node {id}, which is not in the tree"));
         }
         if (evictable, protected) != (self.evictable, self.protected) {
             return Some(format!(
@@ -376,10 +526,7 @@ impl Shape {
         None
     }
 
-    fn namespace_of(&mut self, e: &PageEvent<'_>) -> Arc<Namespace> {
-        let ns = e
-            .location()
-            .and_then(|l| l.namespace.map(|n| n.into_owned()));
+    fn namespace_of(&mut self, ns: Option<String>) -> Arc<Namespace> {
         if let Some(n) = self.namespaces.get(&ns) {
             return Arc::clone(n);
         }
@@ -396,23 +543,56 @@ impl Shape {
         n
     }
 
+    /// A store event (the namespace is read only for a path's first node).
     fn stored(&mut self, e: &PageEvent<'_>) {
         let parent = if e.at_root { ROOT } else { e.parent };
-        let len = e.pages().len();
+        self.store(e.node, parent, e.pages(), || {
+            e.location()
+                .and_then(|l| l.namespace.map(|n| n.into_owned()))
+        });
+    }
+
+    /// Node `node_id` of `pages` became resident below `parent` (`ROOT`
+    /// for a namespace root); `namespace` gives the core's namespace.
+    fn store(
+        &mut self,
+        node_id: u64,
+        parent: u64,
+        pages: &[u32],
+        namespace: impl FnOnce() -> Option<String>,
+    ) {
+        if self.broken.is_some() {
+            return;
+        }
+        let len = pages.len();
+        if self.nodes.contains_key(&node_id) {
+            return self.corrupt(|| format!("node {node_id}: stored twice"));
+        }
+        if !self.nodes.contains_key(&parent) {
+            return self.corrupt(|| format!("node {node_id}: stored below unknown node {parent}"));
+        }
+        let (Some(evictable), Some(next_slot)) = (
+            self.evictable.checked_add(len),
+            self.next_slot.checked_add(1),
+        ) else {
+            return self.corrupt(|| format!("node {node_id}: the evictable size overflows"));
+        };
         let slot = self.next_slot;
-        self.next_slot += 1;
         let mut node = Node::new(parent, len, slot);
         if self.events {
             let ns = match self.nodes.get(&parent) {
                 Some(p) if parent != ROOT => p.ns.clone(),
                 _ => None,
             };
-            let ns = ns.unwrap_or_else(|| self.namespace_of(e));
+            let ns = match ns {
+                Some(ns) => ns,
+                None => self.namespace_of(namespace()),
+            };
             let prior = match self.nodes.get(&parent) {
                 Some(p) if parent != ROOT => p.digests.last().copied(),
                 _ => ns.cache_salt.as_deref().map(salt_seed),
             };
-            node.digests = chain(prior.as_ref(), e.pages(), self.page_size);
+            node.digests = chain(prior.as_ref(), pages, self.page_size);
             self.raw.push(RawEvent::Stored {
                 ns: Arc::clone(&ns),
                 parent: match self.nodes.get(&parent) {
@@ -426,66 +606,99 @@ impl Shape {
                     .iter()
                     .map(crate::sglang::hash::block_hash)
                     .collect(),
-                tokens: e.pages().to_vec(),
+                tokens: pages.to_vec(),
             });
             node.ns = Some(ns);
         }
-        match self.nodes.get_mut(&parent) {
-            Some(p) => {
-                p.children.insert(slot, e.node);
-            }
-            None => {
-                self.broken.get_or_insert_with(|| {
-                    format!("node {}: stored below unknown node {parent}", e.node)
-                });
-            }
+        if let Some(p) = self.nodes.get_mut(&parent) {
+            p.children.insert(slot, node_id);
         }
-        self.evictable += len;
-        self.nodes.insert(e.node, node);
+        (self.evictable, self.next_slot) = (evictable, next_slot);
+        self.nodes.insert(node_id, node);
     }
 
     fn split(&mut self, e: &SplitEvent) {
+        if self.broken.is_some() {
+            return;
+        }
+        let ps = self.page_size.max(1);
+        let Some(n) = self.nodes.get(&e.node) else {
+            return self.corrupt(|| format!("split of unknown node {}", e.node));
+        };
+        if e.moved == 0 || e.moved >= n.len || !e.moved.is_multiple_of(ps) {
+            let len = n.len;
+            return self.corrupt(|| {
+                format!(
+                    "split of node {} ({len} tokens) after {} tokens",
+                    e.node, e.moved
+                )
+            });
+        }
+        if self.nodes.contains_key(&e.prefix) {
+            return self.corrupt(|| format!("split of node {}: node {} exists", e.node, e.prefix));
+        }
+        let Some(next_slot) = self.next_slot.checked_add(1) else {
+            return self.corrupt(|| "the node slots ran out".into());
+        };
+        let slot = self.next_slot;
         let Some(n) = self.nodes.get_mut(&e.node) else {
-            self.broken
-                .get_or_insert_with(|| format!("split of unknown node {}", e.node));
             return;
         };
-        let pages = e.moved / self.page_size.max(1);
+        let pages = e.moved / ps;
         let upper_digests: Vec<Digest> = n.digests.drain(..pages.min(n.digests.len())).collect();
         let mut upper = Node::new(n.parent, e.moved, n.slot);
         upper.lock_ref = n.lock_ref;
         upper.ns = n.ns.clone();
         upper.digests = upper_digests;
+        // Checked above: `moved < len`. The total, and so both sizes, stay.
         n.len -= e.moved;
         n.parent = e.prefix;
-        n.slot = self.next_slot;
-        self.next_slot += 1;
-        upper.children.insert(n.slot, e.node);
+        n.slot = slot;
+        self.next_slot = next_slot;
+        upper.children.insert(slot, e.node);
         if let Some(p) = self.nodes.get_mut(&upper.parent) {
             p.children.insert(upper.slot, e.prefix);
         }
         self.nodes.insert(e.prefix, upper);
     }
 
-    fn removed(&mut self, e: &PageEvent<'_>) {
-        let Some(n) = self.nodes.remove(&e.node) else {
-            self.broken
-                .get_or_insert_with(|| format!("removal of unknown node {}", e.node));
+    /// Node `node` left the tree (evicted).
+    fn removed(&mut self, node: u64) {
+        if self.broken.is_some() {
             return;
+        }
+        let Some(n) = self.nodes.remove(&node) else {
+            return self.corrupt(|| format!("removal of unknown node {}", node));
         };
+        if let Some(p) = self.nodes.get_mut(&n.parent) {
+            p.children.remove(&n.slot);
+        }
+        // The size the node was counted in.
+        let (counter, other) = if n.lock_ref == 0 {
+            (self.evictable.checked_sub(n.len), self.protected)
+        } else {
+            (self.protected.checked_sub(n.len), self.evictable)
+        };
+        match counter {
+            Some(left) if n.lock_ref == 0 => (self.evictable, self.protected) = (left, other),
+            Some(left) => (self.evictable, self.protected) = (other, left),
+            None => {
+                let what = format!(
+                    "node {} ({} tokens) evicted, but only {} evictable and {} protected",
+                    node, n.len, self.evictable, self.protected
+                );
+                return self.corrupt(|| what);
+            }
+        }
         if n.lock_ref != 0 || !n.children.is_empty() {
-            self.broken.get_or_insert_with(|| {
+            return self.corrupt(|| {
                 format!(
                     "node {} evicted with {} locks and {} children",
-                    e.node,
+                    node,
                     n.lock_ref,
                     n.children.len()
                 )
             });
-        }
-        self.evictable -= n.len;
-        if let Some(p) = self.nodes.get_mut(&n.parent) {
-            p.children.remove(&n.slot);
         }
         if self.events {
             if let Some(ns) = n.ns {
@@ -521,12 +734,13 @@ impl Mirror {
             events,
             namespaces: HashMap::new(),
             raw: Vec::new(),
+            leases: HashMap::new(),
             broken: None,
         }))
     }
 
     /// The state, locked (a panic elsewhere while it was held does not
-    /// make it unreadable: every change completes before it can panic).
+    /// make it unreadable: no change here panics midway).
     pub(crate) fn shape(&self) -> MutexGuard<'_, Shape> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -538,7 +752,7 @@ impl CacheListener for Mirror {
     }
 
     fn removed(&self, event: &PageEvent<'_>) {
-        self.shape().removed(event);
+        self.shape().removed(event.node);
     }
 
     fn split(&self, event: &SplitEvent) {
@@ -549,6 +763,147 @@ impl CacheListener for Mirror {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use radixkv::{DeviceId, RadixCache, TokenKey};
+
+    fn empty(page_size: usize) -> Shape {
+        Mirror::new(page_size, false)
+            .0
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn split(node: u64, prefix: u64, moved: usize) -> SplitEvent {
+        SplitEvent {
+            tier: DeviceId(0).into(),
+            node,
+            prefix,
+            moved,
+        }
+    }
+
+    #[test]
+    fn a_locked_node_evicted_breaks_the_mirror_and_wraps_no_counter() {
+        let mut s = empty(1);
+        s.store(1, ROOT, &[1, 2, 3], || None);
+        // Counted as a lock counts it, without the core pin behind it.
+        s.nodes.get_mut(&1).unwrap().lock_ref = 1;
+        (s.evictable, s.protected) = (0, 3);
+        s.removed(1);
+        let why = s.usable().unwrap_err();
+        assert!(why.contains("node 1 evicted with 1 locks"), "{why}");
+        assert_eq!(
+            (s.evictable, s.protected),
+            (0, 0),
+            "taken from the size it was counted in"
+        );
+        // Every later change is ignored, and the first cause stays.
+        s.store(2, ROOT, &[4], || None);
+        s.removed(7);
+        assert_eq!(s.usable().unwrap_err(), why);
+        assert_eq!(s.lockable(1), Err(LockRefused::Broken(why.clone())));
+        assert_eq!(s.unlock(1).map(|(d, _)| d), Err(LockRefused::Broken(why)));
+    }
+
+    #[test]
+    fn a_split_past_the_node_breaks_the_mirror_and_wraps_no_length() {
+        let mut s = empty(2);
+        s.store(1, ROOT, &[1, 2, 3, 4], || None);
+        s.split(&split(1, 2, 6));
+        let why = s.usable().unwrap_err();
+        assert!(
+            why.contains("split of node 1 (4 tokens) after 6 tokens"),
+            "{why}"
+        );
+        assert_eq!(s.nodes[&1].len, 4);
+        assert_eq!(s.evictable, 4);
+
+        let mut s = empty(2);
+        s.store(1, ROOT, &[1, 2, 3, 4], || None);
+        s.split(&split(1, 2, 1));
+        assert!(
+            s.usable().unwrap_err().contains("after 1 tokens"),
+            "not a page"
+        );
+        let mut s = empty(2);
+        s.split(&split(9, 2, 2));
+        assert!(s.usable().unwrap_err().contains("split of unknown node 9"));
+    }
+
+    #[test]
+    fn a_store_below_an_unknown_parent_or_twice_breaks_the_mirror() {
+        let mut s = empty(1);
+        s.store(1, 5, &[1], || None);
+        assert!(s.usable().unwrap_err().contains("below unknown node 5"));
+        let mut s = empty(1);
+        s.store(1, ROOT, &[1], || None);
+        s.store(1, ROOT, &[1], || None);
+        assert!(s.usable().unwrap_err().contains("stored twice"));
+        assert_eq!(s.evictable, 1);
+    }
+
+    #[test]
+    fn a_removal_past_the_evictable_size_breaks_the_mirror() {
+        let mut s = empty(1);
+        s.store(1, ROOT, &[1, 2], || None);
+        s.evictable = 1;
+        s.removed(1);
+        assert!(s.usable().unwrap_err().contains("only 1 evictable"));
+        assert_eq!(s.evictable, 1);
+    }
+
+    #[test]
+    fn a_lock_its_pin_and_the_sizes_move_together() {
+        let mirror = Arc::new(Mirror::new(1, false));
+        let cache = RadixCache::builder()
+            .devices(1)
+            .listener(Arc::clone(&mirror) as Arc<dyn CacheListener>)
+            .build()
+            .unwrap();
+        let dev = DeviceId(0);
+        cache
+            .insert(TokenKey::new(&[1, 2, 3]), dev, &[7, 8, 9], 0)
+            .unwrap();
+        cache
+            .insert(TokenKey::new(&[1, 2, 4]), dev, &[7, 8, 5], 0)
+            .unwrap();
+        let m = cache.match_prefix(TokenKey::new(&[1, 2, 3]), dev).unwrap();
+        let id = m.handle.id().unwrap();
+        let mut s = mirror.shape();
+        assert_eq!((s.evictable, s.protected), (4, 0));
+        assert_eq!(s.lock(id, cache.pin(&m.handle).unwrap()), Ok(-3));
+        assert_eq!(s.lock(id, cache.pin(&m.handle).unwrap()), Ok(0));
+        assert_eq!((s.evictable, s.protected), (1, 3));
+        assert_eq!(s.check(4), None);
+        assert_eq!(s.leases[&id].len(), 2);
+        drop(s);
+        // Pinned: the core keeps the path; only the other leaf goes.
+        assert_eq!(cache.evict(dev, 10).unwrap().tokens, 1);
+        let mut s = mirror.shape();
+        let (delta, lease) = s.unlock(id).unwrap();
+        assert_eq!((delta, lease.is_some()), (0, true));
+        drop(lease);
+        let (delta, lease) = s.unlock(id).unwrap();
+        assert_eq!((delta, lease.is_some()), (3, true));
+        drop(lease);
+        assert_eq!(s.unlock(id).map(|(d, _)| d), Err(LockRefused::NotLocked));
+        assert_eq!(s.check(3), None);
+        drop(s);
+        assert_eq!(cache.evict(dev, 10).unwrap().tokens, 3);
+        let s = mirror.shape();
+        assert_eq!(s.usable(), Ok(()));
+        assert_eq!((s.evictable, s.protected, s.node_count()), (0, 0, 0));
+        assert_eq!(s.lockable(id), Err(LockRefused::Gone));
+    }
+
+    #[test]
+    fn a_lock_with_no_pin_behind_it_fails_the_check() {
+        let mut s = empty(1);
+        s.store(1, ROOT, &[1], || None);
+        s.nodes.get_mut(&1).unwrap().lock_ref = 1;
+        (s.evictable, s.protected) = (0, 1);
+        let why = s.check(1).unwrap();
+        assert!(why.contains("1 locks of its own, 0 pins"), "{why}");
+    }
 
     #[test]
     fn namespaces_encode_injectively_and_decode_back() {

@@ -1,18 +1,22 @@
 //! `SglangTree` and `SglangNode`: the tree under `radixkv.sglang`'s
 //! backend, with the operations SGLang's `RadixCache` performs, each one
 //! call (GIL released while the tree is walked).
+//!
+//! Every call first asks the mirror whether it is consistent: once it is
+//! not, each raises `radixkv.errors.CacheError` naming the first
+//! inconsistency, and no size is answered.
 
 use crate::convert::array_i64;
-use crate::errors::{cache_error, failed, guarded, invalid};
+use crate::errors::{cache_error, failed, invalid};
 use crate::ids::{ids, Ids};
-use crate::sglang::mirror::{LockRefused, Mirror, Namespace, RawEvent, ROOT};
+use crate::sglang::mirror::{LockRefused, Mirror, Namespace, RawEvent, Shape, ROOT};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
-use radixkv::{CacheError, ClockKind, DeviceId, EvictionPolicy, HitCounts, Lease, TokenKey};
-use std::collections::HashMap;
+use radixkv::{CacheError, ClockKind, DeviceId, EvictionPolicy, HitCounts, TokenKey};
+use radixkv_py_macros::py_methods;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, MutexGuard};
 
 /// The one device of an SGLang scheduler's tree.
 const DEVICE: DeviceId = DeviceId(0);
@@ -32,12 +36,18 @@ pub struct SglangNode {
     mirror: Arc<Mirror>,
 }
 
-#[pymethods]
+#[py_methods]
 impl SglangNode {
     /// The node's id (unique for its tree's life).
     #[getter]
     fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The id of the tree the node belongs to (`SglangTree.id`).
+    #[getter]
+    fn tree_id(&self) -> u64 {
+        self.tree
     }
 
     /// Whether this is the root (an empty match).
@@ -47,10 +57,11 @@ impl SglangNode {
     }
 
     /// Locks held on this node or below it (the root: 1, as in SGLang);
-    /// `None` once the node left the tree.
+    /// `None` once the node left the tree. Raises `CacheError` once the
+    /// tree's mirror is inconsistent.
     #[getter]
-    fn lock_ref(&self) -> Option<u64> {
-        self.mirror.shape().lock_ref(self.id)
+    fn lock_ref(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+        Ok(usable(py, &self.mirror)?.lock_ref(self.id))
     }
 
     fn __hash__(&self) -> u64 {
@@ -82,8 +93,24 @@ pub struct SglangTree {
     mirror: Arc<Mirror>,
     root: Py<SglangNode>,
     page_size: usize,
-    /// The core pins behind the locks, by node.
-    held: Mutex<HashMap<u64, Vec<Lease>>>,
+}
+
+/// The mirror's state, locked, if it is consistent; otherwise the
+/// `CacheError` naming its first inconsistency.
+fn usable<'m>(py: Python<'_>, mirror: &'m Mirror) -> PyResult<MutexGuard<'m, Shape>> {
+    let shape = mirror.shape();
+    match shape.usable() {
+        Ok(()) => Ok(shape),
+        Err(what) => Err(broken(py, &what)),
+    }
+}
+
+/// The error every call raises once the mirror is inconsistent.
+fn broken(py: Python<'_>, what: &str) -> PyErr {
+    failed(
+        py,
+        format!("radixkv's SGLang tree is inconsistent and refuses every call (reset() starts a new one): {what}"),
+    )
 }
 
 /// A key SGLang passes (a `RadixKey`): its ids up to its limit, floored
@@ -121,6 +148,17 @@ impl SgKey {
 }
 
 impl SglangTree {
+    /// The mirror, locked, if it is consistent (see [`usable`]).
+    fn state(&self, py: Python<'_>) -> PyResult<MutexGuard<'_, Shape>> {
+        usable(py, &self.mirror)
+    }
+
+    /// Raises if the mirror is inconsistent (before a call, and after a
+    /// call that changed the tree).
+    fn check_usable(&self, py: Python<'_>) -> PyResult<()> {
+        self.state(py).map(drop)
+    }
+
     fn node(&self, py: Python<'_>, handle: radixkv::NodeHandle) -> PyResult<Py<SglangNode>> {
         match handle.id() {
             None => Ok(self.root.clone_ref(py)),
@@ -143,13 +181,9 @@ impl SglangTree {
         }
         Ok(node)
     }
-
-    fn stale(py: Python<'_>) -> PyErr {
-        cache_error(py, CacheError::StaleHandle(DEVICE.into()))
-    }
 }
 
-#[pymethods]
+#[py_methods]
 impl SglangTree {
     /// An empty tree of `page_size` tokens a page evicting by
     /// `eviction_policy` (SGLang's lru, lfu, fifo, mru, filo, priority,
@@ -195,8 +229,13 @@ impl SglangTree {
             mirror,
             root,
             page_size,
-            held: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The tree's id (unique in the process; `SglangNode.tree_id`).
+    #[getter]
+    fn id(&self) -> u64 {
+        self.id
     }
 
     /// The root node (the end of every empty match).
@@ -219,15 +258,17 @@ impl SglangTree {
         py: Python<'_>,
         key: &Bound<'_, PyAny>,
     ) -> PyResult<(usize, Py<SglangNode>)> {
+        self.check_usable(py)?;
         let k = SgKey::read(key, self.page_size)?;
         if k.len == 0 {
             return Ok((0, self.root.clone_ref(py)));
         }
         let cache = Arc::clone(&self.cache);
-        let m = guarded(|| {
-            py.detach(|| cache.match_prefix(k.key(), DEVICE))
-                .map_err(|e| cache_error(py, e))
-        })?;
+        let m = py
+            .detach(|| cache.match_prefix(k.key(), DEVICE))
+            .map_err(|e| cache_error(py, e))?;
+        // A match may split a node.
+        self.check_usable(py)?;
         Ok((m.len, self.node(py, m.handle)?))
     }
 
@@ -242,6 +283,7 @@ impl SglangTree {
         priority: i64,
         inserted_len: usize,
     ) -> PyResult<usize> {
+        self.check_usable(py)?;
         let k = SgKey::read(key, self.page_size)?;
         let v = ids(values, "value")?;
         if v.as_slice().len() < k.len {
@@ -258,8 +300,8 @@ impl SglangTree {
             return Ok(0);
         }
         let cache = Arc::clone(&self.cache);
-        guarded(|| {
-            py.detach(|| {
+        let prefix_len = py
+            .detach(|| {
                 cache.insert_counting(
                     k.key(),
                     DEVICE,
@@ -269,8 +311,9 @@ impl SglangTree {
                 )
             })
             .map(|r| r.prefix_len)
-            .map_err(|e| cache_error(py, e))
-        })
+            .map_err(|e| cache_error(py, e))?;
+        self.check_usable(py)?;
+        Ok(prefix_len)
     }
 
     /// A request's checkpoint (SGLang's `RadixCache.checkpoint`, the tree
@@ -278,8 +321,11 @@ impl SglangTree {
     /// `values`, at `priority`, counting hits past `inserted_len`; if the
     /// prompt (`prompt_len` tokens, floored to pages) ends inside that key,
     /// re-inserts the prompt one priority higher so that a node ends there;
-    /// then matches the key. Returns the first insert's prefix length, the
-    /// end node and its path's values (int64).
+    /// then matches the key and locks its end node (as `inc_lock_ref`, in
+    /// the same call: no other thread's eviction can take the node between
+    /// the match and the lock). Returns the first insert's prefix length,
+    /// the end node (locked once more), its path's values (int64) and the
+    /// lock's change of the evictable size (≤ 0).
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (ids_, values, key_len, extra_key, cache_salt, priority, inserted_len, prompt_len))]
     fn checkpoint(
@@ -293,7 +339,8 @@ impl SglangTree {
         priority: i64,
         inserted_len: usize,
         prompt_len: usize,
-    ) -> PyResult<(usize, Py<SglangNode>, Py<PyAny>)> {
+    ) -> PyResult<(usize, Py<SglangNode>, Py<PyAny>, i64)> {
+        self.check_usable(py)?;
         let t = ids(ids_, "ids")?;
         let v = ids(values, "values")?;
         let ps = self.page_size;
@@ -311,15 +358,15 @@ impl SglangTree {
             ));
         }
         if key_len == 0 {
-            return Ok((0, self.root.clone_ref(py), array_i64(py, &[])?));
+            return Ok((0, self.root.clone_ref(py), array_i64(py, &[])?, 0));
         }
         let ns = Namespace::encode(extra_key, cache_salt);
         let tokens = &t.as_slice()[..key_len];
         let vals = v.as_slice();
         let prompt = prompt_len.min(key_len) / ps * ps;
         let cache = Arc::clone(&self.cache);
-        let (prefix_len, handle, path) = guarded(|| {
-            py.detach(|| -> Result<_, CacheError> {
+        let (prefix_len, m) = py
+            .detach(|| -> Result<_, CacheError> {
                 let key = TokenKey::new(tokens).in_namespace(ns.as_deref());
                 let r = cache.insert_counting(key, DEVICE, vals, priority, inserted_len)?;
                 if prompt > 0 && prompt < key_len {
@@ -332,114 +379,109 @@ impl SglangTree {
                         prompt,
                     )?;
                 }
-                let m = cache.match_prefix(key, DEVICE)?;
-                let path = cache.path_values(&m.handle)?;
-                Ok((r.prefix_len, m.handle, path))
+                // Matched and pinned in one walk: the pin holds the node
+                // until the mirror's lock takes it over below.
+                let m = cache.match_and_pin(key, DEVICE)?;
+                Ok((r.prefix_len, m))
             })
-            .map_err(|e| cache_error(py, e))
-        })?;
-        if path.len() != key_len {
+            .map_err(|e| cache_error(py, e))?;
+        if m.values.len() != key_len {
             return Err(failed(
                 py,
                 format!(
                     "checkpoint: the key's {key_len} tokens matched {} after the insert",
-                    path.len()
+                    m.values.len()
                 ),
             ));
         }
-        Ok((prefix_len, self.node(py, handle)?, array_i64(py, &path)?))
+        let (Some(id), Some(lease)) = (m.handle.id(), m.lease) else {
+            return Err(failed(
+                py,
+                "checkpoint: a non-empty match ended at the root".into(),
+            ));
+        };
+        let delta = self
+            .state(py)?
+            .lock(id, lease)
+            .map_err(|r| refused(py, id, r))?;
+        Ok((
+            prefix_len,
+            self.node(py, m.handle)?,
+            array_i64(py, &m.values)?,
+            delta,
+        ))
     }
 
     /// Evicts unlocked leaves in policy order until `num_tokens` are gone
     /// (whole nodes): the tokens evicted, their values (int64, in eviction
     /// order) and where each node's values end in them.
     fn evict(&self, py: Python<'_>, num_tokens: usize) -> PyResult<(usize, Py<PyAny>, Vec<usize>)> {
+        self.check_usable(py)?;
         let cache = Arc::clone(&self.cache);
-        let e = guarded(|| {
-            py.detach(|| cache.evict(DEVICE, num_tokens))
-                .map_err(|e| cache_error(py, e))
-        })?;
+        let e = py
+            .detach(|| cache.evict(DEVICE, num_tokens))
+            .map_err(|e| cache_error(py, e))?;
+        // The values are the caller's to free whatever follows: they left
+        // the tree. An inconsistency found on the way is raised by the
+        // next call.
         Ok((e.tokens, array_i64(py, &e.values)?, e.leaf_ends))
     }
 
     /// Locks `node`'s path against eviction (locks nest): the change of
-    /// the evictable size (≤ 0).
+    /// the evictable size (≤ 0). The core pin behind the lock, the lock
+    /// counts and the sizes change together, under the mirror's lock.
     fn inc_lock_ref(&self, py: Python<'_>, node: &Bound<'_, SglangNode>) -> PyResult<i64> {
         let n = self.own(py, node.get())?;
+        let mut shape = self.state(py)?;
         let Some(handle) = &n.handle else {
             return Ok(0);
         };
+        shape.lockable(n.id).map_err(|r| refused(py, n.id, r))?;
         let lease = self.cache.pin(handle).map_err(|e| cache_error(py, e))?;
-        let delta = match self.mirror.shape().lock(n.id) {
-            Ok(d) => d,
-            Err(_) => return Err(Self::stale(py)),
-        };
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(n.id)
-            .or_default()
-            .push(lease);
-        Ok(delta)
+        shape.lock(n.id, lease).map_err(|r| refused(py, n.id, r))
     }
 
     /// Releases one lock of `node`: the change of the evictable size (≥ 0).
+    /// The lock counts, the sizes and the core pin behind the lock change
+    /// together, under the mirror's lock.
     fn dec_lock_ref(&self, py: Python<'_>, node: &Bound<'_, SglangNode>) -> PyResult<i64> {
         let n = self.own(py, node.get())?;
-        if n.id == ROOT {
-            return Ok(0);
-        }
-        let delta = match self.mirror.shape().unlock(n.id) {
-            Ok(d) => d,
-            Err(LockRefused::Gone) => return Err(Self::stale(py)),
-            Err(LockRefused::NotLocked) => {
-                return Err(invalid(
-                    py,
-                    format!("node {} holds no lock to release", n.id),
-                ))
-            }
-        };
-        let lease = {
-            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-            let leases = held.get_mut(&n.id);
-            let lease = leases.and_then(Vec::pop);
-            if held.get(&n.id).is_some_and(Vec::is_empty) {
-                held.remove(&n.id);
-            }
-            lease
-        };
-        // Unpinned here, outside both locks.
+        let mut shape = self.state(py)?;
+        let (delta, lease) = shape.unlock(n.id).map_err(|r| refused(py, n.id, r))?;
+        // Unpinned with the mirror still locked: no other call sees the
+        // lock gone and the pin still held, or the reverse.
         drop(lease);
+        drop(shape);
         Ok(delta)
     }
 
     /// The values of the path root → `node` (int64).
     fn path_values(&self, py: Python<'_>, node: &Bound<'_, SglangNode>) -> PyResult<Py<PyAny>> {
         let n = self.own(py, node.get())?;
+        self.check_usable(py)?;
         let Some(handle) = &n.handle else {
             return array_i64(py, &[]);
         };
         let cache = Arc::clone(&self.cache);
-        let path = guarded(|| {
-            py.detach(|| cache.path_values(handle))
-                .map_err(|e| cache_error(py, e))
-        })?;
+        let path = py
+            .detach(|| cache.path_values(handle))
+            .map_err(|e| cache_error(py, e))?;
         array_i64(py, &path)
     }
 
     /// Tokens no lock protects (O(1)).
-    fn evictable_size(&self) -> usize {
-        self.mirror.shape().evictable()
+    fn evictable_size(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.state(py)?.evictable())
     }
 
     /// Tokens on a locked path (O(1)).
-    fn protected_size(&self) -> usize {
-        self.mirror.shape().protected()
+    fn protected_size(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.state(py)?.protected())
     }
 
     /// Nodes in the tree, the root not counted.
-    fn node_count(&self) -> usize {
-        self.mirror.shape().node_count()
+    fn node_count(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.state(py)?.node_count())
     }
 
     /// SGLang's dfs-weight order of a waiting queue whose matches ended at
@@ -455,7 +497,7 @@ impl SglangTree {
             })?;
             ends.push(self.own(py, node.get())?.id);
         }
-        Ok(self.mirror.shape().dfs_weight_order(&ends))
+        Ok(self.state(py)?.dfs_weight_order(&ends))
     }
 
     /// The KV events since the last call, raw: `("stored", extra_key,
@@ -463,7 +505,7 @@ impl SglangTree {
     /// `("removed", extra_key, cache_salt, hashes)`, hashes before SGLang's
     /// namespace seeding.
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
-        let raw = self.mirror.shape().take_events();
+        let raw = self.state(py)?.take_events();
         let mut out = Vec::with_capacity(raw.len());
         for e in raw {
             out.push(match e {
@@ -496,21 +538,22 @@ impl SglangTree {
 
     /// (depth, tokens, locks) of every node, depth-first, children in the
     /// order they joined.
-    fn outline(&self) -> Vec<(usize, usize, u64)> {
-        self.mirror.shape().outline()
+    fn outline(&self, py: Python<'_>) -> PyResult<Vec<(usize, usize, u64)>> {
+        Ok(self.state(py)?.outline())
     }
 
     /// Checks the core tree's invariants, the mirror against itself and
     /// the sizes against a scan of the tree; raises `CacheError` naming
     /// the first violation.
     fn audit(&self, py: Python<'_>) -> PyResult<()> {
+        self.check_usable(py)?;
         let cache = Arc::clone(&self.cache);
         let (checked, sizes) = py.detach(|| (cache.check(), cache.sizes(DEVICE)));
         if let Err(v) = checked {
             return Err(failed(py, format!("audit failed: {v}")));
         }
         let sizes = sizes.map_err(|e| cache_error(py, e))?;
-        let shape = self.mirror.shape();
+        let shape = self.state(py)?;
         if let Some(v) = shape.check(sizes.total) {
             return Err(failed(py, format!("audit failed: {v}")));
         }
@@ -527,5 +570,21 @@ impl SglangTree {
             ));
         }
         Ok(())
+    }
+
+    /// Test hook (feature `test-hooks`): marks the mirror inconsistent with
+    /// `what`, as a broken invariant would.
+    #[cfg(feature = "test-hooks")]
+    fn _break_mirror(&self, what: &str) {
+        self.mirror.shape().break_with(what.to_string());
+    }
+}
+
+/// The Python error of a refused lock or unlock of node `id`.
+fn refused(py: Python<'_>, id: u64, r: LockRefused) -> PyErr {
+    match r {
+        LockRefused::Gone => cache_error(py, CacheError::StaleHandle(DEVICE.into())),
+        LockRefused::NotLocked => invalid(py, format!("node {id} holds no lock to release")),
+        LockRefused::Broken(what) => broken(py, &what),
     }
 }

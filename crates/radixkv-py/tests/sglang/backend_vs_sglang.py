@@ -101,9 +101,11 @@ class OneCallEviction(RadixKVCache):
 
 
 class World:
-    """A cache with its own pool, allocator and requests."""
+    """A cache with its own pool, allocator and requests. `lora_names`:
+    "table" (one adapter registered) or None (what
+    `RadixCache.create_simulated` passes, an empty table to SGLang)."""
 
-    def __init__(self, kind: str, ps: int, policy: str, config, slots: int) -> None:
+    def __init__(self, kind: str, ps: int, policy: str, config, slots: int, lora_names="table") -> None:
         self.ps = ps
         # Room for the longest request `prompts` makes, and its outputs.
         context = 13 * ps + 16
@@ -116,8 +118,10 @@ class World:
             self.alloc = PagedTokenToKVPoolAllocator(
                 size=slots, page_size=ps, dtype=torch.float16, device="cpu", kvcache=None, need_sort=False
             )
-        names = KvEventLoraNames()
-        names.register(SimpleNamespace(lora_id="x", extra_key="lora-x"), lora_name="adapter-x")
+        names = None
+        if lora_names == "table":
+            names = KvEventLoraNames()
+            names.register(SimpleNamespace(lora_id="x", extra_key="lora-x"), lora_name="adapter-x")
         params = CacheInitParams(
             disable=False,
             req_to_token_pool=self.pool,
@@ -128,14 +132,16 @@ class World:
             enable_kv_cache_events=True,
             kv_event_lora_names=names,
         )
-        if kind == "sglang":
-            self.cache = rc.RadixCache(params)
-        elif FAULT == "free_order":
-            self.cache = OneCallEviction(params)
-        else:
-            self.cache = RadixKVCache(params)
+        self.cache = self.make_cache(kind, params)
         self.waiting: list = []
         self.running: dict = {}
+
+    def make_cache(self, kind: str, params: CacheInitParams):
+        if kind == "sglang":
+            return rc.RadixCache(params)
+        if FAULT == "free_order":
+            return OneCallEviction(params)
+        return RadixKVCache(params)
 
     # -- what both worlds are compared on ------------------------------------------
 
@@ -290,7 +296,9 @@ def run(seed: int, ps: int, policy: str, steps: int, seen: Counter) -> int:
     rc.time = LogicalClock()
     config = {"protected_threshold": rng.choice([1, 2, 3])} if policy == "slru" else None
     slots = rng.choice([24, 48, 96]) * ps
-    worlds = [World("sglang", ps, policy, config, slots), World("radixkv", ps, policy, config, slots)]
+    # None: the LoRA name table RadixCache.create_simulated leaves unset.
+    names = rng.choice(["table", "table", None])
+    worlds = [World(k, ps, policy, config, slots, names) for k in ("sglang", "radixkv")]
     make = prompts(rng, ps)
     ops = 0
     next_rid = 0

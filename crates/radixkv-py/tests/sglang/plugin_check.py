@@ -80,6 +80,49 @@ def refused(server_args, what: str, needle: str, **over) -> None:
     expect(False, f"{what}: refused (it was built)")
 
 
+def simulated(server_args) -> None:
+    """Built as `RadixCache.create_simulated` builds SGLang's (no pools,
+    events on, the LoRA name table left None): its events equal SGLang's,
+    and a call that needs the missing allocator is refused before the tree
+    changes."""
+    import msgspec
+    from radixkv.errors import InvalidArgument
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    params = CacheInitParams(
+        disable=False,
+        req_to_token_pool=None,
+        token_to_kv_pool_allocator=None,
+        page_size=1,
+        enable_kv_cache_events=True,
+        kv_event_lora_names=None,
+    )
+    ctx = context(server_args)
+    ctx.params = params
+    ours = create_tree_cache(ctx)
+    theirs = RadixCache.create_simulated(enable_kv_cache_events=True)
+    got = []
+    for c in (theirs, ours):
+        c.take_events()
+        c.insert(InsertParams(key=RadixKey(array("q", [1, 2, 3]), "k"), value=torch.arange(3)))
+        c.insert(InsertParams(key=RadixKey(array("q", [1, 2, 4]), "k"), value=torch.arange(3), priority=None))
+        got.append(msgspec.msgpack.encode(c.take_events()))
+    expect(
+        got[0] == got[1] and b"BlockStored" in got[1],
+        "lora names left None (create_simulated): insert records BlockStored, as SGLang's does",
+    )
+    before = (ours.total_size(), ours.node_count())
+    try:
+        ours.evict(EvictParams(num_tokens=10))
+        expect(False, "evict without an allocator is refused")
+    except InvalidArgument as e:
+        expect(
+            "token_to_kv_pool_allocator" in str(e) and (ours.total_size(), ours.node_count()) == before,
+            f"evict without an allocator: refused before the tree changed ({e})",
+        )
+
+
 def main() -> int:
     eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "radixkv"]
     expect(len(eps) == 1 and eps[0].value == "radixkv.sglang_plugin:register", f"entry point installed: {eps}")
@@ -128,6 +171,7 @@ def main() -> int:
         slru = create_tree_cache(context(sa, policy="slru", policy_config={"protected_threshold": 3}))
         expect(slru._slru_threshold == 3, "slru's protected_threshold reaches the tree")
         expect(issubclass(UnsupportedConfiguration, ValueError), "refusals are ValueErrors")
+        simulated(sa)
 
     for flag, value in (
         ("enable_lmcache", True),
