@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # The server under faults, probed as an operator would (loopback only,
 # bounded: about a minute): 300 held connections under `ulimit -n 256`
-# while /health and a completion are served; a 99 GB Content-Length answered
-# 413 before its body; a stop sequence that ends generation with exact
-# usage; a KV-event subscriber across a SIGKILL restart that sees
-# AllBlocksCleared first; every numeric flag of `radixkv serve` at its
-# extremes (a usage error naming it, or a clean start and stop; never a
-# panic). After each probe of a running server: nothing in flight or
-# outstanding, nothing pinned, the audit ok (/stats).
+# while /health and a completion are served; 300 clients that stop reading
+# mid-stream (every connection slot working: /health within a second; the
+# send timeout frees the stalled streams' admission slots, and a new
+# completion is served), and that step's negative control (no send
+# timeout: it must fail); hyper's own 400 and 431 with OpenAI-shaped
+# bodies; a 99 GB Content-Length answered 413 before its body; a stop
+# sequence that ends generation with exact usage; a KV-event subscriber
+# across a SIGKILL restart that sees AllBlocksCleared first; every numeric
+# flag of `radixkv serve` at its extremes (a usage error naming it, or a
+# clean start and stop; never a panic). After each probe of a running
+# server: nothing in flight or outstanding, nothing pinned, the audit ok
+# (/stats).
 #
 #   bash scripts/fault-probe.sh
 #
@@ -18,3 +23,20 @@ cd "$(dirname "$0")/.."
 cargo build --release -q -p radixkv-cli --bin radixkv -p radixkv-events --example subscribe
 target_dir="$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
 timeout 600 python3 scripts/fault_probe.py "$target_dir/release/radixkv" "$target_dir/release/examples/subscribe"
+log=$(mktemp)
+if timeout 600 python3 scripts/fault_probe.py "$target_dir/release/radixkv" "$target_dir/release/examples/subscribe" \
+  --only slow_readers --control >"$log" 2>&1; then
+  echo "FAIL: the slow-reader probe passed without a send timeout (--control)"
+  cat "$log"
+  rm -f "$log"
+  exit 1
+fi
+if grep -q "^FAIL a new completion served once the send timeout" "$log"; then
+  echo "control slow_readers --control (no send timeout): failed as required: $(grep -m1 '^FAIL' "$log")"
+  rm -f "$log"
+else
+  echo "FAIL: the slow-reader control failed, but not on the new completion:"
+  cat "$log"
+  rm -f "$log"
+  exit 1
+fi

@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Probes `radixkv serve` as an operator would, on loopback only, bounded in
-time: held connections under a small descriptor limit, an oversized
-Content-Length, a stop sequence, a subscriber across a SIGKILL restart, and
-every numeric flag at its extremes. After each probe of a running server
-the clean-state check must hold: nothing in flight or outstanding, nothing
-pinned, the audit ok. Standard library only; run by scripts/fault-probe.sh.
+time: held connections under a small descriptor limit, 300 clients that
+stop reading mid-stream, an oversized Content-Length and malformed heads, a
+stop sequence, a subscriber across a SIGKILL restart, and every numeric
+flag at its extremes. After each probe of a running server the clean-state
+check must hold: nothing in flight or outstanding, nothing pinned, the
+audit ok. Standard library only; run by scripts/fault-probe.sh.
 
-usage: fault_probe.py RADIXKV_BIN SUBSCRIBE_BIN
+usage: fault_probe.py RADIXKV_BIN SUBSCRIBE_BIN [--only PROBE] [--control]
+
+`--control` (with `--only slow_readers`): the server runs without a send
+timeout (a day), so the stalled streams keep their admission slots and the
+new completion is never served: the probe must fail.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import sys
 import time
 
 BIN, SUBSCRIBE = sys.argv[1], sys.argv[2]
+ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+CONTROL = "--control" in sys.argv
 PATIENCE = 20.0
 failures: list[str] = []
 
@@ -152,6 +159,119 @@ def held_connections() -> None:
     check(srv.stop() == 0, "the server exits 0 on SIGTERM after the flood")
 
 
+def metric(srv: Server, name: str) -> float:
+    """One sample of /metrics (answered on a health slot too)."""
+    _, text, _ = srv.request("GET", "/metrics")
+    for line in str(text).splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise SystemExit(f"no {name} in /metrics")
+
+
+def stalled_streams(srv: Server, n: int, max_tokens: int) -> list:
+    """`n` streamed completions whose clients stop reading at once (a
+    4 KiB receive buffer, nothing ever read); the sockets the server did not
+    close at once."""
+    body = json.dumps({"prompt": "a client that stops reading", "max_tokens": max_tokens, "stream": True}).encode()
+    head = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        try:
+            s.connect(srv.addr)
+            s.sendall(head % len(body) + body)
+            socks.append(s)
+        except OSError:
+            s.close()  # refused at the connection limit
+    return socks
+
+
+def health_within_a_second(srv: Server, what: str) -> None:
+    took = []
+    ok = True
+    for _ in range(5):
+        status, _, t = srv.request("GET", "/health", timeout=5.0)
+        ok &= status == 200
+        took.append(t)
+    check(ok and max(took) < 1.0, f"{what}: /health 200 x5 within 1 s (slowest {max(took):.3f} s)")
+
+
+def slow_readers() -> None:
+    """300 clients that stop reading mid-stream. Every connection slot
+    working: /health still answers within a second (a health slot). Streams
+    too large for the socket buffers: the send timeout closes them, their
+    requests are cancelled and their admission slots freed, and a new
+    completion is served."""
+    if not CONTROL:
+        # Slow tokens (a token every ~6 ms): each stream keeps its slot
+        # working, and its socket never fills.
+        srv = Server("--devices", "1", "--pages-per-device", "8192", "--speedup", "1", nofile=256)
+        socks = stalled_streams(srv, 300, 4096)
+        deadline = time.monotonic() + PATIENCE
+        while metric(srv, "radixkv_http_in_flight") < 150 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        busy = metric(srv, "radixkv_http_in_flight")
+        check(busy >= 150, f"300 stalled streams under ulimit -n 256: {busy:.0f} of the cap's slots working")
+        health_within_a_second(srv, "every connection slot working")
+        for s in socks:
+            s.close()
+        srv.clean("300 stalled streams")
+        check(srv.stop() == 0, "the server exits 0 on SIGTERM after the stalled streams")
+
+    # Fast tokens, 40,000 per stream (about 6 MB of events: more than the
+    # sockets buffer), 16 admission slots: the 16 admitted streams hold
+    # them until the send timeout closes their connections.
+    send_timeout = "86400" if CONTROL else "2"
+    srv = Server(
+        "--devices", "1", "--pages-per-device", "65536", "--speedup", "1000000", "--max-queue", "16",
+        "--max-tokens-limit", "100000", "--send-timeout-s", send_timeout,
+    )
+    socks = stalled_streams(srv, 300, 40_000)
+    health_within_a_second(srv, "16 admission slots held by stalled streams")
+    t = time.monotonic()
+    served = None
+    while time.monotonic() - t < PATIENCE and served is None:
+        status, _, _ = srv.post("/v1/completions", {"prompt": "a new client", "max_tokens": 4})
+        if status == 200:
+            served = time.monotonic() - t
+        else:
+            time.sleep(0.1)
+    check(
+        served is not None,
+        "a new completion served once the send timeout freed the stalled streams' slots"
+        + (f" ({served:.2f} s)" if served is not None else f" (none within {PATIENCE:.0f} s)"),
+    )
+    timeouts = metric(srv, "radixkv_http_send_timeouts_total")
+    check(timeouts >= 16, f"the 16 stalled streams ended by the send timeout: {timeouts:.0f}")
+    for s in socks:
+        s.close()
+    srv.clean("the send timeouts")
+    check(srv.stop() == 0, "the server exits 0 on SIGTERM after the send timeouts")
+
+
+def malformed_heads() -> None:
+    """hyper's own refusals of a request head carry OpenAI-shaped bodies."""
+    srv = Server("--devices", "1", "--pages-per-device", "64")
+    cases = [
+        (b"GARBAGE\r\n\r\n", 400),
+        # More header fields than hyper reads (100), and a head past its
+        # buffer (about 400 KiB).
+        (b"GET / HTTP/1.1\r\nhost: x\r\n" + b"".join(b"x-%d: y\r\n" % i for i in range(200)) + b"\r\n", 431),
+        (b"GET / HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 2_000_000 + b"\r\n\r\n", 431),
+    ]
+    for raw, want in cases:
+        with socket.create_connection(srv.addr, timeout=PATIENCE) as s:
+            s.sendall(raw)
+            status, body = parse(read_all(s))
+        check(
+            status == want and isinstance(body, dict) and body["error"]["code"] == want and body["error"]["type"],
+            f"hyper's {want} is OpenAI-shaped: {body}",
+        )
+    srv.clean("the malformed heads")
+    check(srv.stop() == 0, "the server exits 0 on SIGTERM")
+
+
 def oversized_and_stop() -> None:
     # A token every ~6 ms: 4,096 would take ~25 s.
     srv = Server("--devices", "1", "--pages-per-device", "1024", "--speedup", "1")
@@ -225,7 +345,7 @@ NUMERIC_FLAGS = [
     "--port", "--devices", "--page-size", "--pages-per-device", "--host-pages", "--host-gbps",
     "--peer-gbps", "--load-back-threshold", "--speedup", "--max-queue", "--max-tokens-limit",
     "--max-body-bytes", "--header-read-timeout-s", "--body-read-timeout-s", "--idle-timeout-s",
-    "--max-connections", "--drain-timeout-s", "--watermarks",
+    "--max-connections", "--drain-timeout-s", "--send-timeout-s", "--watermarks",
 ]
 EXTREMES = ["0", "-1", "1e-300", "1e300", "nan", "inf", "18446744073709551616", "4294967296", "", "1,2"]
 
@@ -262,7 +382,9 @@ def flag_extremes() -> None:
 
 if __name__ == "__main__":
     t0 = time.monotonic()
-    for probe in (held_connections, oversized_and_stop, restart, flag_extremes):
+    for probe in (held_connections, slow_readers, malformed_heads, oversized_and_stop, restart, flag_extremes):
+        if ONLY is not None and probe.__name__ != ONLY:
+            continue
         print(f"-- {probe.__name__}", flush=True)
         probe()
     print(f"fault probe: {len(failures)} failures in {time.monotonic() - t0:.1f} s", flush=True)

@@ -96,7 +96,7 @@ const GGUF_DEFAULT_POOL_TOKENS: usize = 768;
 /// Set by SIGINT or SIGTERM: the replay stops and prints what it has.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
-/// Watches for SIGINT/SIGTERM (the server's `shutdown_signal`, the one
+/// Watches for SIGINT/SIGTERM (the server's `shutdown_signals`, the one
 /// signal mechanism of the binary) on a small thread of its own and sets
 /// [`INTERRUPTED`].
 fn interrupt_on_signal() {
@@ -105,7 +105,7 @@ fn interrupt_on_signal() {
             .enable_all()
             .build()?;
         // Made inside the runtime: the handlers are installed there.
-        rt.block_on(async { radixkv_server::shutdown_signal().await });
+        rt.block_on(async { radixkv_server::shutdown_signals().0.await });
         INTERRUPTED.store(true, Ordering::Relaxed);
         Ok::<(), std::io::Error>(())
     };

@@ -60,9 +60,16 @@ pub struct ServeArgs {
     /// Connections open at once (1 to 1,048,576), kept below the open-file
     /// limit (raised to the hard limit at start) less 64. A connection
     /// beyond it closes the oldest one with no request being answered, so
-    /// held connections never lock out new clients.
+    /// held connections never lock out new clients; with every one
+    /// answering, it takes one of 4 health slots, which answer /health and
+    /// /metrics only.
     #[arg(long, default_value_t = 4096, value_parser = ranges::count(1..=1 << 20))]
     max_connections: usize,
+    /// Seconds a response may wait for its client to read (0.001 to
+    /// 86,400; nginx's `send_timeout`): then its connection closes and its
+    /// request is cancelled, its admission slot and pages released.
+    #[arg(long, default_value_t = 60.0, value_parser = ranges::timeout)]
+    send_timeout_s: f64,
     /// Seconds a shutdown waits for in-flight requests before stopping them
     /// (0 to 86,400).
     #[arg(long, default_value_t = 30.0, value_parser = ranges::seconds)]
@@ -97,7 +104,7 @@ pub fn run(a: ServeArgs) -> CmdResult {
     use crate::model::ModelArg;
     use radixkv_engine::backend::{CostModel, ModelBackend, SimulatedBackend};
     use radixkv_engine::{Engine, EngineConfig};
-    use radixkv_server::{shutdown_signal, Server, ServerConfig};
+    use radixkv_server::{shutdown_signals, Server, ServerConfig};
     let e = &a.engine;
     let ps = e.page_size.max(1);
     let pages_per_device = e.pages_per_device.unwrap_or(match a.model {
@@ -160,6 +167,7 @@ pub fn run(a: ServeArgs) -> CmdResult {
             body_read_timeout: Duration::from_secs_f64(a.body_read_timeout_s),
             idle_timeout: Duration::from_secs_f64(a.idle_timeout_s),
             max_connections: a.max_connections,
+            send_timeout: Duration::from_secs_f64(a.send_timeout_s),
         },
         ..ServerConfig::default()
     };
@@ -179,13 +187,12 @@ pub fn run(a: ServeArgs) -> CmdResult {
         if let Some(c) = codec {
             server = server.with_codec(c);
         }
-        // A second SIGINT/SIGTERM during the drain stops what is left at
-        // once (its handlers are installed when the drain begins).
-        server = server.with_force_stop(async { shutdown_signal().await });
-        let addr = server.local_addr()?;
         // Installed before the address is printed: a client may signal as
-        // soon as it reads it.
-        let shutdown = shutdown_signal();
+        // soon as it reads it. The first SIGINT/SIGTERM drains; a second
+        // stops what is left at once, however soon after the first.
+        let (shutdown, force) = shutdown_signals();
+        server = server.with_force_stop(force);
+        let addr = server.local_addr()?;
         {
             use std::io::Write as _;
             let mut out = io::stdout().lock();

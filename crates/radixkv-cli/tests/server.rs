@@ -895,6 +895,73 @@ async fn sigterm_drains_and_exits_zero() {
     assert!(status.success(), "{status}");
 }
 
+/// A second signal during the drain ends it at once (the drain would
+/// otherwise wait ten minutes for the slow stream), and the stream ends
+/// instead of hanging. (That no second signal is missed however soon it
+/// comes is `radixkv-server`'s `tests/signals.rs`.)
+#[cfg(unix)]
+#[tokio::test]
+async fn a_second_signal_ends_the_drain() {
+    let args = [
+        "--devices",
+        "1",
+        "--pages-per-device",
+        "256",
+        "--speedup",
+        "0.05",
+        "--drain-timeout-s",
+        "600",
+    ];
+    let (mut child, s) = spawn_binary(&args).await;
+    let body = json!({"prompt": "stay a while", "max_tokens": 500, "stream": true});
+    let mut sse = Sse::new(
+        s.send("POST", "/v1/completions", body.to_string().into_bytes())
+            .await,
+    );
+    assert!(sse.next().await.is_some(), "the stream started");
+    let pid = child.id().to_string();
+    let signal = || {
+        let kill = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        assert!(kill.success());
+    };
+    signal();
+    // The first signal was taken: the server drains.
+    let t = Instant::now();
+    while s.get("/health").await.status != StatusCode::SERVICE_UNAVAILABLE {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "no drain after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    signal();
+    let exited = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(st) = child.try_wait().expect("wait") {
+                return Some(st);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })
+    .await
+    .unwrap();
+    let status = exited.expect("the second signal did not end the drain within 30 s");
+    assert!(status.success(), "{status}");
+    let rest = tokio::time::timeout(Duration::from_secs(10), sse.rest())
+        .await
+        .expect("the stream ended");
+    assert!(rest.len() < 500, "stopped early: {} events", rest.len());
+}
+
 /// The binary with `--model tiny`: real compute behind the same API.
 #[cfg(unix)]
 #[tokio::test]

@@ -17,12 +17,14 @@ pub struct Turn {
 }
 
 /// Turns output tokens into text as they come: text out as soon as it is
-/// complete (a character split across tokens waits for its last one).
+/// complete (a character split across tokens waits for its last one). A
+/// token the model's tokenizer cannot turn into text is an error (a 500:
+/// the model produced it), never text silently left out.
 pub trait TokenDecoder: Send {
     /// Adds one token; returns the text it completes (often empty).
-    fn push(&mut self, token: u32) -> String;
+    fn push(&mut self, token: u32) -> Result<String, ApiError>;
     /// Whatever is left at the end.
-    fn finish(&mut self) -> String;
+    fn finish(&mut self) -> Result<String, ApiError>;
 }
 
 /// A model's text interface: tokenizer, chat template, end of sequence.
@@ -57,11 +59,14 @@ pub trait TextCodec: Send + Sync + std::fmt::Debug {
     }
 
     /// All of `tokens` as text.
-    fn decode(&self, tokens: &[u32]) -> String {
+    fn decode(&self, tokens: &[u32]) -> Result<String, ApiError> {
         let mut d = self.decoder();
-        let mut s: String = tokens.iter().map(|&t| d.push(t)).collect();
-        s.push_str(&d.finish());
-        s
+        let mut s = String::new();
+        for &t in tokens {
+            s.push_str(&d.push(t)?);
+        }
+        s.push_str(&d.finish()?);
+        Ok(s)
     }
 }
 
@@ -72,9 +77,9 @@ pub trait TextCodec: Send + Sync + std::fmt::Debug {
 /// use radixkv_server::codec::{ByteCodec, TextCodec, Turn};
 /// let c = ByteCodec;
 /// assert_eq!(c.encode("hé").unwrap(), vec![0x68, 0xc3, 0xa9]);
-/// assert_eq!(c.decode(&[0x68, 0xc3, 0xa9]), "hé");
+/// assert_eq!(c.decode(&[0x68, 0xc3, 0xa9]).unwrap(), "hé");
 /// let t = c.chat(&[Turn { role: "user".into(), content: "hi".into() }]).unwrap();
-/// assert_eq!(c.decode(&t), "<|user|>\nhi\n<|assistant|>\n");
+/// assert_eq!(c.decode(&t).unwrap(), "<|user|>\nhi\n<|assistant|>\n");
 /// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ByteCodec;
@@ -82,11 +87,11 @@ pub struct ByteCodec;
 struct ByteDecoder(super::tokenizer::Utf8Decoder);
 
 impl TokenDecoder for ByteDecoder {
-    fn push(&mut self, token: u32) -> String {
-        self.0.push(super::tokenizer::token_byte(token))
+    fn push(&mut self, token: u32) -> Result<String, ApiError> {
+        Ok(self.0.push(super::tokenizer::token_byte(token)))
     }
-    fn finish(&mut self) -> String {
-        self.0.finish()
+    fn finish(&mut self) -> Result<String, ApiError> {
+        Ok(self.0.finish())
     }
 }
 
@@ -145,9 +150,12 @@ mod gguf {
 
     /// Incremental detokenization: the text of the tokens since the last
     /// complete piece, emitted once it no longer ends in an incomplete
-    /// character (a BPE token may hold part of a UTF-8 sequence).
+    /// character (a BPE token may hold part of a UTF-8 sequence). A token
+    /// outside the vocabulary, or one the tokenizer cannot decode, is an
+    /// error.
     struct Decoder {
         tokenizer: Arc<GgufTokenizer>,
+        vocab: u32,
         ids: Vec<u32>,
         /// Tokens before `prefix` are out; `prefix..read` are the context
         /// whose text was already sent.
@@ -156,32 +164,55 @@ mod gguf {
     }
 
     impl Decoder {
-        fn text(&self, ids: &[u32]) -> String {
-            self.tokenizer.decode(ids).unwrap_or_default()
+        fn text(&self, ids: &[u32]) -> Result<String, ApiError> {
+            self.tokenizer
+                .decode(ids)
+                .map_err(|e| ApiError::Internal(format!("cannot decode the model's output: {e}")))
+        }
+
+        /// The text after what was sent, if it grew by whole characters.
+        fn delta(&self, before: &str, now: &str) -> Result<String, ApiError> {
+            now.get(before.len()..).map(str::to_string).ok_or_else(|| {
+                ApiError::Internal(format!(
+                    "cannot decode the model's output: the text of tokens {:?} does not extend the text before them",
+                    &self.ids[self.prefix..]
+                ))
+            })
         }
     }
 
     impl TokenDecoder for Decoder {
-        fn push(&mut self, token: u32) -> String {
+        fn push(&mut self, token: u32) -> Result<String, ApiError> {
+            if token >= self.vocab {
+                return Err(ApiError::Internal(format!(
+                    "cannot decode the model's output: token {token} is outside its vocabulary of {}",
+                    self.vocab
+                )));
+            }
             self.ids.push(token);
-            let before = self.text(&self.ids[self.prefix..self.read]);
-            let now = self.text(&self.ids[self.prefix..]);
+            let before = self.text(&self.ids[self.prefix..self.read])?;
+            let now = self.text(&self.ids[self.prefix..])?;
             if now.len() > before.len() && !now.ends_with('\u{fffd}') {
-                let out = now.get(before.len()..).unwrap_or_default().to_string();
+                let out = self.delta(&before, &now)?;
                 self.prefix = self.read;
                 self.read = self.ids.len();
-                out
+                Ok(out)
             } else {
-                String::new()
+                Ok(String::new())
             }
         }
 
-        fn finish(&mut self) -> String {
-            let before = self.text(&self.ids[self.prefix..self.read]);
-            let now = self.text(&self.ids[self.prefix..]);
+        fn finish(&mut self) -> Result<String, ApiError> {
+            let before = self.text(&self.ids[self.prefix..self.read])?;
+            let now = self.text(&self.ids[self.prefix..])?;
+            let out = if now.len() >= before.len() {
+                self.delta(&before, &now)?
+            } else {
+                String::new()
+            };
             self.prefix = self.ids.len();
             self.read = self.ids.len();
-            now.get(before.len()..).unwrap_or_default().to_string()
+            Ok(out)
         }
     }
 
@@ -205,6 +236,7 @@ mod gguf {
         fn decoder(&self) -> Box<dyn TokenDecoder> {
             Box::new(Decoder {
                 tokenizer: Arc::clone(&self.tokenizer),
+                vocab: self.vocab,
                 ids: Vec::new(),
                 prefix: 0,
                 read: 0,
@@ -222,5 +254,33 @@ mod gguf {
         fn context(&self) -> Option<usize> {
             self.context
         }
+    }
+}
+
+#[cfg(all(test, feature = "gguf"))]
+mod gguf_tests {
+    use super::{GgufCodec, TextCodec};
+    use radixkv_engine::gguf::GgufFile;
+
+    /// SmolLM2's codec: text round-trips; a token outside the vocabulary
+    /// is an error naming it, never text silently left out.
+    #[test]
+    fn an_undecodable_token_is_an_error_not_missing_text() {
+        let path = std::env::var_os("RADIXKV_SMOLLM2").expect(
+            "RADIXKV_SMOLLM2: SmolLM2's GGUF (scripts/fetch-smollm2.sh prints its path; scripts/test.sh sets it)",
+        );
+        let c = GgufCodec::new(&GgufFile::open(path).unwrap()).unwrap();
+        let ids = c.encode("hello world").unwrap();
+        assert_eq!(c.decode(&ids).unwrap(), "hello world");
+        let vocab = c.vocab().unwrap();
+        let mut d = c.decoder();
+        let e = d.push(vocab + 5).unwrap_err();
+        assert_eq!(e.status().as_u16(), 500);
+        assert!(
+            e.to_string()
+                .contains(&format!("token {} is outside its vocabulary", vocab + 5)),
+            "{e}"
+        );
+        assert!(c.decode(&[ids[0], vocab]).is_err());
     }
 }

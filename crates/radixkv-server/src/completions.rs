@@ -138,7 +138,14 @@ async fn run(
         match events.recv().await {
             Some(StreamEvent::Token(t)) => {
                 tokens.push(t);
-                let piece = decoder.push(t);
+                let piece = match decoder.push(t) {
+                    Ok(piece) => piece,
+                    Err(e) => {
+                        // An undecodable token ends the request.
+                        guard.cancel();
+                        return Err(e);
+                    }
+                };
                 let end = if eos == Some(t) {
                     watch.push_eos()
                 } else {
@@ -162,7 +169,7 @@ async fn run(
     }
     // Tokens the engine made after the end are not part of the answer.
     let upto = watch.hit_at().unwrap_or(tokens.len()).min(tokens.len());
-    let text = codec.decode(&tokens[..upto]);
+    let text = codec.decode(&tokens[..upto])?;
     let (text, _) = api::cut_at_stop(&text, &req.stop);
     let finish = if watch.hit_at().is_some() {
         "stop"

@@ -1,5 +1,6 @@
-//! Accepting and holding connections: the cap on open connections, the
-//! header-read, body-read and idle timeouts, and the early 413.
+//! Accepting and holding connections: the cap on open connections and the
+//! health slots beyond it, the header-read, body-read, idle and send
+//! timeouts, and the early 413.
 //!
 //! Each accepted connection is served by hyper's HTTP/1 connection in its
 //! own task, so a slow client delays only itself. A connection is
@@ -13,7 +14,15 @@
 //! | header-read timeout | a connection whose request head is not complete in time (hyper's timer, from the connection's start) |
 //! | body-read timeout | a request whose body is not complete in time: 408, and the connection closes |
 //! | idle timeout | a held connection with no request for this long (hyper also restarts the header-read timeout when a connection goes idle, so the smaller of the two applies) |
-//! | connection cap | when a new connection would exceed it, the oldest held connection is closed to make room; with none held, the new connection is closed at once |
+//! | send timeout | a working connection whose response has waited this long for the client to read (no write completed): it closes, which cancels its request and releases its admission permit |
+//! | connection cap | when a new connection would exceed it, the oldest held connection is closed to make room; with none held, the new connection takes one of the [`HEALTH_SLOTS`] |
+//!
+//! The health slots, beyond the cap, keep `/health` and `/metrics`
+//! answering whatever the load: a connection in one is answered on those
+//! two routes only (anything else: 503, and the connection closes), and
+//! when every slot is taken the oldest held one makes room, so only
+//! [`HEALTH_SLOTS`] requests to those routes being answered at once can
+//! lock out a new one.
 //!
 //! A request whose `Content-Length` exceeds the body limit is answered 413
 //! before its body is read. While the server drains it still accepts (so
@@ -23,6 +32,7 @@
 //! where the OS allows, so that `accept` never fails for want of a file
 //! descriptor and `/health` stays reachable under a flood.
 
+use super::conn_io::{ConnIo, WriteProgress};
 use super::error::ApiError;
 use super::AppState;
 use axum::body::Body;
@@ -45,8 +55,12 @@ use tokio::task::JoinSet;
 use tower::ServiceExt;
 
 /// File descriptors kept free beside the connections (the engine's
-/// threads, KV-event sockets, logs, the listener itself).
+/// threads, KV-event sockets, logs, the listener itself, the health slots).
 pub const RESERVED_FILES: u64 = 64;
+
+/// Connections beyond the cap that answer `/health` and `/metrics` only
+/// (taken from [`RESERVED_FILES`]'s descriptors).
+pub const HEALTH_SLOTS: usize = 4;
 
 /// The connection limits of a server (part of
 /// [`ServerConfig`](crate::ServerConfig)).
@@ -60,8 +74,13 @@ pub struct ConnectionLimits {
     /// How long a connection may stay open with no request (default 60 s).
     pub idle_timeout: Duration,
     /// Connections open at once (default 4,096); the server keeps it below
-    /// the process's open-file limit less [`RESERVED_FILES`].
+    /// the process's open-file limit less [`RESERVED_FILES`]. [`HEALTH_SLOTS`]
+    /// more answer `/health` and `/metrics` when it is reached.
     pub max_connections: usize,
+    /// How long a response may wait for its client to read (no write
+    /// completing) before its connection closes and its request is
+    /// cancelled (default 60 s, nginx's `send_timeout`).
+    pub send_timeout: Duration,
 }
 
 impl Default for ConnectionLimits {
@@ -71,6 +90,7 @@ impl Default for ConnectionLimits {
             body_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
             max_connections: 4096,
+            send_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -114,6 +134,8 @@ struct Conn {
     last_active_ms: AtomicU64,
     /// Set to close the connection now (made room for a newer one).
     close: Notify,
+    /// In a health slot: it answers `/health` and `/metrics` only.
+    health_only: bool,
 }
 
 /// The open connections, oldest first.
@@ -141,7 +163,15 @@ impl Registry {
         self.conns.lock().map_or(0, |c| c.len())
     }
 
-    fn add(&self) -> Arc<Conn> {
+    /// Open connections in the cap's slots and in the health slots.
+    fn counts(&self) -> (usize, usize) {
+        self.conns.lock().map_or((0, 0), |c| {
+            let health = c.values().filter(|c| c.health_only).count();
+            (c.len() - health, health)
+        })
+    }
+
+    fn add(&self, health_only: bool) -> Arc<Conn> {
         // Relaxed: ids need only be unique and increasing per registry.
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let c = Arc::new(Conn {
@@ -150,6 +180,7 @@ impl Registry {
             reading: AtomicBool::new(false),
             last_active_ms: AtomicU64::new(self.now_ms()),
             close: Notify::new(),
+            health_only,
         });
         if let Ok(mut m) = self.conns.lock() {
             m.insert(id, Arc::clone(&c));
@@ -163,14 +194,15 @@ impl Registry {
         }
     }
 
-    /// Closes the oldest held connection; false when every one is working.
-    fn shed_oldest_held(&self) -> bool {
+    /// Closes the oldest held connection in the cap's slots (or, with
+    /// `health_only`, in the health slots); false when every one is working.
+    fn shed_oldest_held(&self, health_only: bool) -> bool {
         let victim = self.conns.lock().ok().and_then(|mut m| {
             // Relaxed: a snapshot; a connection that starts working meanwhile
             // is closed with its request, as a client's own disconnect would.
             let id = m
                 .values()
-                .find(|c| c.working.load(Ordering::Relaxed) == 0)
+                .find(|c| c.health_only == health_only && c.working.load(Ordering::Relaxed) == 0)
                 .map(|c| c.id)?;
             m.remove(&id)
         });
@@ -317,7 +349,7 @@ pub(crate) async fn serve(
                 // process): make room and wait a little; other errors
                 // concern one connection that never was.
                 if matches!(e.raw_os_error(), Some(23 | 24)) {
-                    if reg.shed_oldest_held() {
+                    if reg.shed_oldest_held(false) {
                         shed(&state);
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -325,16 +357,23 @@ pub(crate) async fn serve(
                 continue;
             }
         };
-        if reg.len() >= cap {
-            // The oldest held connection makes room; with every one
-            // working, this one is closed unserved.
+        let (regular, health) = reg.counts();
+        let health_only = if regular < cap {
+            false
+        } else if reg.shed_oldest_held(false) {
+            // The oldest held connection made room.
             shed(&state);
-            if !reg.shed_oldest_held() {
-                drop(stream);
-                continue;
-            }
-        }
-        let conn = reg.add();
+            false
+        } else if health < HEALTH_SLOTS || reg.shed_oldest_held(true) {
+            // Every slot is working: a health slot, free or made free.
+            true
+        } else {
+            // Every health slot is working too.
+            shed(&state);
+            drop(stream);
+            continue;
+        };
+        let conn = reg.add(health_only);
         open(&state, reg);
         tasks.spawn(connection(stream, addr, conn, ctx.clone()));
     }
@@ -379,6 +418,8 @@ async fn connection(stream: TcpStream, addr: SocketAddr, conn: Arc<Conn>, mut ct
         id: conn.id,
     };
     let limits = ctx.state.cfg.connections;
+    let progress = WriteProgress::new();
+    let io = ConnIo::new(stream, Arc::clone(&progress), Arc::clone(&ctx.state));
     let (c, shared) = (Arc::clone(&conn), ctx.clone());
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let (c, ctx) = (Arc::clone(&c), shared.clone());
@@ -391,9 +432,10 @@ async fn connection(stream: TcpStream, addr: SocketAddr, conn: Arc<Conn>, mut ct
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
-    let served = builder.serve_connection(TokioIo::new(stream), service);
+    let served = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(served);
-    let tick = (limits.idle_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let tick = (limits.idle_timeout.min(limits.send_timeout) / 4)
+        .clamp(Duration::from_millis(10), Duration::from_secs(1));
     let mut idle_check = tokio::time::interval(tick);
     let mut closing = false;
     loop {
@@ -406,6 +448,13 @@ async fn connection(stream: TcpStream, addr: SocketAddr, conn: Arc<Conn>, mut ct
             }
             _ = idle_check.tick() => {
                 if conn.idle_for(&ctx.reg, limits.idle_timeout) {
+                    break;
+                }
+                if progress.blocked_for() >= limits.send_timeout {
+                    // Dropping the connection drops its response, whose
+                    // stream cancels the request and frees its permit.
+                    // Relaxed: a statistic.
+                    ctx.state.stats.send_timeouts.fetch_add(1, Ordering::Relaxed);
                     break;
                 }
             }
@@ -423,6 +472,15 @@ async fn request(
 ) -> Response<Body> {
     let (state, reg) = (&ctx.state, &ctx.reg);
     conn.touch(reg);
+    if conn.health_only && !matches!(req.uri().path(), "/health" | "/metrics") {
+        return closing(
+            state,
+            ApiError::Unavailable(format!(
+                "the server is at its connection limit ({}): this connection answers /health and /metrics only",
+                state.connection_cap
+            )),
+        );
+    }
     let limit = state.cfg.max_body_bytes;
     let declared = req
         .headers()
@@ -508,21 +566,31 @@ mod tests {
     #[test]
     fn shedding_closes_the_oldest_held_connection_only() {
         let reg = Arc::new(Registry::new());
-        let (a, b, c) = (reg.add(), reg.add(), reg.add());
+        let (a, b, c) = (reg.add(false), reg.add(false), reg.add(false));
+        let health = reg.add(true);
         let _working = Working::new(&a, &reg);
-        assert!(reg.shed_oldest_held());
-        assert_eq!(reg.len(), 2);
+        assert!(reg.shed_oldest_held(false));
+        assert_eq!(reg.len(), 3);
         let m: Vec<u64> = reg.conns.lock().unwrap().keys().copied().collect();
-        assert_eq!(m, [a.id, c.id], "b, the oldest held one, went");
+        assert_eq!(m, [a.id, c.id, health.id], "b, the oldest held one, went");
         let _ = b;
         let _w2 = Working::new(&c, &reg);
-        assert!(!reg.shed_oldest_held(), "every connection is working");
+        assert!(
+            !reg.shed_oldest_held(false),
+            "every connection in the cap's slots is working"
+        );
+        assert_eq!(reg.counts(), (2, 1));
+        assert!(
+            reg.shed_oldest_held(true),
+            "the health slot's held connection"
+        );
+        assert_eq!(reg.counts(), (2, 0));
     }
 
     #[test]
     fn a_connection_is_idle_only_when_held_past_the_timeout() {
         let reg = Arc::new(Registry::new());
-        let c = reg.add();
+        let c = reg.add(false);
         assert!(c.idle_for(&reg, Duration::ZERO));
         assert!(!c.idle_for(&reg, Duration::from_secs(3600)));
         c.reading.store(true, Ordering::Relaxed);

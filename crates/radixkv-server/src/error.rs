@@ -35,6 +35,14 @@ pub enum ApiError {
     /// (seconds).
     #[error("the request body did not arrive within {0} s")]
     RequestTimeout(f64),
+    /// 414: the request line's target is longer than the server reads
+    /// (answered for hyper, which refuses it before any handler runs).
+    #[error("the request target (URI) is too long")]
+    UriTooLong,
+    /// 431: the request head is larger than the server reads (answered for
+    /// hyper, as above).
+    #[error("the request header fields are too large")]
+    HeadersTooLarge,
     /// 413: the body is larger than the server accepts.
     #[error("request body too large (limit {limit} bytes)")]
     PayloadTooLarge {
@@ -70,6 +78,8 @@ impl ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UriTooLong => StatusCode::URI_TOO_LONG,
+            ApiError::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -82,6 +92,8 @@ impl ApiError {
             ApiError::BadRequest(_)
             | ApiError::RequestTimeout(_)
             | ApiError::PayloadTooLarge { .. }
+            | ApiError::UriTooLong
+            | ApiError::HeadersTooLarge
             | ApiError::Unauthorized(_) => "invalid_request_error",
             ApiError::NotFound(_) => "not_found_error",
             ApiError::MethodNotAllowed | ApiError::ModelNotFound(..) => "invalid_request_error",
@@ -131,13 +143,15 @@ impl ApiError {
 impl From<&RequestError> for ApiError {
     /// A request the engine ended without finishing: 503 when it was
     /// cancelled or the engine stopped (a retry elsewhere may succeed),
-    /// 500 when the cache or the model failed.
+    /// 500 when the cache, the model or its device's scheduler failed.
     fn from(e: &RequestError) -> Self {
         match e {
             RequestError::Cancelled | RequestError::Stopped => {
                 ApiError::Unavailable(format!("request {e}"))
             }
-            RequestError::Cache(_) | RequestError::Backend(_) => {
+            RequestError::Cache(_)
+            | RequestError::Backend(_)
+            | RequestError::SchedulerFailed(_) => {
                 ApiError::Internal(format!("request failed: {e}"))
             }
         }

@@ -30,22 +30,28 @@
 //! input, 404 for unknown paths, 405 for a wrong method, 413 for a body
 //! over [`ServerConfig::max_body_bytes`], 429 with `Retry-After` when
 //! [`ServerConfig::max_queue`] requests are already in flight, 503 while
-//! shutting down.
+//! shutting down. hyper's own refusals of a request head (400, 414, 431)
+//! carry the same JSON body (`conn_io.rs` replaces hyper's empty one).
 //!
-//! Connections are bounded ([`connections`]: header-read, body-read and
-//! idle timeouts, a cap below the open-file limit, an early 413). A client
-//! that disconnects cancels its request: the engine releases its pages and
-//! pins; a stop sequence ends the request's generation in the engine.
+//! Connections are bounded ([`connections`]: header-read, body-read, idle
+//! and send timeouts, a cap below the open-file limit with health slots
+//! beyond it for `/health` and `/metrics`, an early 413). A client that
+//! disconnects, or stops reading its response past the send timeout,
+//! cancels its request: the engine releases its pages and pins; a stop
+//! sequence ends the request's generation in the engine.
 //! [`Server::run`] drains on its shutdown signal: in-flight requests finish
 //! for up to [`ServerConfig::drain_timeout`] (or until
 //! [`Server::with_force_stop`] fires) while `/health` and new completions
-//! answer 503, then it stops the engine.
+//! answer 503, then it stops the engine. [`shutdown_signals`] gives both
+//! futures from one set of signal handlers, installed at once, so that no
+//! second signal is missed.
 
 mod admin;
 pub mod api;
 pub mod chat;
 pub mod codec;
 mod completions;
+mod conn_io;
 pub mod connections;
 pub mod error;
 pub mod metrics;
@@ -206,6 +212,7 @@ impl AppState {
             open_connections: self.stats.open_connections.load(Ordering::Relaxed),
             max_connections: self.connection_cap,
             shed_connections: self.stats.shed_connections.load(Ordering::Relaxed),
+            send_timeouts: self.stats.send_timeouts.load(Ordering::Relaxed),
         }
     }
 }
@@ -293,8 +300,8 @@ impl Server {
     }
 
     /// Ends a drain at once when `force` completes (for instance a second
-    /// signal: [`shutdown_signal`] made once the first has come), stopping
-    /// the requests still in flight as the drain timeout would.
+    /// signal: the second future of [`shutdown_signals`]), stopping the
+    /// requests still in flight as the drain timeout would.
     pub fn with_force_stop(mut self, force: impl Future<Output = ()> + Send + 'static) -> Self {
         self.force = Some(Box::pin(force));
         self
@@ -397,38 +404,60 @@ impl Server {
     }
 }
 
-/// A future that resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM. On Unix
-/// the handlers are installed when this is called (inside a tokio
-/// runtime), not when the future is first polled: a signal that comes
-/// between the two (say, right after the server printed its address) is
-/// not lost, and does not kill the process.
-pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+/// Two futures over one set of signal handlers: the first resolves on the
+/// first SIGINT (Ctrl-C) or, on Unix, SIGTERM (a shutdown: give it to
+/// [`Server::run`]); the second on the second such signal (give it to
+/// [`Server::with_force_stop`]). The handlers are installed when this is
+/// called (inside a tokio runtime), not when a future is first polled: a
+/// signal that comes before (say, right after the server printed its
+/// address, or a second one right after the first, before the drain
+/// begins) is counted, not lost, and does not kill the process.
+pub fn shutdown_signals() -> (
+    impl Future<Output = ()> + Send + 'static,
+    impl Future<Output = ()> + Send + 'static,
+) {
+    let (tx, rx) = tokio::sync::watch::channel(0u32);
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        let int = signal(SignalKind::interrupt());
-        let term = signal(SignalKind::terminate());
-        async move {
-            let one = |s: std::io::Result<tokio::signal::unix::Signal>| async move {
+        // A source that could not be installed never fires.
+        let mut int = signal(SignalKind::interrupt()).ok();
+        let mut term = signal(SignalKind::terminate()).ok();
+        tokio::spawn(async move {
+            async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
                 match s {
-                    Ok(mut s) => {
-                        s.recv().await;
+                    Some(s) => {
+                        if s.recv().await.is_none() {
+                            std::future::pending::<()>().await;
+                        }
                     }
-                    Err(_) => std::future::pending::<()>().await,
+                    None => std::future::pending::<()>().await,
                 }
-            };
-            tokio::select! {
-                _ = one(int) => {}
-                _ = one(term) => {}
             }
-        }
+            loop {
+                tokio::select! {
+                    _ = next(&mut int) => {}
+                    _ = next(&mut term) => {}
+                }
+                tx.send_modify(|n| *n = n.saturating_add(1));
+            }
+        });
     }
     #[cfg(not(unix))]
-    async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
+    tokio::spawn(async move {
+        while tokio::signal::ctrl_c().await.is_ok() {
+            tx.send_modify(|n| *n = n.saturating_add(1));
         }
-    }
+    });
+    let nth = move |n: u32| {
+        let mut rx = rx.clone();
+        async move {
+            if rx.wait_for(|&seen| seen >= n).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    (nth(1), nth(2))
 }
 
 fn app(state: Arc<AppState>) -> Router {

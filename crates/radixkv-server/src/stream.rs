@@ -47,6 +47,14 @@ impl CancelGuard {
         self.armed = false;
     }
 
+    /// The server gives up on the request (not its client): it is
+    /// cancelled in the engine now, and not counted as a disconnect.
+    pub fn cancel(&mut self) {
+        if std::mem::take(&mut self.armed) {
+            self.state.engine().cancel(self.id);
+        }
+    }
+
     /// Its client met a stop sequence: the engine ends its generation
     /// now (it completes without error).
     pub fn end_generation(&self) {
@@ -299,6 +307,13 @@ impl CompletionStream {
         }
     }
 
+    /// A token the model's tokenizer cannot decode: the request is cancelled
+    /// (its pages released) and the stream ends with the error.
+    fn undecodable(&mut self, e: super::error::ApiError) {
+        self.guard.cancel();
+        self.fail(e);
+    }
+
     fn fail(&mut self, e: super::error::ApiError) {
         self.queued.push_back(json_event(&e.body()));
         self.queued.push_back(Event::default().data("[DONE]"));
@@ -325,8 +340,15 @@ impl futures_core::Stream for CompletionStream {
                     if this.eos == Some(t) && !this.stopped {
                         // The model ended its turn: what is held goes out
                         // (no stop sequence can complete now).
+                        let rest = match this.decoder.finish() {
+                            Ok(rest) => rest,
+                            Err(e) => {
+                                this.undecodable(e);
+                                continue;
+                            }
+                        };
                         let mut out = std::mem::take(&mut this.held);
-                        out.push_str(&this.decoder.finish());
+                        out.push_str(&rest);
                         let (kept, _) = super::api::cut_at_stop(&out, &this.stop);
                         let kept = kept.to_owned();
                         this.stopped = true;
@@ -336,13 +358,18 @@ impl futures_core::Stream for CompletionStream {
                         continue;
                     }
                     let last = this.sent >= this.max_tokens;
-                    let mut text = this.decoder.push(t);
-                    if last {
-                        text.push_str(&this.decoder.finish());
+                    let text = this.decoder.push(t).and_then(|mut text| {
+                        if last {
+                            text.push_str(&this.decoder.finish()?);
+                        }
+                        Ok(text)
+                    });
+                    match text {
+                        // Queues a chunk, or holds the text back (a possible
+                        // stop sequence), or drops it (after a stop).
+                        Ok(text) => this.take_text(&text, last),
+                        Err(e) => this.undecodable(e),
                     }
-                    // Queues a chunk, or holds the text back (a possible
-                    // stop sequence), or drops it (after a stop).
-                    this.take_text(&text, last);
                 }
                 Poll::Ready(Some(StreamEvent::Done(c))) => {
                     this.guard.disarm();

@@ -391,8 +391,9 @@ pub fn replay(
 /// own), with `cfg.model` ignored and `cfg.speedup` taken as given (it
 /// must be a positive number; `replay` sets it to 1 for the models that
 /// compute, whose model time is wall time). A scheduler thread that fails
-/// ends the replay with [`EngineError::Failed`]: the requests it held
-/// never complete.
+/// ends the replay with [`EngineError::Failed`] (the requests it held
+/// complete with that failure; a replay with a device gone measures
+/// nothing).
 pub fn replay_on(
     w: &Trace,
     cfg: &ReplayConfig,
@@ -495,6 +496,9 @@ pub fn replay_on(
         }
     }
     progress.finish();
+    if let Some(e) = failed_engine(&engine) {
+        return Err(e);
+    }
     let lat = engine.latencies();
     let report = engine.shutdown();
     let verification = backend.verification().unwrap_or_default();

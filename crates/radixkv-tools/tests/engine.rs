@@ -393,6 +393,61 @@ fn a_replay_ends_with_the_failure_of_a_scheduler_thread() {
     }
 }
 
+/// Every request submitted without a stream completes on
+/// `Engine::completions()`, those of a scheduler thread that died included:
+/// with `RequestError::SchedulerFailed`, not never. Afterwards the engine
+/// refuses new requests with the failure.
+#[test]
+fn a_dead_schedulers_requests_complete_with_its_failure() {
+    let cfg = EngineConfig {
+        devices: 2,
+        pages_per_device: 256,
+        router: RouterConfig {
+            kind: RouterKind::RoundRobin,
+            ..RouterConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    let backend = Arc::new(PanicsOnDeviceOne(SimulatedBackend::new(
+        CostModel::default(),
+        1000.0,
+    )));
+    let engine = Engine::start(cfg, backend).unwrap();
+    let mut ids = std::collections::HashSet::new();
+    for i in 0..8u32 {
+        match engine.submit(EngineRequest::new(vec![i + 1, 2, 3, 4], 4)) {
+            Ok(id) => {
+                ids.insert(id);
+            }
+            // Submitted after device 1's thread died: refused at once.
+            Err(EngineError::Failed(why)) => assert!(why.contains("device 1"), "{why}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let (mut ok, mut failed) = (0, 0);
+    while !ids.is_empty() {
+        let c = engine
+            .completions()
+            .recv_timeout(Duration::from_secs(60))
+            .expect("a request of the dead scheduler never completed");
+        assert!(ids.remove(&c.id), "completion {} twice or unknown", c.id);
+        match &c.error {
+            None => ok += 1,
+            Some(RequestError::SchedulerFailed(why)) => {
+                assert_eq!(c.device.index(), 1);
+                assert!(why.contains("a bug in the model"), "{why}");
+                failed += 1;
+            }
+            Some(e) => panic!("{e}"),
+        }
+    }
+    assert!(ok >= 1 && failed >= 1, "{ok} finished, {failed} failed");
+    assert!(matches!(
+        engine.submit(EngineRequest::new(vec![9], 1)),
+        Err(EngineError::Failed(_))
+    ));
+}
+
 /// `replay_on` refuses a speedup that is not a positive number, as
 /// `replay` does, instead of panicking on it.
 #[test]

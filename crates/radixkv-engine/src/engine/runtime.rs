@@ -9,12 +9,14 @@ use super::report::{
 };
 use crate::router::{PendingIndex, Router, RouterConfig};
 use crate::sched::batch::ModelBackend;
+use crate::sched::scheduler::RequestError;
 use crate::sched::scheduler::{
     CacheOp, Completion, Inbox, Job, Scheduler, SchedulerEvents, SchedulerStats, StreamEvent,
     StreamSink,
 };
 use radixkv::cache::{EvictionPolicy, PagedCache, TokenKey};
 use radixkv::device::DeviceId;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -33,6 +35,55 @@ struct Shared {
     /// Why the engine cannot serve any more (the first scheduler thread
     /// that panicked), once one did.
     failure: std::sync::OnceLock<String>,
+    /// Requests submitted without a stream sink and not yet completed, with
+    /// the device they went to: if that device's scheduler thread dies,
+    /// each completes with [`RequestError::SchedulerFailed`] on the
+    /// completions channel (a streamed request learns it from its sink,
+    /// which the dying thread drops).
+    unanswered: Mutex<HashMap<u64, usize>>,
+}
+
+impl Shared {
+    /// Device `d`'s scheduler thread died (`why`): the engine is failed,
+    /// and every request it held that waits on the completions channel
+    /// completes with the failure.
+    fn scheduler_failed(&self, d: usize, why: String) {
+        let _ = self.failure.set(why.clone());
+        let held: Vec<u64> = {
+            let mut m = lock(&self.unanswered);
+            let ids: Vec<u64> = m
+                .iter()
+                .filter(|&(_, &dev)| dev == d)
+                .map(|(&id, _)| id)
+                .collect();
+            for id in &ids {
+                m.remove(id);
+            }
+            ids
+        };
+        for id in held {
+            self.router.finished(d);
+            if let Some(Ok(mut l)) = self.live.get(d).map(|m| m.lock()) {
+                l.failed += 1;
+            }
+            let _ = self.done.send(Completion {
+                id,
+                device: DeviceId(d as u32),
+                tokens: Default::default(),
+                output_tokens: 0,
+                ttft: std::time::Duration::ZERO,
+                e2e: std::time::Duration::ZERO,
+                retractions: 0,
+                error: Some(RequestError::SchedulerFailed(why.clone())),
+            });
+        }
+    }
+}
+
+/// `m`, locked; a panic elsewhere while it was held leaves it usable (every
+/// change under it is one insert or removal).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl SchedulerEvents for Shared {
@@ -56,6 +107,7 @@ impl SchedulerEvents for Shared {
         }
         // A streaming client got its `Done` from the scheduler.
         if job.stream.is_none() {
+            lock(&self.unanswered).remove(&job.id);
             let _ = self.done.send(c);
         }
     }
@@ -153,6 +205,7 @@ impl Engine {
             computing: (!private && cfg.tiers.copy.peer())
                 .then(|| PendingIndex::new(cfg.devices, cfg.page_size)),
             failure: std::sync::OnceLock::new(),
+            unanswered: Mutex::new(HashMap::new()),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let mut inboxes = Vec::new();
@@ -177,8 +230,10 @@ impl Engine {
                 .name(format!("radixkv-sched-{d}"))
                 .spawn(move || {
                     // A panic ends this device's scheduler (its requests'
-                    // stream sinks drop with it): the engine is marked
-                    // failed instead of serving on with a device gone.
+                    // stream sinks and its inbox drop with it): the engine
+                    // is marked failed instead of serving on with a device
+                    // gone, and its requests that wait on the completions
+                    // channel complete with the failure.
                     let run = std::panic::AssertUnwindSafe(|| sched.run(rx, &stop));
                     std::panic::catch_unwind(run).unwrap_or_else(|p| {
                         let why = p
@@ -186,9 +241,10 @@ impl Engine {
                             .map(|s| s.to_string())
                             .or_else(|| p.downcast_ref::<String>().cloned())
                             .unwrap_or_else(|| "a panic without a message".into());
-                        let _ = shared
-                            .failure
-                            .set(format!("the scheduler of device {d} failed: {why}"));
+                        shared.scheduler_failed(
+                            d,
+                            format!("the scheduler of device {d} failed: {why}"),
+                        );
                         SchedulerStats::default()
                     })
                 })
@@ -456,9 +512,6 @@ impl Engine {
         if self.stop.load(Ordering::Relaxed) {
             return Err(EngineError::Stopped);
         }
-        if let Some(why) = self.failure() {
-            return Err(EngineError::Failed(why.to_string()));
-        }
         // Relaxed: ids only need to be unique.
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let job = Job {
@@ -477,15 +530,32 @@ impl Engine {
             let shared = self.placement.shared().map(|c| &**c);
             self.shared.router.route(key, shared).device
         };
-        self.inboxes[device]
-            .send(Inbox::Job(job))
-            .map_err(|_| EngineError::Stopped)?;
+        let answered_here = job.stream.is_none();
+        // Under the lock, the failure check, the record and the send are
+        // one step against `scheduler_failed` (which sets the failure,
+        // then takes the lock): a request either reaches a live scheduler
+        // and is recorded, or is refused here; none falls between.
+        let mut unanswered = lock(&self.shared.unanswered);
+        if let Some(why) = self.failure() {
+            return Err(EngineError::Failed(why.to_string()));
+        }
+        if self.inboxes[device].send(Inbox::Job(job)).is_err() {
+            return Err(match self.failure() {
+                Some(why) => EngineError::Failed(why.to_string()),
+                None => EngineError::Stopped,
+            });
+        }
+        if answered_here {
+            unanswered.insert(id, device);
+        }
         Ok(id)
     }
 
     /// Finished (or failed) requests, in completion order. The receiver is
     /// behind a lock (so that the engine is `Sync`): hold the guard only
-    /// while receiving.
+    /// while receiving. Every request submitted without a stream completes
+    /// here exactly once, a scheduler thread's failure included (with
+    /// [`RequestError::SchedulerFailed`]).
     pub fn completions(&self) -> std::sync::MutexGuard<'_, Receiver<Completion>> {
         // A panic while holding the guard leaves the receiver intact.
         self.completions

@@ -1,9 +1,9 @@
 //! A GGUF llama computed with its K/V in the engine's KV pools
 //! ([`LlamaModel`], a [`PagedModel`]): quantized matmuls over the file's
-//! tensors (`super::qmatmul`: `Q4_1` and `Q8_0` with AVX2, candle's for
-//! other types), grouped-query attention reading every earlier position's
-//! K/V back from the slots the cache allocated, and GGUF's interleaved
-//! RoPE.
+//! tensors (`super::qmatmul`: `Q4_1` and `Q8_0` with AVX2; a matmul weight
+//! of another type is refused at load, see `super::tensors`),
+//! grouped-query attention reading every earlier position's K/V back from
+//! the slots the cache allocated, and GGUF's interleaved RoPE.
 //!
 //! Every step is computed row by row in a fixed order (the matmuls
 //! quantize each activation row on its own; attention is a loop per query
@@ -23,15 +23,15 @@
 //! over the whole sequence at once with its K/V in a local buffer, never
 //! a pool: with correct K/V in the slots it gives the same logits, and a
 //! stale, foreign or corrupted slot shows. candle-transformers' quantized
-//! llama ([`DenseModel`](super::DenseModel)) and llama.cpp are the
-//! independent checks (tests/gguf.rs, tests/llama_cpp.rs).
+//! llama and llama.cpp are the independent checks (tests/gguf.rs,
+//! tests/llama_cpp.rs).
 
 use super::attention::{attention_group, Group};
-use super::qmatmul::Linear;
-use super::{GgufError, GgufFile};
+use super::qmatmul::QWeight;
+use super::{tensors, GgufError, GgufFile};
 use crate::kvpool::{with_kv_rows, Kv, KvLayout, KvPool};
 use crate::paged::{Logits, ModelError, PagedModel, PagedSeq, Tolerance};
-use candle_core::quantized::GgmlDType;
+use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 use std::path::PathBuf;
@@ -79,14 +79,14 @@ impl LlamaConfig {
 
 struct Block {
     attn_norm: Vec<f32>,
-    wq: Linear,
-    wk: Linear,
-    wv: Linear,
-    wo: Linear,
+    wq: QWeight,
+    wk: QWeight,
+    wv: QWeight,
+    wo: QWeight,
     ffn_norm: Vec<f32>,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+    gate: QWeight,
+    up: QWeight,
+    down: QWeight,
 }
 
 /// A GGUF llama whose K/V live in [`KvPool`]s (see the module's docs).
@@ -110,7 +110,7 @@ pub struct LlamaModel {
     embed: Tensor,
     blocks: Vec<Block>,
     norm: Vec<f32>,
-    output: Linear,
+    output: QWeight,
     /// `base^(-2 / head_dim)`: pair `i` of position `p` turns by `p ×
     /// theta_scale^i`, computed as llama.cpp does (one multiplication per
     /// pair, in f32), so the angles are the reference runtime's to the bit.
@@ -126,23 +126,15 @@ impl std::fmt::Debug for LlamaModel {
     }
 }
 
-/// Tensor types whose matmuls candle runs on the CPU and that this model
-/// accepts.
-fn supported(t: GgmlDType) -> bool {
-    use GgmlDType::*;
-    matches!(
-        t,
-        F32 | F16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K
-    )
-}
-
 fn candle(e: candle_core::Error) -> GgufError {
     GgufError::Format(e.to_string())
 }
 
 impl LlamaModel {
-    /// Loads the weights of `f` (architecture `llama`, tensor types candle
-    /// computes on the CPU; anything else is a typed error).
+    /// Loads the weights of `f`: architecture `llama`, matmul weights
+    /// `Q4_1` or `Q8_0` (embeddings and norms of any type candle
+    /// dequantizes); anything else is a typed error
+    /// ([`GgufError::Unsupported`]) that names it.
     pub fn load(f: &GgufFile) -> Result<LlamaModel, GgufError> {
         let arch = f.string("general.architecture")?;
         if arch != "llama" {
@@ -151,14 +143,12 @@ impl LlamaModel {
             )));
         }
         let content = f.content();
-        for (name, info) in &content.tensor_infos {
-            if !supported(info.ggml_dtype) {
-                return Err(GgufError::Unsupported(format!(
-                    "tensor `{name}` of type {:?}",
-                    info.ggml_dtype
-                )));
-            }
-        }
+        tensors::check_types(
+            content
+                .tensor_infos
+                .iter()
+                .map(|(name, info)| (name.as_str(), info.ggml_dtype)),
+        )?;
         let u = |k: &str| f.u32(k).map(|v| v as usize);
         let heads = u("llama.attention.head_count")?;
         let hidden = u("llama.embedding_length")?;
@@ -201,15 +191,17 @@ impl LlamaModel {
         }
         let norm = norm_weights(q("output_norm.weight")?, hidden)?;
         // No `output.weight`: the output layer is the embedding's.
-        let output = match q("output.weight") {
-            Ok(t) => t,
-            Err(_) => embed_q,
+        let output = if content.tensor_infos.contains_key("output.weight") {
+            matmul("output.weight", q("output.weight")?)?
+        } else {
+            matmul("token_embd.weight", embed_q)?
         };
         let layers = u("llama.block_count")?;
         let mut blocks = Vec::with_capacity(layers);
         for l in 0..layers {
             let mut mm = |n: &str| {
-                q(&format!("blk.{l}.{n}.weight")).and_then(|t| Linear::new(t).map_err(candle))
+                let name = format!("blk.{l}.{n}.weight");
+                matmul(&name, q(&name)?)
             };
             let (wq, wk, wv, wo) = (
                 mm("attn_q")?,
@@ -249,7 +241,7 @@ impl LlamaModel {
             embed,
             blocks,
             norm,
-            output: Linear::new(output).map_err(candle)?,
+            output,
             theta_scale,
         })
     }
@@ -539,6 +531,18 @@ impl LlamaModel {
         }
         Ok(out)
     }
+}
+
+/// The matmul weight `name` (`t`), which [`tensors::check_types`] found
+/// `Q4_1` or `Q8_0`; a tensor that is not a matrix is an error naming it.
+fn matmul(name: &str, t: QTensor) -> Result<QWeight, GgufError> {
+    QWeight::new(&t).map_err(candle)?.ok_or_else(|| {
+        GgufError::Unsupported(format!(
+            "matmul weight `{name}` of type {:?} and shape {:?} (a matrix of Q4_1 or Q8_0)",
+            t.dtype(),
+            t.shape().dims()
+        ))
+    })
 }
 
 /// An RMSNorm's weights: `hidden` floats, read once at load.

@@ -9,32 +9,35 @@
 //! | `attention.rs` | its grouped-query attention over the K/V rows of a query's positions |
 //! | `qmatmul.rs` | `Q4_1` and `Q8_0` matmuls as llama.cpp computes them (8-bit activations, AVX2, rayon) |
 //! | `lanes.rs` | the AVX2 lane sum both kernels share (its order fixes their bits) |
-//! | `dense.rs` | candle's quantized llama over the same file: the dense reference ([`DenseModel`]) |
+//! | `tensors.rs` | which types each tensor may have: matmul weights `Q4_1` or `Q8_0` only |
 //!
 //! [`GgufBackend`] is the engine's backend over a [`LlamaModel`]; its
 //! verification compares each request with the model's dense pass, which
-//! reads no pool; [`DenseModel`] and llama.cpp are the independent checks
-//! of the model itself.
+//! reads no pool. The independent checks of the model itself are in its
+//! tests: candle-transformers' quantized llama over the same file
+//! (tests/gguf.rs) and llama.cpp (tests/llama_cpp.rs).
 //!
 //! ```no_run
 //! use radixkv_engine::gguf::{GgufFile, Message};
-//! let f = GgufFile::open("SmolLM2-135M-Instruct.Q4_1.gguf").unwrap();
-//! let prompt = f.template().unwrap().render(&[Message::user("Hi")], true).unwrap();
-//! let ids = f.tokenizer().unwrap().encode(&prompt).unwrap();
-//! let mut model = f.dense().unwrap();
-//! let next = model.greedy(&ids, 8, f.eos()).unwrap();
+//! use radixkv_engine::paged::argmax;
+//! let f = GgufFile::open("SmolLM2-135M-Instruct.Q4_1.gguf")?;
+//! let prompt = f.template()?.render(&[Message::user("Hi")], true)?;
+//! let ids = f.tokenizer()?.encode(&prompt)?;
+//! let model = f.llama()?;
+//! let logits = model.forward_dense(&ids, &[ids.len() - 1])?;
+//! let next = argmax(&logits[0]).map(|(id, _)| id);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod attention;
-mod dense;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
 mod llama;
 mod qmatmul;
 mod template;
+mod tensors;
 mod tokenizer;
 
-pub use dense::DenseModel;
 pub use llama::{LlamaConfig, LlamaModel, LOGIT_TOLERANCE};
 pub use template::{ChatTemplate, Message};
 pub use tokenizer::GgufTokenizer;
@@ -159,11 +162,6 @@ impl GgufFile {
     /// Its chat template.
     pub fn template(&self) -> Result<ChatTemplate, GgufError> {
         ChatTemplate::new(self.string("tokenizer.chat_template")?)
-    }
-
-    /// The dense reference model over its weights (loads them).
-    pub fn dense(&self) -> Result<DenseModel, GgufError> {
-        DenseModel::load(&self.path)
     }
 
     /// The paged model over its weights (loads them).

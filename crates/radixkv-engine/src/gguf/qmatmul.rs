@@ -9,12 +9,12 @@
 //!
 //! A row's outputs depend only on that row and the weights, never on the
 //! other rows of the call or on how the columns were split: the paged
-//! passes and the dense reference agree exactly however they batch.
-//! Other tensor types go through candle's [`QMatMul`](candle_core::quantized::QMatMul)
-//! ([`Linear`]).
+//! passes and the dense reference agree exactly however they batch. These
+//! are the only matmuls the model computes: a weight of any other type is
+//! refused at load (`super::tensors`).
 
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{Module, Tensor};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::Tensor;
 use half::f16;
 use rayon::prelude::*;
 
@@ -164,6 +164,16 @@ impl QWeight {
             }
         }
         y
+    }
+
+    /// `x Wᵀ` for `x` of shape `(rows, k)`: shape `(rows, n)`.
+    pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (rows, k) = x.dims2()?;
+        if k != self.k {
+            candle_core::bail!("{k} inputs into a {} x {} weight", self.n, self.k);
+        }
+        let y = self.matmul(&x.flatten_all()?.to_vec1::<f32>()?, rows);
+        Tensor::from_vec(y, (rows, self.n), x.device())
     }
 }
 
@@ -382,42 +392,11 @@ mod avx2 {
     }
 }
 
-/// A linear layer: [`QWeight`] for `Q4_1` and `Q8_0`, candle's
-/// [`QMatMul`] for every other type.
-pub(crate) enum Linear {
-    Own(QWeight),
-    Candle(QMatMul),
-}
-
-impl Linear {
-    /// The layer over `t`.
-    pub(crate) fn new(t: QTensor) -> candle_core::Result<Linear> {
-        Ok(match QWeight::new(&t)? {
-            Some(w) => Linear::Own(w),
-            None => Linear::Candle(QMatMul::from_qtensor(t)?),
-        })
-    }
-
-    /// `x Wᵀ` for `x` of shape `(rows, k)`.
-    pub(crate) fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match self {
-            Linear::Own(w) => {
-                let (rows, k) = x.dims2()?;
-                if k != w.k {
-                    candle_core::bail!("{k} inputs into a {} x {} weight", w.n, w.k);
-                }
-                let y = w.matmul(&x.flatten_all()?.to_vec1::<f32>()?, rows);
-                Tensor::from_vec(y, (rows, w.n), x.device())
-            }
-            Linear::Candle(m) => m.forward(x),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
+    use candle_core::quantized::QMatMul;
+    use candle_core::{Device, Module};
 
     fn random(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(2_654_435_761).max(1);
@@ -466,7 +445,7 @@ mod tests {
         let (_, own) = weight(GgmlDType::Q4_1, 8, 32);
         assert!(own.matmul(&[], 0).is_empty());
         let x = Tensor::zeros((0, 32), candle_core::DType::F32, &Device::Cpu).unwrap();
-        let y = Linear::Own(own).forward(&x).unwrap();
+        let y = own.forward(&x).unwrap();
         assert_eq!(y.dims(), &[0, 8]);
     }
 

@@ -16,22 +16,38 @@ pub struct Tolerance {
     pub argmax_margin: f32,
 }
 
-/// The argmax of a row and its margin over the runner-up (`None` for an
-/// empty row; NaNs never win).
+/// The argmax of a row and its margin over the runner-up, the first of
+/// equal values winning. NaNs never win and are never the runner-up: they
+/// are skipped, so a row of only NaNs has no argmax and gives `None`, as an
+/// empty row does. The margin is infinite when no other value is left, and
+/// 0 when the runner-up equals the winner (two infinities included).
+///
+/// ```
+/// use radixkv_engine::paged::argmax;
+/// assert_eq!(argmax(&[f32::NAN, 1.0, 3.0, 2.0]), Some((2, 1.0)));
+/// assert_eq!(argmax(&[f32::NAN, f32::NAN]), None);
+/// ```
 pub fn argmax(row: &[f32]) -> Option<(u32, f32)> {
     let mut best: Option<(usize, f32)> = None;
-    let mut second = f32::NEG_INFINITY;
-    for (i, &x) in row.iter().enumerate() {
+    let mut second: Option<f32> = None;
+    for (i, &x) in row.iter().enumerate().filter(|(_, x)| !x.is_nan()) {
         match best {
             Some((_, b)) if x > b => {
-                second = b;
+                second = Some(b);
                 best = Some((i, x));
             }
-            Some(_) => second = second.max(x),
+            Some(_) => second = Some(second.map_or(x, |s| s.max(x))),
             None => best = Some((i, x)),
         }
     }
-    best.map(|(i, b)| (i as u32, b - second))
+    best.map(|(i, b)| {
+        let margin = match second {
+            None => f32::INFINITY,
+            Some(s) if s == b => 0.0,
+            Some(s) => b - s,
+        };
+        (i as u32, margin)
+    })
 }
 
 /// How paged logits compare with the dense reference's.
@@ -150,5 +166,40 @@ impl RequestLog {
             Err(_) => failed = true,
         }
         Some((c, failed || !c.ok()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::argmax;
+
+    const NAN: f32 = f32::NAN;
+
+    #[test]
+    fn argmax_takes_the_first_largest_value_and_its_margin() {
+        assert_eq!(argmax(&[1.0, 5.0, 5.0]), Some((1, 0.0)));
+        assert_eq!(argmax(&[1.0, 5.0, 3.0]), Some((1, 2.0)));
+        assert_eq!(argmax(&[4.0]), Some((0, f32::INFINITY)));
+        assert_eq!(argmax(&[]), None);
+        let inf = f32::INFINITY;
+        assert_eq!(argmax(&[inf, 1.0, inf]), Some((0, 0.0)));
+        assert_eq!(argmax(&[-inf, -inf]), Some((0, 0.0)));
+    }
+
+    /// A NaN wins nowhere in the row and is never the runner-up.
+    #[test]
+    fn nans_never_win_nor_set_the_margin() {
+        assert_eq!(argmax(&[NAN, 1.0, 3.0, 2.0]), Some((2, 1.0)));
+        assert_eq!(argmax(&[1.0, NAN, 3.0, 2.0]), Some((2, 1.0)));
+        assert_eq!(argmax(&[1.0, 3.0, NAN]), Some((1, 2.0)));
+        assert_eq!(argmax(&[NAN, 3.0]), Some((1, f32::INFINITY)));
+        assert_eq!(argmax(&[-1.0, NAN, -2.0]), Some((0, 1.0)));
+    }
+
+    /// A row of only NaNs has no argmax.
+    #[test]
+    fn a_row_of_only_nans_has_no_argmax() {
+        assert_eq!(argmax(&[NAN]), None);
+        assert_eq!(argmax(&[NAN, NAN, NAN]), None);
     }
 }

@@ -1,8 +1,11 @@
 //! What the engine-level tests (tests/tiny.rs, tests/gguf.rs,
 //! tests/llama_cpp.rs) share: running waves of prompts through a started
-//! engine, reading a shut-down engine's evictions, and finding SmolLM2's
-//! GGUF.
+//! engine, reading a shut-down engine's evictions, finding SmolLM2's
+//! GGUF, and candle-transformers' llama over it (`dense`).
 #![allow(dead_code)] // each test binary uses its own part of this
+
+#[cfg(feature = "gguf")]
+pub mod dense;
 
 use radixkv_engine::{Engine, EngineReport, EngineRequest, PromptTokens};
 

@@ -501,6 +501,14 @@ impl Collector for HttpFigures {
         )?;
         single(
             e,
+            (
+                "http_send_timeouts",
+                "Connections closed because a response waited on its client past the send timeout (their requests cancelled).",
+            ),
+            counter(h.send_timeouts),
+        )?;
+        single(
+            e,
             ("http_in_flight", "Requests admitted and not finished."),
             gauge(h.in_flight),
         )?;

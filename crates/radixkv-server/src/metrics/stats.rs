@@ -23,6 +23,9 @@ pub struct ServerStats {
     /// Connections closed to make room under the connection cap, or
     /// refused at it.
     pub shed_connections: AtomicU64,
+    /// Connections closed because a response waited on its client past the
+    /// send timeout (their requests cancelled).
+    pub send_timeouts: AtomicU64,
 }
 
 impl ServerStats {
@@ -79,6 +82,9 @@ pub struct HttpStats {
     pub max_connections: usize,
     /// Connections closed to make room under the cap, or refused at it.
     pub shed_connections: u64,
+    /// Connections closed because a response waited on its client past the
+    /// send timeout.
+    pub send_timeouts: u64,
 }
 
 /// `GET /stats`.

@@ -20,6 +20,7 @@ fn http() -> HttpStats {
         open_connections: 4,
         max_connections: 64,
         shed_connections: 0,
+        send_timeouts: 1,
     }
 }
 
@@ -224,6 +225,7 @@ fn engine_and_http_families() {
         "radixkv_http_responses_total{code=\"429\"} 2",
         "radixkv_http_rejected_busy_total 2",
         "radixkv_http_disconnects_total 3",
+        "radixkv_http_send_timeouts_total 1",
         "radixkv_http_in_flight 1",
         "radixkv_http_max_queue 8",
     ] {
@@ -235,7 +237,7 @@ fn engine_and_http_families() {
     // Every family has one HELP and one TYPE line.
     let types = lines(&text, "# TYPE ");
     assert_eq!(types.len(), lines(&text, "# HELP ").len());
-    assert_eq!(types.len(), 29, "{text}");
+    assert_eq!(types.len(), 30, "{text}");
     // Without a host tier, no host-tier families.
     let plain = prometheus(vec![device(0)], None, latencies(1), http(), None).unwrap();
     assert!(!plain.contains("host_tier"), "{plain}");

@@ -111,6 +111,7 @@ pub fn limits(header: u64, body: u64, idle: u64, cap: usize) -> ConnectionLimits
         body_read_timeout: Duration::from_millis(body),
         idle_timeout: Duration::from_millis(idle),
         max_connections: cap,
+        ..ConnectionLimits::default()
     }
 }
 

@@ -207,6 +207,11 @@ pub enum RequestError {
     /// with it).
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// Its device's scheduler thread failed (panicked) while it held the
+    /// request: the engine serves no more (why, as
+    /// [`Engine::failure`](crate::Engine::failure) says).
+    #[error("{0}")]
+    SchedulerFailed(String),
 }
 
 impl RequestError {

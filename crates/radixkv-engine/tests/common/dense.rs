@@ -1,23 +1,18 @@
-//! The dense reference: candle-transformers' quantized llama over a GGUF
-//! file, with its own contiguous KV cache. It never reads radixkv's pools,
-//! so what it computes is what a verification compares the paged path
-//! with.
+//! The independent reference the GGUF tests compare the paged model with:
+//! candle-transformers' quantized llama over the same file, with its own
+//! contiguous KV cache and candle's quantized matmuls (a dev-dependency:
+//! the library never computes with it).
 
-use super::GgufError;
 use candle_core::quantized::gguf_file::Content;
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
+use radixkv_engine::gguf::GgufError;
+use radixkv_engine::paged::argmax;
 use std::path::Path;
 
-/// A GGUF llama on the CPU, computed densely.
+/// A GGUF llama on the CPU, computed densely by candle-transformers.
 pub struct DenseModel {
     weights: ModelWeights,
-}
-
-impl std::fmt::Debug for DenseModel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("DenseModel")
-    }
 }
 
 fn format(e: candle_core::Error) -> GgufError {
@@ -56,7 +51,8 @@ impl DenseModel {
             .map_err(format)
     }
 
-    /// Up to `max` greedy tokens after `prompt`, stopping after `eos`.
+    /// Up to `max` greedy tokens after `prompt`, stopping after `eos` or
+    /// at a row without an argmax (empty or all NaN).
     pub fn greedy(
         &mut self,
         prompt: &[u32],
@@ -66,7 +62,9 @@ impl DenseModel {
         let mut out = Vec::with_capacity(max);
         let mut logits = self.logits(prompt)?;
         while out.len() < max {
-            let next = argmax(&logits);
+            let Some((next, _)) = argmax(&logits) else {
+                break;
+            };
             out.push(next);
             if Some(next) == eos {
                 break;
@@ -75,15 +73,4 @@ impl DenseModel {
         }
         Ok(out)
     }
-}
-
-/// The index of the largest value (the first of equals).
-pub fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
