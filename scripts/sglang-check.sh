@@ -64,23 +64,10 @@ echo "-- negative controls: each must report a difference"
 # control SCRIPT FAULT ARGS...: SCRIPT run with RADIXKV_DIFF_FAULT=FAULT
 # must fail with a reported difference.
 control() {
-  local script=$1 fault=$2 log
+  local script=$1 fault=$2
   shift 2
-  log=$(mktemp)
-  if RADIXKV_DIFF_FAULT=$fault "$venv/bin/python" "$here/$script" "$@" >"$log" 2>&1; then
-    echo "FAIL: $script found no difference with RADIXKV_DIFF_FAULT=$fault"
-    rm -f "$log"
-    exit 1
-  fi
-  if grep -q "^DIFFERENT:" "$log"; then
-    echo "control $script RADIXKV_DIFF_FAULT=$fault: failed as required: $(grep -m1 '^DIFFERENT:' "$log" | cut -c1-160)"
-    rm -f "$log"
-  else
-    echo "FAIL: the control $script $fault failed, but not with a reported difference:"
-    tail -n 30 "$log"
-    rm -f "$log"
-    exit 1
-  fi
+  bash "$root/scripts/expect-failure.sh" "$script RADIXKV_DIFF_FAULT=$fault" "^DIFFERENT:" \
+    env RADIXKV_DIFF_FAULT="$fault" "$venv/bin/python" "$here/$script" "$@"
 }
 # radixkv's tree without insert priorities.
 control tree_vs_sglang.py priority --policies priority

@@ -834,21 +834,34 @@ async fn spawn_binary(args: &[&str]) -> (std::process::Child, Http) {
 
 /// Sends SIGTERM and waits (at most 10 s) for the exit.
 #[cfg(unix)]
-async fn terminate(mut child: std::process::Child) -> std::process::ExitStatus {
+async fn terminate(child: std::process::Child) -> std::process::ExitStatus {
     let kill = std::process::Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
         .expect("kill");
     assert!(kill.success());
+    wait_exit(child, Duration::from_secs(10))
+        .await
+        .expect("radixkv serve did not exit after SIGTERM")
+}
+
+/// Waits (at most `within`) for `child` to exit; `None` (and the child
+/// killed) if it did not.
+#[cfg(unix)]
+async fn wait_exit(
+    mut child: std::process::Child,
+    within: Duration,
+) -> Option<std::process::ExitStatus> {
     tokio::task::spawn_blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + within;
         loop {
             if let Some(st) = child.try_wait().expect("wait") {
-                return st;
+                return Some(st);
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
-                panic!("radixkv serve did not exit after SIGTERM");
+                let _ = child.wait();
+                return None;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -912,7 +925,7 @@ async fn a_second_signal_ends_the_drain() {
         "--drain-timeout-s",
         "600",
     ];
-    let (mut child, s) = spawn_binary(&args).await;
+    let (child, s) = spawn_binary(&args).await;
     let body = json!({"prompt": "stay a while", "max_tokens": 500, "stream": true});
     let mut sse = Sse::new(
         s.send("POST", "/v1/completions", body.to_string().into_bytes())
@@ -938,23 +951,9 @@ async fn a_second_signal_ends_the_drain() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     signal();
-    let exited = tokio::task::spawn_blocking(move || {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(st) = child.try_wait().expect("wait") {
-                return Some(st);
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    })
-    .await
-    .unwrap();
-    let status = exited.expect("the second signal did not end the drain within 30 s");
+    let status = wait_exit(child, Duration::from_secs(30))
+        .await
+        .expect("the second signal did not end the drain within 30 s");
     assert!(status.success(), "{status}");
     let rest = tokio::time::timeout(Duration::from_secs(10), sse.rest())
         .await

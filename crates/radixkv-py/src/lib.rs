@@ -78,30 +78,33 @@ fn reads_without_copy(tokens: &Bound<'_, PyAny>) -> PyResult<bool> {
 /// re-exports it).
 #[pymodule]
 fn _radixkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<cache::RadixCache>()?;
-    m.add_class::<cache::PagedCache>()?;
-    m.add_class::<results::Lease>()?;
-    m.add_class::<results::NodeHandle>()?;
-    m.add_class::<results::MatchResult>()?;
-    m.add_class::<results::InsertResult>()?;
-    m.add_class::<results::Evicted>()?;
-    m.add_class::<results::Sizes>()?;
-    m.add_class::<pages::PageSpan>()?;
-    m.add_class::<pages::Request>()?;
-    m.add_class::<pages::PrefixCopy>()?;
-    m.add_class::<pages::CopyView>()?;
-    m.add_class::<pages::Evictor>()?;
-    m.add_class::<sglang::SglangTree>()?;
-    m.add_class::<sglang::SglangNode>()?;
-    m.add_function(wrap_pyfunction!(namespace_for, m)?)?;
-    m.add_function(wrap_pyfunction!(reads_without_copy, m)?)?;
-    #[cfg(feature = "test-hooks")]
-    {
-        m.add_function(wrap_pyfunction!(_panic_inside, m)?)?;
-        m.add_function(wrap_pyfunction!(_panic_at_next_entry, m)?)?;
-    }
-    m.add("HOST", convert::HOST)?;
-    m.add("MAX_PAGE_SIZE", radixkv::cache::MAX_PAGE_SIZE)?;
-    m.add("MAX_DEVICES", radixkv::cache::MAX_DEVICES)?;
-    Ok(())
+    // The module's initialisation runs inside the panic guard too.
+    errors::guarded(|| {
+        m.add_class::<cache::RadixCache>()?;
+        m.add_class::<cache::PagedCache>()?;
+        m.add_class::<results::Lease>()?;
+        m.add_class::<results::NodeHandle>()?;
+        m.add_class::<results::MatchResult>()?;
+        m.add_class::<results::InsertResult>()?;
+        m.add_class::<results::Evicted>()?;
+        m.add_class::<results::Sizes>()?;
+        m.add_class::<pages::PageSpan>()?;
+        m.add_class::<pages::Request>()?;
+        m.add_class::<pages::PrefixCopy>()?;
+        m.add_class::<pages::CopyView>()?;
+        m.add_class::<pages::Evictor>()?;
+        m.add_class::<sglang::SglangTree>()?;
+        m.add_class::<sglang::SglangNode>()?;
+        m.add_function(wrap_pyfunction!(namespace_for, m)?)?;
+        m.add_function(wrap_pyfunction!(reads_without_copy, m)?)?;
+        #[cfg(feature = "test-hooks")]
+        {
+            m.add_function(wrap_pyfunction!(_panic_inside, m)?)?;
+            m.add_function(wrap_pyfunction!(_panic_at_next_entry, m)?)?;
+        }
+        m.add("HOST", convert::HOST)?;
+        m.add("MAX_PAGE_SIZE", radixkv::cache::MAX_PAGE_SIZE)?;
+        m.add("MAX_DEVICES", radixkv::cache::MAX_DEVICES)?;
+        Ok(())
+    })
 }

@@ -397,6 +397,18 @@ def main() -> int:
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--page-sizes", default=",".join(map(str, PAGE_SIZES)))
     a = p.parse_args()
+    total = sweep(a, run, "scheduler steps equal to SGLang's RadixCache")
+    if total is None:
+        return 1
+    print(f"radixkv's SGLang backend equals SGLang 0.5.23's RadixCache over {total} scheduler steps", flush=True)
+    return 0
+
+
+def sweep(a, run, what: str, after=None):
+    """Runs `run(seed, page_size, policy, steps, seen)` for every policy,
+    page size and seed of the arguments `a`, printing a line per policy and
+    page size (`after(page_size, policy)` adds to it); the steps in all, or
+    None after printing the first difference."""
     total = 0
     for policy in a.policies.split(","):
         for ps in map(int, a.page_sizes.split(",")):
@@ -408,15 +420,19 @@ def main() -> int:
                 except Difference as e:
                     print(f"DIFFERENT: {e.args[0]}", flush=True)
                     print(f"reproduce: --policies {policy} --page-sizes {ps} (seed {seed})", flush=True)
-                    return 1
+                    return None
+            try:
+                extra = "" if after is None else after(ps, policy)
+            except Difference as e:
+                print(f"DIFFERENT: {e.args[0]}", flush=True)
+                return None
             print(
-                f"{policy:8s} page size {ps:2d}: {count} scheduler steps equal to SGLang's RadixCache"
+                f"{policy:8s} page size {ps:2d}: {count} {what}{extra}"
                 f" ({', '.join(f'{k} {v}' for k, v in sorted(seen.items()))})",
                 flush=True,
             )
             total += count
-    print(f"radixkv's SGLang backend equals SGLang 0.5.23's RadixCache over {total} scheduler steps", flush=True)
-    return 0
+    return total
 
 
 if __name__ == "__main__":

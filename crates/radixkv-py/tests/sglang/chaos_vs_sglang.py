@@ -63,21 +63,12 @@ from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
     TreeLock,
 )
 
-from backend_vs_sglang import CHUNK_PAGES, NAMESPACES, World, prompts  # noqa: E402
+from backend_vs_sglang import CHUNK_PAGES, NAMESPACES, Difference, World, check, prompts, sweep  # noqa: E402
 from logical_clock import LogicalClock  # noqa: E402
 
 FAULT = os.environ.get("RADIXKV_DIFF_FAULT", "")
 POLICIES = ("lru", "lfu", "slru", "priority")
 PAGE_SIZES = (1, 2, 4, 16)
-
-
-class Difference(AssertionError):
-    pass
-
-
-def check(cond: bool, *what) -> None:
-    if not cond:
-        raise Difference(what)
 
 
 class OldCheckpoint(RadixKVCache):
@@ -547,28 +538,14 @@ def main() -> int:
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--page-sizes", default=",".join(map(str, PAGE_SIZES)))
     a = p.parse_args()
-    total = 0
-    for policy in a.policies.split(","):
-        for ps in map(int, a.page_sizes.split(",")):
-            count, seen = 0, Counter()
-            for seed in range(a.seeds):
-                try:
-                    count += run(seed, ps, policy, a.steps, seen)
-                except Difference as e:
-                    print(f"DIFFERENT: {e.args[0]}", flush=True)
-                    print(f"reproduce: --policies {policy} --page-sizes {ps} (seed {seed})", flush=True)
-                    return 1
-            try:
-                threaded = threads(0, ps, policy, a.steps)
-            except Difference as e:
-                print(f"DIFFERENT: {e.args[0]}", flush=True)
-                return 1
-            print(
-                f"{policy:8s} page size {ps:2d}: {count} chaos steps equal to SGLang's RadixCache, "
-                f"{threaded} on two threads ({', '.join(f'{k} {v}' for k, v in sorted(seen.items()))})",
-                flush=True,
-            )
-            total += count
+    total = sweep(
+        a,
+        run,
+        "chaos steps equal to SGLang's RadixCache",
+        after=lambda ps, policy: f", {threads(0, ps, policy, a.steps)} on two threads",
+    )
+    if total is None:
+        return 1
     print(f"radixkv's SGLang backend held its slots through {total} chaos steps beside SGLang 0.5.23's RadixCache", flush=True)
     return 0
 
