@@ -7,7 +7,7 @@
 //! | file | what it holds |
 //! | --- | --- |
 //! | `tree.rs` | `SglangTree` (one call per SGLang operation) and `SglangNode` |
-//! | `mirror.rs` | the shape: lock counts, O(1) sizes, sibling order, per-node digests |
+//! | `mirror/` | the shape: lock counts and the pins behind them, O(1) sizes, sibling order, per-node digests |
 //! | `hash.rs` | SGLang's page-digest chain and published block hashes |
 
 mod hash;
