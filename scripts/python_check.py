@@ -175,17 +175,22 @@ def _():
     sub = ctx.socket(zmq.SUB)
     sub.connect(EVENTS)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
-    # Live: keep sending requests until one batch arrives on device 0's
-    # socket (the subscription takes a moment to reach the publisher).
+    # Live: keep sending requests until a batch with a store arrives on
+    # device 0's socket (the subscription takes a moment to reach the
+    # publisher, and for its first second it repeats AllBlocksCleared alone
+    # while changes wait: the startup hold).
     deadline = time.time() + 20
     live = None
     i = 0
     while live is None and time.time() < deadline:
         client.completions.create(model="radixkv-sim", prompt=f"live event probe {i} " * 3, max_tokens=1)
         i += 1
-        if sub.poll(200):
-            live = sub.recv_multipart()
-    assert live is not None, "no live batch"
+        while sub.poll(200):
+            frames = sub.recv_multipart()
+            if any(e["type"] == "BlockStored" for e in msgpack.unpackb(frames[2])[1]):
+                live = frames
+                break
+    assert live is not None, "no live batch with a store"
     topic, seq, payload = live
     ts, events, rank = msgpack.unpackb(payload)
     assert topic == b"" and len(seq) == 8 and isinstance(ts, float) and rank == 0

@@ -60,21 +60,21 @@ QUICK=1 THREADS=1,2 PROCESSES=1 bash scripts/scaling.sh "" target/peers/scaling-
 echo "== KV events read by Dynamo's own decoder and index (bench-peers/tests/dynamo_events.rs: a 4-device replay with evictions, every prompt's overlap per rank equal to radixkv's peek)"
 cargo test --release --manifest-path bench-peers/Cargo.toml --target-dir target/peers --test dynamo_events
 
-echo "== the server under faults: 300 held connections under ulimit -n 256, an early 413, a stop that stops, a KV-event subscriber across a SIGKILL restart, every numeric flag at its extremes, the clean state after each (scripts/fault-probe.sh)"
+echo "== the server under faults: 300 held connections under ulimit -n 256, 300 clients that stop reading mid-stream (/health within a second, the send timeout frees their slots; with its control), hyper's own 400 and 431 as JSON, an early 413, a stop that stops, a KV-event subscriber across a SIGKILL restart, every numeric flag at its extremes, the clean state after each (scripts/fault-probe.sh)"
 bash scripts/fault-probe.sh
 
-echo "== the server from Python: the official openai client, pyzmq on the KV events, 1,000 streaming clients (scripts/python-check.sh; its own venv)"
+echo "== the server from Python: the official openai client, pyzmq on the KV events (and across three SIGKILL restarts, with its control), Dynamo's indexer, 1,000 streaming clients (scripts/python-check.sh; its own venv)"
 # The binary the release test run above built (its integration tests run it).
 RADIXKV_BIN=target/release/radixkv bash scripts/python-check.sh
 
 echo "== SmolLM2 served: radixkv serve --model gguf:PATH through the openai client: real text, greedy continuations against llama.cpp's stored ones, streaming, stop strings, seeds, a multi-turn chat's cached tokens, 400s (scripts/smollm2-check.sh; shares python-check's venv)"
 RADIXKV_BIN=target/release/radixkv bash scripts/smollm2-check.sh
 
-echo "== the Python package: pip install ./crates/radixkv-py into a fresh venv, its tests (the core's API, inputs, errors, the GIL released, a panic as RuntimeError) and the GIL test's negative control (scripts/python-package-check.sh; its own venv)"
+echo "== the Python package: pip install ./crates/radixkv-py into a fresh venv, its tests (the core's API, inputs, errors, the SGLang tree under threads), no test hook in the released wheel, every entry point behind the panic guard; a wheel with the test hooks (every panic a RuntimeError, a broken mirror refusing every call, the GIL released) and the GIL test's negative control (scripts/python-package-check.sh; its own venvs)"
 cargo test --manifest-path crates/radixkv-py/Cargo.toml --target-dir target/py --quiet
 bash scripts/python-package-check.sh
 
-echo "== radixkv against SGLang 0.5.23's own code on the CPU: the tree and the --radix-cache-backend radixkv backend beside SGLang's RadixCache step by step, SGLang's plug-in loading and refusals, the conformance vectors through Python, with negative controls (scripts/sglang-check.sh; its own venv, about 3 GB on first run)"
+echo "== radixkv against SGLang 0.5.23's own code on the CPU: the tree and the --radix-cache-backend radixkv backend beside SGLang's RadixCache step by step, the chaos run (aborts, retraction, any checkpoint, resets in flight, two threads; every slot accounted for), SGLang's plug-in loading and refusals, the conformance vectors through Python, with negative controls (scripts/sglang-check.sh; its own venv, about 3 GB on first run)"
 bash scripts/sglang-check.sh
 
 echo "== docs build without warnings (every public item documented, links resolve)"
