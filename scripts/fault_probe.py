@@ -73,12 +73,15 @@ class Server:
         return self.request("POST", path, json.dumps(obj).encode())
 
     def clean(self, after: str) -> None:
-        """The clean-state check, waiting (bounded) for completions to settle."""
+        """The clean-state check, waiting (bounded) for completions to settle
+        (and for connections to free a slot of the cap: on a health slot
+        /stats is a 503 until one does)."""
         deadline = time.monotonic() + PATIENCE
         while True:
-            _, st, _ = self.request("GET", "/stats")
+            status, st, _ = self.request("GET", "/stats")
             ok = (
-                isinstance(st, dict)
+                status == 200
+                and isinstance(st, dict)
                 and st["http"]["in_flight"] == 0
                 and st["outstanding"] == 0
                 and st["pinned_tokens"] == 0
