@@ -154,7 +154,10 @@ impl SequentialCache {
         n / self.ps * self.ps
     }
 
-    fn split(&mut self, parent: usize, child: usize, k: usize, d: usize) -> usize {
+    /// Splits `child` of `parent` after `k` tokens; the new upper node gets
+    /// fresh stamps on `d` (a match's or an insert's split), or keeps the
+    /// child's everywhere (`None`: a removal's).
+    fn split(&mut self, parent: usize, child: usize, k: usize, d: Option<usize>) -> usize {
         let c = self.nodes[child].clone();
         let p = self.new_node(false, Some(parent), c.key[..k].to_vec(), c.priority);
         {
@@ -171,10 +174,12 @@ impl SequentialCache {
             pn.gens = c.values.iter().map(|v| u64::from(v.is_some())).collect();
             pn.children.insert(c.key[k..k + self.ps].to_vec(), child);
         }
-        let t1 = self.tick(d);
-        let t2 = self.tick(d);
-        self.nodes[p].last_access[d] = t1;
-        self.nodes[p].created[d] = t2;
+        if let Some(d) = d {
+            let t1 = self.tick(d);
+            let t2 = self.tick(d);
+            self.nodes[p].last_access[d] = t1;
+            self.nodes[p].created[d] = t2;
+        }
         let cn = &mut self.nodes[child];
         cn.key = c.key[k..].to_vec();
         cn.values = c
@@ -266,7 +271,7 @@ impl SequentialCache {
                 let la = &mut self.nodes[c].last_access[d];
                 *la = (*la).max(stamp);
                 if !full {
-                    c = self.split(cur, c, k, d);
+                    c = self.split(cur, c, k, Some(d));
                 }
                 self.nodes[c].hits[d] += 1;
                 m.len = pos + k;
@@ -346,7 +351,7 @@ impl SequentialCache {
             *la = (*la).max(stamp);
             let k = self.common(&self.nodes[c].key, &tokens[pos..]);
             let node = if k < self.nodes[c].key.len() {
-                self.split(cur, c, k, d)
+                self.split(cur, c, k, Some(d))
             } else {
                 c
             };
@@ -434,6 +439,94 @@ impl SequentialCache {
                     self.nodes[p].children.remove(&page);
                 }
                 self.nodes[i].linked = false;
+            }
+        }
+        (freed, out)
+    }
+
+    /// `RadixCache::evict_from`: takes `d`'s residency from the last page
+    /// of `tokens` (whole pages) and every page below it on `d`, splitting
+    /// the node that holds that page and begins before it (when the tree
+    /// holds all of `tokens`); pinned nodes and their ancestors stay.
+    /// Returns (tokens freed, values, in an order of the model's own).
+    pub fn evict_from(&mut self, ns: Option<&str>, tokens: &[u32], d: usize) -> (usize, Vec<u32>) {
+        let ps = self.ps;
+        if tokens.is_empty() || !tokens.len().is_multiple_of(ps) {
+            return (0, Vec::new());
+        }
+        let (start, end) = (tokens.len() - ps, tokens.len());
+        let Some(mut cur) = self.root(ns) else {
+            return (0, Vec::new());
+        };
+        let mut pos = 0;
+        let top = loop {
+            let Some(&c) = self.nodes[cur].children.get(&tokens[pos..pos + ps]) else {
+                return (0, Vec::new());
+            };
+            let len = self.nodes[c].key.len();
+            let k = self.common(&self.nodes[c].key, &tokens[pos..end]);
+            if pos == start {
+                break c;
+            }
+            if pos + len <= start {
+                if k < len {
+                    return (0, Vec::new());
+                }
+                pos += len;
+                cur = c;
+                continue;
+            }
+            if pos + k < end {
+                return (0, Vec::new());
+            }
+            self.split(cur, c, start - pos, None);
+            break c;
+        };
+        if self.nodes[top].values[d].is_none() {
+            return (0, Vec::new());
+        }
+        let mut order = Vec::new();
+        let mut stack = vec![top];
+        while let Some(i) = stack.pop() {
+            order.push(i);
+            for &c in self.nodes[i].children.values() {
+                if self.nodes[c].values[d].is_some() {
+                    stack.push(c);
+                }
+            }
+        }
+        let (mut freed, mut out) = (0, Vec::new());
+        let mut parents = Vec::new();
+        for i in order.into_iter().rev() {
+            if !self.is_candidate(i, d) {
+                continue;
+            }
+            parents.extend(self.nodes[i].parent);
+            let vals = self.nodes[i].values[d].take().unwrap_or_default();
+            freed += vals.len();
+            out.extend(vals);
+            let n = &self.nodes[i];
+            if n.values.iter().all(Option::is_none) && n.children.is_empty() {
+                let page = n.key[..ps].to_vec();
+                if let Some(p) = n.parent {
+                    self.nodes[p].children.remove(&page);
+                }
+                self.nodes[i].linked = false;
+            }
+        }
+        // A node above an evicted one that is a leaf on `d` now: its hits so
+        // far were passes through (slru's probation mark), as after an
+        // eviction.
+        for p in parents {
+            let pn = &self.nodes[p];
+            let leaf = !pn.is_root
+                && pn.values[d].is_some()
+                && pn
+                    .children
+                    .values()
+                    .all(|&c| self.nodes[c].values[d].is_none());
+            if leaf {
+                self.nodes[p].hits_base[d] = self.nodes[p].hits[d];
             }
         }
         (freed, out)

@@ -1,6 +1,6 @@
-//! Stress: several threads match, pin, unpin, insert and evict on 2–4
-//! devices at once; then the invariants are audited and every value is
-//! accounted for.
+//! Stress: several threads match, pin, unpin, insert, evict and evict a
+//! block with what continues it (`evict_from`) on 2–4 devices at once; then
+//! the invariants are audited and every value is accounted for.
 //!
 //! Values (stand-ins for KV slots) are recycled through a per-device free
 //! list, so a value evicted while a reader still used it would soon belong to
@@ -159,11 +159,17 @@ fn worker(w: &World, seed: u64, ops: usize, prompts: &[Vec<u32>], fanout: u32) {
                     }
                 }
             }
-            85..97 => {
+            85..94 => {
                 let ev = w
                     .cache
                     .evict(DeviceId(d as u32), rng.random_range(1..64))
                     .unwrap();
+                w.release(d, &ev.values);
+            }
+            94..97 => {
+                // A block and what continues it, taken out of one tier
+                // (a router's index applying a removal).
+                let ev = w.cache.evict_from(k, DeviceId(d as u32)).unwrap();
                 w.release(d, &ev.values);
             }
             _ => {

@@ -104,6 +104,73 @@ impl<P: Ownership> RadixCache<P> {
         self.evict_inner(t, tokens, None)
     }
 
+    /// Takes `tier`'s residency from the last page of `key` and from every
+    /// page below it on `tier` (a router's index applying a `BlockRemoved`:
+    /// a block that leaves takes the blocks that continue it out of reach
+    /// too), and returns their values (pages go back to the tier's
+    /// allocator, as in [`evict`](Self::evict)). The pages of `key` before
+    /// its last stay; a node that holds them and the last page is split
+    /// between them. Pinned pages stay (and what is above them). Nothing
+    /// happens when the tree does not hold `key` on `tier`.
+    ///
+    /// ```
+    /// use radixkv::{DeviceId, RadixCache, TokenKey};
+    /// let c = RadixCache::builder().page_size(2).build().unwrap();
+    /// let d = DeviceId(0);
+    /// c.insert(TokenKey::new(&[1, 2, 3, 4, 5, 6]), d, &[10, 11, 12, 13, 14, 15], 0).unwrap();
+    /// c.insert(TokenKey::new(&[1, 2, 3, 4, 7, 7]), d, &[10, 11, 12, 13, 16, 17], 0).unwrap();
+    /// // The page [3 4] goes, and both continuations below it.
+    /// let e = c.evict_from(TokenKey::new(&[1, 2, 3, 4]), d).unwrap();
+    /// assert_eq!((e.tokens, e.leaves), (6, 3));
+    /// assert_eq!(c.peek(TokenKey::new(&[1, 2, 3, 4, 5, 6])), vec![2]);
+    /// c.check().unwrap();
+    /// ```
+    pub fn evict_from(
+        &self,
+        key: TokenKey<'_>,
+        tier: impl Into<Tier>,
+    ) -> Result<Evicted, CacheError> {
+        let t = self.slot(tier.into())?;
+        let ps = self.page_size();
+        let tokens = key.tokens();
+        if !tokens.len().is_multiple_of(ps) {
+            return Err(CacheError::Unaligned {
+                len: tokens.len(),
+                page_size: ps,
+            });
+        }
+        let mut out = Evicted::default();
+        if tokens.is_empty() {
+            return Ok(out);
+        }
+        let guard = crossbeam_epoch::pin();
+        let start = tokens.len() - ps;
+        let Some(top) = self
+            .tree
+            .node_starting_at(key.namespace(), tokens, start, &guard)
+        else {
+            return Ok(fitted(out));
+        };
+        let (evicted, _kept) = self.tree.evict_subtree(top, t, &guard);
+        for ev in &evicted {
+            self.account(&ev.values, t, &mut out);
+        }
+        // A node above an evicted one that is a leaf on the tier now (the
+        // node above the subtree, or one that stayed, pinned) is a candidate
+        // again, its hits so far passes through (as after an eviction).
+        let _c = crate::sync::lock(&self.candidates[t]);
+        for ev in &evicted {
+            if is_leaf_on(ev.parent, t) {
+                // Relaxed: written and read by this tier's evictors, under
+                // the candidates lock (held).
+                let hits = ev.parent.slot(t).hits.load(Ordering::Relaxed);
+                ev.parent.slot(t).hits_base.store(hits, Ordering::Relaxed);
+                self.tree.note_leaf(ev.parent, t);
+            }
+        }
+        Ok(fitted(out))
+    }
+
     fn evict_inner(
         &self,
         d: usize,

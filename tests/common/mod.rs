@@ -39,6 +39,12 @@ pub enum Op {
         dev: usize,
         n: usize,
     },
+    /// `evict_from` of the key's whole pages.
+    EvictFrom {
+        ns: u8,
+        key: Vec<u32>,
+        dev: usize,
+    },
 }
 
 fn ns_of(ns: u8) -> Option<&'static str> {
@@ -57,10 +63,11 @@ fn op_strategy(devices: usize) -> impl Strategy<Value = Op> {
             .prop_map(|(ns, key, dev, prio, vals)| Op::Insert { ns, key, dev, prio, vals }),
         4 => (ns.clone(), key.clone(), 0..devices, any::<bool>())
             .prop_map(|(ns, key, dev, pin)| Op::Match { ns, key, dev, pin }),
-        1 => (ns, key).prop_map(|(ns, key)| Op::Peek { ns, key }),
+        1 => (ns.clone(), key.clone()).prop_map(|(ns, key)| Op::Peek { ns, key }),
         1 => any::<usize>().prop_map(|idx| Op::PinHandle { idx }),
         2 => any::<usize>().prop_map(|idx| Op::Release { idx }),
         2 => (0..devices, 0usize..12).prop_map(|(dev, n)| Op::Evict { dev, n }),
+        1 => (ns, key, 0..devices).prop_map(|(ns, key, dev)| Op::EvictFrom { ns, key, dev }),
     ]
 }
 
@@ -284,6 +291,17 @@ pub fn run_case_tiers(
                 let (l, mh) = leases.swap_remove(idx % leases.len());
                 drop(l);
                 model.unpin(&mh);
+            }
+            Op::EvictFrom { ns, key, dev } => {
+                let whole = &key[..key.len() / ps * ps];
+                let k = TokenKey::new(whole).in_namespace(ns_of(*ns));
+                let ev = cache.evict_from(k, tier(*dev)).unwrap();
+                let (tokens, mut values) = model.evict_from(ns_of(*ns), whole, *dev);
+                prop_assert_eq!(ev.tokens, tokens, "step {}: evict_from tokens", step);
+                let mut got = ev.values.clone();
+                got.sort_unstable();
+                values.sort_unstable();
+                prop_assert_eq!(got, values, "step {}: evict_from values", step);
             }
             Op::Evict { dev, n } => {
                 let ev = cache.evict(tier(*dev), *n).unwrap();

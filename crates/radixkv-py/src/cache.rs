@@ -264,6 +264,18 @@ macro_rules! shared_methods {
                 })
             }
 
+            /// Takes `tier`'s residency from the last page of `tokens` and
+            /// every page below it on `tier` (a block and what continues it:
+            /// a router's index applying a removal), whatever the policy.
+            #[pyo3(signature = (tokens, *, tier=None, namespace=None))]
+            fn evict_from(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>, tier: Option<&Bound<'_, PyAny>>, namespace: Option<String>) -> PyResult<Evicted> {
+                let t = tier_or_zero(tier)?;
+                let k = Key::read(tokens, namespace)?;
+                let inner = Arc::clone(&self.inner);
+                let e = py.detach(|| inner.evict_from(k.key(), t)).map_err(|e| cache_error(py, e))?;
+                Evicted::new(py, e)
+            }
+
             /// Token counts on `tier` by a scan of the tree (exact when no
             /// operation is in flight).
             #[pyo3(signature = (tier=None))]

@@ -15,6 +15,20 @@ import radixkv
 from radixkv import errors
 
 
+def test_evict_from_takes_a_block_and_what_continues_it():
+    cache = radixkv.RadixCache(page_size=2, devices=2)
+    cache.insert([1, 2, 3, 4, 5, 6], [10, 11, 12, 13, 14, 15], tier=0)
+    cache.insert([1, 2, 3, 4, 7, 7], [10, 11, 12, 13, 16, 17], tier=0)
+    cache.insert([1, 2, 3, 4], [20, 21, 22, 23], tier=1)
+    ev = cache.evict_from(array("q", [1, 2, 3, 4]), tier=0)
+    assert (ev.tokens, ev.leaves, sorted(ev.values.tolist())) == (6, 3, [12, 13, 14, 15, 16, 17])
+    assert cache.peek([1, 2, 3, 4, 5, 6]) == [2, 4]
+    assert cache.evict_from([9, 9], tier=0).tokens == 0
+    with pytest.raises(errors.InvalidArgument):
+        cache.evict_from([1, 2, 3])
+    cache.audit()
+
+
 def test_insert_match_peek_evict_as_the_core_does():
     cache = radixkv.RadixCache(devices=2)
     r = cache.insert([1, 2, 3, 4], [10, 11, 12, 13], tier=0)

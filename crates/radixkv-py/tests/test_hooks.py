@@ -69,6 +69,7 @@ def shared(c: str) -> dict:
         "match_and_pin": lambda w: getattr(w, c).match_and_pin([1]),
         "pin": lambda w: getattr(w, c).pin(w.handle),
         "evict": lambda w: getattr(w, c).evict(0),
+        "evict_from": lambda w: getattr(w, c).evict_from([1]),
         "sizes": lambda w: getattr(w, c).sizes(),
         "resident_tokens": lambda w: getattr(w, c).resident_tokens(),
         "node_count": lambda w: getattr(w, c).node_count(),

@@ -2,7 +2,9 @@
 //! word's CAS decides against pins), and a node left resident nowhere, with
 //! no children, is unlinked; a namespace whose last node leaves loses its
 //! root. Which leaves to take, in which order, is the cache's eviction
-//! engine; this is the one structural change it asks for.
+//! engine; this is the one structural change it asks for. A subtree's
+//! residency on a tier ([`Tree::evict_subtree`]) goes as its leaves, one by
+//! one, deepest first.
 //!
 //! The protecting steps here: [`leaf_check`]; under the locks of
 //! `PairLocked::of_child` (`parent_lock`), and the state word's
@@ -144,5 +146,39 @@ impl Tree {
         }
         self.retire(retired, guard);
         Some(EvictedLeaf { values, parent })
+    }
+
+    /// Evicts `top` and every node below it from `t`, deepest first (each
+    /// a leaf on `t` when its turn comes, so residency stays prefix-closed
+    /// throughout); nodes below `top` that are not resident on `t` hold
+    /// nothing resident there (I1) and are not visited. Returns the evicted
+    /// leaves, and how many nodes stayed (pinned, or given a new child on
+    /// `t` meanwhile). `top` must have been reached under `guard`.
+    pub(crate) fn evict_subtree<'g>(
+        &self,
+        top: &'g Node,
+        t: usize,
+        guard: &'g Guard,
+    ) -> (Vec<EvictedLeaf<'g>>, usize) {
+        if top.is_root || !top.resident(t) {
+            return (Vec::new(), 0);
+        }
+        // Pre-order: every node after its ancestors; taken in reverse, every
+        // node comes after its descendants.
+        let mut order = Vec::new();
+        let mut stack = vec![top];
+        while let Some(n) = stack.pop() {
+            order.push(n);
+            stack.extend(n.children_ref(guard).nodes().filter(|c| c.resident(t)));
+        }
+        let mut evicted = Vec::with_capacity(order.len());
+        let mut kept = 0;
+        for n in order.into_iter().rev() {
+            match self.evict_leaf(n, t, guard) {
+                Some(ev) => evicted.push(ev),
+                None => kept += 1,
+            }
+        }
+        (evicted, kept)
     }
 }

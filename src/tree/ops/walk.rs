@@ -391,6 +391,64 @@ impl Tree {
         w
     }
 
+    /// The node of namespace `ns` that starts at `start` and holds the page
+    /// `tokens[start..start + page]`, where the tree holds all of
+    /// `tokens[..start + page]`: a node that holds that page and starts
+    /// before it is split there first (a writer's split, waiting for the
+    /// locks). `None` if the tree does not hold those tokens.
+    pub(crate) fn node_starting_at<'g>(
+        &self,
+        ns: Option<&str>,
+        tokens: &[u32],
+        start: usize,
+        guard: &'g Guard,
+    ) -> Option<&'g Node> {
+        let ps = self.page_size();
+        let end = start + ps;
+        debug_assert!(start.is_multiple_of(ps) && end <= tokens.len());
+        'walk: loop {
+            let mut cur = self.find_root(ns, guard)?;
+            let mut pos = 0;
+            loop {
+                let Step::Found(child, img, k) = self.step(cur, &tokens[pos..end], guard) else {
+                    return None;
+                };
+                // SAFETY: loaded under `guard`, retired through the reclaimer.
+                let len = unsafe { img.deref() }.key.len();
+                if pos == start {
+                    return Some(child);
+                }
+                if pos + len <= start {
+                    if k < len {
+                        return None; // the key leaves this node before `start`
+                    }
+                    pos += len;
+                    cur = child;
+                    continue;
+                }
+                // `child` holds `start`, and begins before it.
+                if pos + k < end {
+                    return None; // the page at `start` is not this node's
+                }
+                let s = Split {
+                    parent: cur,
+                    child,
+                    seen: img,
+                    at: start - pos,
+                    tier: None,
+                    priority: None,
+                    locking: Locking::Wait,
+                };
+                match self.split(s, guard) {
+                    // The node object keeps the lower part: it starts at
+                    // `start` now.
+                    Ok(_) => return Some(child),
+                    Err(_) => continue 'walk,
+                }
+            }
+        }
+    }
+
     /// The namespace and tokens of root → `node`, read from the images
     /// under `guard` (a snapshot: a concurrent split changes no tokens of
     /// the path, only where they are cut). `None` for a root, or a node

@@ -1,0 +1,12 @@
+//! # radixkv-index
+//!
+//! The index routers ask which worker holds the longest prefix of a prompt:
+//! KV-event batches from vLLM, SGLang and radixkv workers, applied to one
+//! radixkv tree in which each (worker, data-parallel rank, medium) is a
+//! tier.
+//!
+//! | module | what it holds |
+//! | --- | --- |
+//! | [`decode`] | a batch's msgpack payload in each producer's encoding, read into [`decode::Batch`] |
+
+pub mod decode;
