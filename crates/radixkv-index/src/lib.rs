@@ -8,5 +8,9 @@
 //! | module | what it holds |
 //! | --- | --- |
 //! | [`decode`] | a batch's msgpack payload in each producer's encoding, read into [`decode::Batch`] |
+//! | [`index`] | [`KvIndex`]: the events of every (worker, rank) applied to one tree; scores per tier |
 
 pub mod decode;
+pub mod index;
+
+pub use index::{KvIndex, Score, Source};

@@ -1,0 +1,190 @@
+//! The index by hand: stores, removals, re-stores, clears, media,
+//! namespaces, several sources, and what it refuses.
+
+use radixkv_index::decode::{BlockHash, Event, Medium, Stored};
+use radixkv_index::index::ApplyError;
+use radixkv_index::{KvIndex, Score, Source};
+
+const A: Source = Source { worker: 1, rank: 0 };
+const B: Source = Source { worker: 2, rank: 1 };
+
+fn stored(hashes: &[u64], parent: Option<u64>, tokens: &[u32], medium: Medium) -> Event {
+    Event::Stored(Stored {
+        hashes: hashes.iter().map(|&h| BlockHash(h)).collect(),
+        parent: parent.map(BlockHash),
+        tokens: tokens.to_vec(),
+        block_size: 2,
+        medium,
+        lora_name: None,
+        cache_salt: None,
+    })
+}
+
+fn removed(hashes: &[u64], medium: Medium) -> Event {
+    Event::Removed {
+        hashes: hashes.iter().map(|&h| BlockHash(h)).collect(),
+        medium,
+    }
+}
+
+fn scores(ix: &KvIndex, tokens: &[u32]) -> Vec<(Source, Medium, usize)> {
+    let mut v: Vec<_> = ix
+        .scores(tokens, None)
+        .into_iter()
+        .map(
+            |Score {
+                 source,
+                 medium,
+                 tokens,
+             }| (source, medium, tokens),
+        )
+        .collect();
+    v.sort();
+    v
+}
+
+fn apply(ix: &KvIndex, s: Source, events: &[Event]) {
+    let (_, errors) = ix.apply(s, events);
+    assert!(errors.is_empty(), "{errors:?}");
+    ix.check().unwrap();
+}
+
+#[test]
+fn stores_and_removals_move_each_sources_score() {
+    let ix = KvIndex::new(2, 16).unwrap();
+    apply(
+        &ix,
+        A,
+        &[stored(&[10, 11], None, &[1, 2, 3, 4], Medium::Gpu)],
+    );
+    apply(&ix, A, &[stored(&[12], Some(11), &[5, 6], Medium::Gpu)]);
+    apply(&ix, B, &[stored(&[20], None, &[1, 2], Medium::Gpu)]);
+    assert_eq!(
+        scores(&ix, &[1, 2, 3, 4, 5, 6, 7]),
+        [(A, Medium::Gpu, 6), (B, Medium::Gpu, 2)]
+    );
+    // A block in the middle leaves: what continues it is out of reach.
+    apply(&ix, A, &[removed(&[11], Medium::Gpu)]);
+    assert_eq!(
+        scores(&ix, &[1, 2, 3, 4, 5, 6]),
+        [(A, Medium::Gpu, 2), (B, Medium::Gpu, 2)]
+    );
+    // It comes back: its child, which the worker kept, is reachable again.
+    apply(&ix, A, &[stored(&[11], Some(10), &[3, 4], Medium::Gpu)]);
+    assert_eq!(
+        scores(&ix, &[1, 2, 3, 4, 5, 6]),
+        [(A, Medium::Gpu, 6), (B, Medium::Gpu, 2)]
+    );
+    // Removals leaf first leave nothing known.
+    apply(&ix, A, &[removed(&[12, 11, 10], Medium::Gpu)]);
+    assert_eq!(ix.known_blocks(A), 0);
+    assert_eq!(scores(&ix, &[1, 2, 3, 4]), [(B, Medium::Gpu, 2)]);
+}
+
+#[test]
+fn media_are_tiers_of_their_own() {
+    let ix = KvIndex::new(2, 16).unwrap();
+    apply(
+        &ix,
+        A,
+        &[stored(&[10, 11], None, &[1, 2, 3, 4], Medium::Gpu)],
+    );
+    // Offloaded: the same blocks on the host.
+    apply(
+        &ix,
+        A,
+        &[stored(&[10, 11], None, &[1, 2, 3, 4], Medium::Cpu)],
+    );
+    apply(&ix, A, &[removed(&[11], Medium::Gpu)]);
+    assert_eq!(
+        scores(&ix, &[1, 2, 3, 4]),
+        [(A, Medium::Gpu, 2), (A, Medium::Cpu, 4)]
+    );
+    // A block stored on disk below a parent that is not on disk is out of
+    // reach there until the parent comes.
+    apply(&ix, A, &[stored(&[12], Some(11), &[5, 6], Medium::Disk)]);
+    assert_eq!(
+        scores(&ix, &[1, 2, 3, 4, 5, 6]),
+        [(A, Medium::Gpu, 2), (A, Medium::Cpu, 4)]
+    );
+    apply(
+        &ix,
+        A,
+        &[stored(&[10, 11], None, &[1, 2, 3, 4], Medium::Disk)],
+    );
+    assert_eq!(
+        scores(&ix, &[1, 2, 3, 4, 5, 6]),
+        [
+            (A, Medium::Gpu, 2),
+            (A, Medium::Cpu, 4),
+            (A, Medium::Disk, 6)
+        ]
+    );
+}
+
+#[test]
+fn a_clear_empties_one_source_and_forget_frees_its_tiers() {
+    let ix = KvIndex::new(2, 2).unwrap();
+    apply(&ix, A, &[stored(&[10], None, &[1, 2], Medium::Gpu)]);
+    apply(&ix, B, &[stored(&[20], None, &[1, 2], Medium::Gpu)]);
+    apply(&ix, A, &[Event::Cleared]);
+    assert_eq!(scores(&ix, &[1, 2]), [(B, Medium::Gpu, 2)]);
+    // Both tiers are taken: a third (source, medium) has none.
+    let (_, errors) = ix.apply(A, &[stored(&[11], None, &[1, 2], Medium::Cpu)]);
+    assert!(
+        matches!(errors[..], [(0, ApplyError::NoTier(2))]),
+        "{errors:?}"
+    );
+    ix.forget(B);
+    apply(&ix, A, &[stored(&[11], None, &[1, 2], Medium::Cpu)]);
+    assert_eq!(scores(&ix, &[1, 2]), [(A, Medium::Cpu, 2)]);
+}
+
+#[test]
+fn namespaces_keep_apart_and_children_follow_their_parent() {
+    let ix = KvIndex::new(2, 16).unwrap();
+    let mut salted = stored(&[10], None, &[1, 2], Medium::Gpu);
+    if let Event::Stored(s) = &mut salted {
+        s.cache_salt = Some("tenant".into());
+    }
+    apply(
+        &ix,
+        A,
+        &[salted, stored(&[11], Some(10), &[3, 4], Medium::Gpu)],
+    );
+    assert!(ix.scores(&[1, 2, 3, 4], None).is_empty());
+    let s = ix.scores(&[1, 2, 3, 4], Some("tenant"));
+    assert_eq!(s.len(), 1);
+    assert_eq!(s[0].tokens, 4);
+}
+
+#[test]
+fn what_cannot_be_applied_is_named_and_the_rest_is_applied() {
+    let ix = KvIndex::new(2, 16).unwrap();
+    let mut wide = stored(&[1], None, &[1, 2, 3], Medium::Gpu);
+    if let Event::Stored(s) = &mut wide {
+        s.block_size = 3;
+    }
+    let (done, errors) = ix.apply(
+        A,
+        &[
+            wide,
+            stored(&[2], Some(99), &[1, 2], Medium::Gpu),
+            removed(&[77], Medium::Gpu),
+            stored(&[3], None, &[5, 6], Medium::Gpu),
+            stored(&[3], None, &[7, 8], Medium::Gpu),
+        ],
+    );
+    let kinds: Vec<String> = errors.iter().map(|(i, e)| format!("{i}: {e}")).collect();
+    assert_eq!(kinds.len(), 4, "{kinds:?}");
+    assert!(matches!(
+        errors[0],
+        (0, ApplyError::BlockSize { got: 3, want: 2 })
+    ));
+    assert!(matches!(errors[1], (1, ApplyError::UnknownParent(99))));
+    assert!(matches!(errors[2], (2, ApplyError::UnknownBlock(77))));
+    assert!(matches!(errors[3], (4, ApplyError::Conflict(3))));
+    assert_eq!((done.events, done.skipped), (1, 4));
+    assert_eq!(scores(&ix, &[5, 6]), [(A, Medium::Gpu, 2)]);
+    ix.check().unwrap();
+}
