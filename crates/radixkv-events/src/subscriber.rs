@@ -121,6 +121,8 @@ impl KvEventSubscriber {
 
 /// Asks a replay (ROUTER) endpoint for every buffered batch from `start`
 /// on; returns them in order (the end marker, sequence -1, is consumed).
+/// Replies may carry the topic or not: `["", seq, payload]` (radixkv, older
+/// vLLM) or `["", topic, seq, payload]` (SGLang, current vLLM).
 pub async fn replay(endpoint: &str, start: u64) -> Result<Vec<Batch>, SubscribeError> {
     let mut dealer = zeromq::DealerSocket::new();
     dealer.connect(endpoint).await?;
@@ -133,19 +135,28 @@ pub async fn replay(endpoint: &str, start: u64) -> Result<Vec<Batch>, SubscribeE
     let mut out = Vec::new();
     loop {
         let mut parts = dealer.recv().await?.into_vec();
-        // [ "", seq, payload ] from the ROUTER (the DEALER strips nothing).
-        if parts.first().is_some_and(|f| f.is_empty()) && parts.len() == 3 {
+        // The ROUTER's empty delimiter first (the DEALER strips nothing).
+        if parts.first().is_some_and(|f| f.is_empty()) && parts.len() >= 3 {
             parts.remove(0);
         }
-        let [seq, payload]: [Bytes; 2] = parts.try_into().map_err(|p: Vec<Bytes>| {
-            SubscribeError::Malformed(format!("replay: {} frames", p.len()))
-        })?;
+        let (topic, seq, payload) = match <[Bytes; 3]>::try_from(parts) {
+            Ok([topic, seq, payload]) => (topic, seq, payload),
+            Err(parts) => match <[Bytes; 2]>::try_from(parts) {
+                Ok([seq, payload]) => (Bytes::new(), seq, payload),
+                Err(p) => {
+                    return Err(SubscribeError::Malformed(format!(
+                        "replay: {} frames",
+                        p.len()
+                    )))
+                }
+            },
+        };
         let seq = seq_of(&seq)?;
         if seq < 0 {
             return Ok(out);
         }
         out.push(Batch {
-            topic: Bytes::new(),
+            topic,
             seq: seq as u64,
             payload,
         });

@@ -9,8 +9,12 @@
 //! | --- | --- |
 //! | [`decode`] | a batch's msgpack payload in each producer's encoding, read into [`decode::Batch`] |
 //! | [`index`] | [`KvIndex`]: the events of every (worker, rank) applied to one tree; scores per tier |
+//! | [`feed`] | [`feed::Feed`]: one source's sequence numbers: apply, drop, replay a gap, restart, stale |
+//! | [`listen`] | [`listen::listen`]: one source's socket into the index, gaps replayed |
 
 pub mod decode;
+pub mod feed;
 pub mod index;
+pub mod listen;
 
 pub use index::{KvIndex, Score, Source};

@@ -1,0 +1,197 @@
+//! Following one source's KV-event socket ([`listen`]): a SUB socket on its
+//! PUB endpoint (reconnected by the socket itself after the publisher
+//! goes), each batch decoded and offered to the source's [`Feed`], applied
+//! to the index in sequence; a gap filled from the source's replay endpoint
+//! (the ROUTER protocol vLLM, SGLang and radixkv share), or, with none or a
+//! replay that cannot give every missing batch, the source cleared and
+//! stale until its next `AllBlocksCleared`.
+//!
+//! A message that is not three frames, or whose payload is not a batch, is
+//! counted and ignored (its sequence is not consumed: were it a real batch,
+//! the next one shows the gap and the replay brings it).
+
+use crate::decode::{decode_batch, Event};
+use crate::feed::{Feed, Step};
+use crate::index::{KvIndex, Source};
+use radixkv_events::subscriber::{replay, KvEventSubscriber, SubscribeError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Where one source publishes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Feedpoint {
+    /// Whose events these are.
+    pub source: Source,
+    /// Its PUB endpoint, `tcp://HOST:PORT`.
+    pub endpoint: String,
+    /// Its replay (ROUTER) endpoint, if it has one.
+    pub replay: Option<String>,
+    /// The topic to subscribe to (empty: every message).
+    pub topic: String,
+}
+
+/// How long a replay may take before the gap counts as lost.
+pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A source's live counters, read by the service's metrics.
+#[derive(Debug, Default)]
+pub struct SourceCounters {
+    /// Batches received (live and replayed).
+    pub batches: AtomicU64,
+    /// Events applied.
+    pub events: AtomicU64,
+    /// Events that could not be decoded or applied.
+    pub skipped_events: AtomicU64,
+    /// Messages that were not batches.
+    pub junk: AtomicU64,
+    /// Milliseconds since the epoch at the last batch (0: none yet).
+    pub last_batch_ms: AtomicU64,
+    /// The feed's own counts (gaps, recoveries, restarts, …).
+    pub feed: Mutex<crate::feed::FeedStats>,
+    /// Whether the source is stale now.
+    pub stale: std::sync::atomic::AtomicBool,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Follows `fp`'s socket into `index` forever (abort the task to stop):
+/// see the module docs. `counters` says what it did.
+pub async fn listen(index: Arc<KvIndex>, fp: Feedpoint, counters: Arc<SourceCounters>) {
+    let mut sub = loop {
+        match KvEventSubscriber::connect(&fp.endpoint, &fp.topic).await {
+            Ok(s) => break s,
+            // A malformed endpoint never connects: the service checks
+            // endpoints before it starts a listener; meanwhile retry.
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    let mut feed = Feed::new();
+    loop {
+        let b = match sub.recv().await {
+            Ok(b) => b,
+            Err(SubscribeError::Malformed(_)) => {
+                // Relaxed: statistics.
+                counters.junk.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        offer(&index, &fp, &counters, &mut feed, b.seq, &b.payload).await;
+    }
+}
+
+/// Offers one batch (filling a gap before it, if any) and records the
+/// feed's counts.
+async fn offer(
+    index: &KvIndex,
+    fp: &Feedpoint,
+    counters: &SourceCounters,
+    feed: &mut Feed,
+    seq: u64,
+    payload: &[u8],
+) {
+    let Some(batch) = decode(counters, payload) else {
+        return;
+    };
+    let clears = matches!(batch.first(), Some(Event::Cleared));
+    match feed.offer(seq, clears) {
+        Step::Gap { from } => {
+            fill(index, fp, counters, feed, from, seq).await;
+            if !feed.is_stale() {
+                let step = feed.offer(seq, clears);
+                apply(index, fp.source, counters, step, &batch);
+            }
+        }
+        step => apply(index, fp.source, counters, step, &batch),
+    }
+    *counters.feed.lock().unwrap_or_else(|p| p.into_inner()) = feed.stats();
+    // Relaxed: a statistic.
+    counters.stale.store(feed.is_stale(), Ordering::Relaxed);
+}
+
+/// The events of `payload`, counting a payload that is not a batch as junk
+/// and the events it could not read as skipped.
+fn decode(counters: &SourceCounters, payload: &[u8]) -> Option<Vec<Event>> {
+    // Relaxed: statistics.
+    counters.batches.fetch_add(1, Ordering::Relaxed);
+    counters.last_batch_ms.store(now_ms(), Ordering::Relaxed);
+    match decode_batch(payload) {
+        Ok(b) => {
+            counters
+                .skipped_events
+                .fetch_add(b.skipped.len() as u64, Ordering::Relaxed);
+            Some(b.events)
+        }
+        Err(_) => {
+            counters.junk.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+fn apply(index: &KvIndex, source: Source, counters: &SourceCounters, step: Step, events: &[Event]) {
+    let Step::Apply { clear } = step else {
+        return;
+    };
+    if clear {
+        index.clear(source);
+    }
+    let (done, errors) = index.apply(source, events);
+    // Relaxed: statistics.
+    counters.events.fetch_add(done.events, Ordering::Relaxed);
+    counters
+        .skipped_events
+        .fetch_add(errors.len() as u64, Ordering::Relaxed);
+}
+
+/// Fills the gap `[from, seq)` from the replay endpoint, or declares it
+/// lost (the source cleared, the feed stale).
+async fn fill(
+    index: &KvIndex,
+    fp: &Feedpoint,
+    counters: &SourceCounters,
+    feed: &mut Feed,
+    from: u64,
+    seq: u64,
+) {
+    let replayed = match &fp.replay {
+        Some(ep) => tokio::time::timeout(REPLAY_TIMEOUT, replay(ep, from))
+            .await
+            .ok()
+            .and_then(Result::ok),
+        None => None,
+    };
+    let Some(batches) = replayed else {
+        feed.lost();
+        index.clear(fp.source);
+        return;
+    };
+    for b in batches.iter().filter(|b| b.seq < seq) {
+        let Some(events) = decode(counters, &b.payload) else {
+            continue;
+        };
+        let clears = matches!(events.first(), Some(Event::Cleared));
+        match feed.offer(b.seq, clears) {
+            Step::Gap { .. } => {
+                // The replay lacks batches too (its buffer no longer
+                // reaches back): the gap is lost.
+                feed.lost();
+                index.clear(fp.source);
+                return;
+            }
+            step => apply(index, fp.source, counters, step, &events),
+        }
+    }
+    if feed.expected() != Some(seq) {
+        feed.lost();
+        index.clear(fp.source);
+    }
+}

@@ -1,0 +1,389 @@
+//! The listener against a publisher the test drives frame by frame (a PUB
+//! socket and a replay ROUTER of the test's own, speaking the protocol
+//! vLLM, SGLang and radixkv share): batches dropped, duplicated, reordered,
+//! junk frames, a late start, a restart, with and without a replay
+//! endpoint. After each, the index equals the one the same batches make
+//! when applied in order (or, where a gap was lost, holds nothing of the
+//! source until it clears).
+
+use bytes::Bytes;
+use radixkv_events::wire::{encode_batch, Encoding, KvEvent, Medium};
+use radixkv_index::listen::{listen, Feedpoint, SourceCounters};
+use radixkv_index::{KvIndex, Source};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+
+const SRC: Source = Source { worker: 3, rank: 0 };
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A stream of batches: a clearing, then chains of stores and removals
+/// over a small alphabet (blocks of 2 tokens).
+fn stream(n: usize, seed: u64) -> Vec<Vec<KvEvent>> {
+    let mut out = vec![vec![KvEvent::AllBlocksCleared]];
+    let mut held: Vec<(u64, Vec<u32>)> = Vec::new(); // (hash, path)
+    let mut x = seed;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut id = 1000 * seed;
+    for _ in 0..n {
+        if !held.is_empty() && next() % 4 == 0 {
+            // Remove a leaf: a held block nothing held continues.
+            let leaves: Vec<usize> = (0..held.len())
+                .filter(|&i| {
+                    !held
+                        .iter()
+                        .any(|(_, p)| p.len() > held[i].1.len() && p.starts_with(&held[i].1))
+                })
+                .collect();
+            let i = leaves[(next() as usize) % leaves.len()];
+            let (h, _) = held.remove(i);
+            out.push(vec![KvEvent::BlockRemoved {
+                block_hashes: vec![h],
+                medium: Medium::Gpu,
+            }]);
+            continue;
+        }
+        let parent = if held.is_empty() || next() % 3 == 0 {
+            None
+        } else {
+            Some(held[(next() as usize) % held.len()].clone())
+        };
+        let tokens = vec![(next() % 5) as u32, (next() % 5) as u32];
+        let mut path = parent.as_ref().map_or(Vec::new(), |(_, p)| p.clone());
+        path.extend(&tokens);
+        if held.iter().any(|(_, p)| *p == path) {
+            continue;
+        }
+        id += 1;
+        out.push(vec![KvEvent::BlockStored {
+            block_hashes: vec![id],
+            parent_block_hash: parent.map(|(h, _)| h),
+            token_ids: tokens,
+            block_size: 2,
+            medium: Medium::Gpu,
+            lora_name: None,
+            cache_salt: None,
+        }]);
+        held.push((id, path));
+    }
+    out
+}
+
+/// A publisher the test drives.
+struct Fake {
+    endpoint: String,
+    replay: String,
+    pub_: zeromq::PubSocket,
+    /// Every batch it ever published, by sequence (what its replay serves).
+    log: Arc<Mutex<BTreeMap<u64, Bytes>>>,
+    router: tokio::task::JoinHandle<()>,
+}
+
+impl Fake {
+    async fn bind(port: u16, rport: u16) -> Fake {
+        let endpoint = format!("tcp://127.0.0.1:{port}");
+        let replay = format!("tcp://127.0.0.1:{rport}");
+        let mut pub_ = zeromq::PubSocket::new();
+        pub_.bind(&endpoint).await.unwrap();
+        let mut router = zeromq::RouterSocket::new();
+        router.bind(&replay).await.unwrap();
+        let log: Arc<Mutex<BTreeMap<u64, Bytes>>> = Arc::default();
+        let served = Arc::clone(&log);
+        let router = tokio::spawn(async move {
+            while let Ok(m) = router.recv().await {
+                let parts = m.into_vec();
+                let id = parts[0].clone();
+                let start = u64::from_be_bytes(parts.last().unwrap()[..8].try_into().unwrap());
+                let batches: Vec<(u64, Bytes)> = served
+                    .lock()
+                    .unwrap()
+                    .range(start..)
+                    .map(|(s, p)| (*s, p.clone()))
+                    .collect();
+                // The SGLang form: [id, "", topic, seq, payload].
+                for (s, p) in batches {
+                    let m = vec![
+                        id.clone(),
+                        Bytes::new(),
+                        Bytes::new(),
+                        Bytes::copy_from_slice(&s.to_be_bytes()),
+                        p,
+                    ];
+                    router.send(ZmqMessage::try_from(m).unwrap()).await.unwrap();
+                }
+                let end = vec![
+                    id,
+                    Bytes::new(),
+                    Bytes::new(),
+                    Bytes::copy_from_slice(&(-1i64).to_be_bytes()),
+                    Bytes::new(),
+                ];
+                router
+                    .send(ZmqMessage::try_from(end).unwrap())
+                    .await
+                    .unwrap();
+            }
+        });
+        Fake {
+            endpoint,
+            replay,
+            pub_,
+            log,
+            router,
+        }
+    }
+
+    fn payload(events: &[KvEvent]) -> Bytes {
+        Bytes::from(encode_batch(0.0, events, Some(0), Encoding::Map))
+    }
+
+    /// Logs batch `seq` (for replays) and, if `live`, sends it.
+    async fn publish(&mut self, seq: u64, events: &[KvEvent], live: bool) {
+        let p = Self::payload(events);
+        self.log.lock().unwrap().insert(seq, p.clone());
+        if live {
+            self.raw(vec![
+                Bytes::new(),
+                Bytes::copy_from_slice(&seq.to_be_bytes()),
+                p,
+            ])
+            .await;
+        }
+    }
+
+    async fn raw(&mut self, frames: Vec<Bytes>) {
+        self.pub_
+            .send(ZmqMessage::try_from(frames).unwrap())
+            .await
+            .unwrap();
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        self.router.abort();
+    }
+}
+
+/// The index the batches make applied in order.
+fn reference(batches: &[Vec<KvEvent>]) -> KvIndex {
+    let ix = KvIndex::new(2, 4).unwrap();
+    for b in batches {
+        let decoded = radixkv_index::decode::decode_batch(&Fake::payload(b)).unwrap();
+        if matches!(
+            decoded.events.first(),
+            Some(radixkv_index::decode::Event::Cleared)
+        ) {
+            ix.clear(SRC);
+        }
+        let (_, errors) = ix.apply(SRC, &decoded.events);
+        assert!(errors.is_empty(), "{errors:?}");
+    }
+    ix
+}
+
+/// Every path of two-token blocks up to four blocks deep over the alphabet
+/// the stream draws from, as prompts.
+fn prompts() -> Vec<Vec<u32>> {
+    let mut out = vec![Vec::new()];
+    let mut frontier = vec![Vec::new()];
+    for _ in 0..3 {
+        let mut next = Vec::new();
+        for p in &frontier {
+            for a in 0..5 {
+                for b in 0..5 {
+                    let mut q: Vec<u32> = p.clone();
+                    q.extend([a, b]);
+                    next.push(q);
+                }
+            }
+        }
+        out.extend(next.iter().cloned());
+        frontier = next;
+    }
+    out
+}
+
+fn same(a: &KvIndex, b: &KvIndex) -> Result<(), String> {
+    for p in prompts() {
+        let (x, y) = (a.scores(&p, None), b.scores(&p, None));
+        if x != y {
+            return Err(format!("{p:?}: {x:?} vs {y:?}"));
+        }
+    }
+    Ok(())
+}
+
+/// Waits (bounded) until `ix` equals `want`.
+async fn converges(ix: &KvIndex, want: &KvIndex, what: &str) {
+    let t = Instant::now();
+    loop {
+        match same(ix, want) {
+            Ok(()) => return,
+            Err(e) if t.elapsed() > Duration::from_secs(30) => panic!("{what}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+async fn started(
+    replay: bool,
+) -> (
+    Fake,
+    Arc<KvIndex>,
+    Arc<SourceCounters>,
+    tokio::task::JoinHandle<()>,
+) {
+    let fake = Fake::bind(free_port(), free_port()).await;
+    let ix = Arc::new(KvIndex::new(2, 4).unwrap());
+    let counters = Arc::new(SourceCounters::default());
+    let fp = Feedpoint {
+        source: SRC,
+        endpoint: fake.endpoint.clone(),
+        replay: replay.then(|| fake.replay.clone()),
+        topic: String::new(),
+    };
+    let task = tokio::spawn(listen(Arc::clone(&ix), fp, Arc::clone(&counters)));
+    (fake, ix, counters, task)
+}
+
+/// Sends probes (batches that change nothing: clearings are not) until the
+/// listener has its subscription: a duplicate of the last batch, which it
+/// drops, counted.
+async fn subscribed(fake: &mut Fake, counters: &SourceCounters, last: (u64, &[KvEvent])) {
+    let t = Instant::now();
+    while counters.batches.load(Ordering::Relaxed) == 0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "no subscription");
+        fake.publish(last.0, last.1, true).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drops_duplicates_reorders_and_junk_converge_with_a_replay() {
+    let (mut fake, ix, counters, task) = started(true).await;
+    let batches = stream(300, 7);
+    // Seq 0 is sent until the subscription holds (the listener applies it
+    // once and drops the repeats).
+    subscribed(&mut fake, &counters, (0, &batches[0])).await;
+    for (i, b) in batches.iter().enumerate().skip(1) {
+        let seq = i as u64;
+        match i % 11 {
+            // Dropped: only the replay has it.
+            3 => fake.publish(seq, b, false).await,
+            // Sent twice.
+            5 => {
+                fake.publish(seq, b, true).await;
+                fake.publish(seq, b, true).await;
+            }
+            // Junk beside it: one frame, and a payload that is not a batch.
+            7 => {
+                fake.raw(vec![Bytes::from_static(b"junk")]).await;
+                fake.raw(vec![
+                    Bytes::new(),
+                    Bytes::copy_from_slice(&seq.to_be_bytes()),
+                    Bytes::from_static(&[0xc1, 0x00]),
+                ])
+                .await;
+                fake.publish(seq, b, true).await;
+            }
+            _ => fake.publish(seq, b, true).await,
+        }
+    }
+    let want = reference(&batches);
+    converges(&ix, &want, "after drops, duplicates and junk").await;
+    let f = *counters.feed.lock().unwrap();
+    assert!(
+        f.gaps >= 20 && f.recovered == f.gaps && f.lost == 0,
+        "{f:?}"
+    );
+    assert!(f.duplicates >= 20, "{f:?}");
+    assert!(counters.junk.load(Ordering::Relaxed) >= 1, "junk counted");
+    // Reordered: a later batch first (a gap, filled), the earlier after (a
+    // duplicate).
+    let more = stream(40, 8);
+    let base = batches.len() as u64;
+    let all: Vec<Vec<KvEvent>> = batches
+        .iter()
+        .cloned()
+        .chain(more.iter().skip(1).cloned())
+        .collect();
+    let tail: Vec<(usize, &Vec<KvEvent>)> = more.iter().enumerate().skip(1).collect();
+    for pair in tail.chunks(2) {
+        // Both logged first (a publisher's replay buffer has a batch from
+        // the moment it sends it), then sent later one first.
+        for (k, ev) in pair {
+            fake.publish(base + *k as u64 - 1, ev, false).await;
+        }
+        for (k, ev) in pair.iter().rev() {
+            fake.publish(base + *k as u64 - 1, ev, true).await;
+        }
+    }
+    converges(&ix, &reference(&all), "after reordering").await;
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_start_replays_from_zero() {
+    let (mut fake, ix, counters, task) = started(true).await;
+    let batches = stream(100, 11);
+    // The first 60 before anyone listens (logged for the replay only).
+    for (i, b) in batches.iter().enumerate().take(60) {
+        fake.publish(i as u64, b, false).await;
+    }
+    subscribed(&mut fake, &counters, (60, &batches[60])).await;
+    for (i, b) in batches.iter().enumerate().skip(61) {
+        fake.publish(i as u64, b, true).await;
+    }
+    converges(&ix, &reference(&batches), "a late start").await;
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_replay_a_gap_leaves_the_source_stale_until_it_clears() {
+    let (mut fake, ix, counters, task) = started(false).await;
+    let batches = stream(60, 13);
+    subscribed(&mut fake, &counters, (0, &batches[0])).await;
+    for (i, b) in batches.iter().enumerate().skip(1).take(29) {
+        fake.publish(i as u64, b, true).await;
+    }
+    converges(&ix, &reference(&batches[..30]), "before the gap").await;
+    // 30 is lost: the source is cleared and stale.
+    fake.publish(30, &batches[30], false).await;
+    for (i, b) in batches.iter().enumerate().skip(31) {
+        fake.publish(i as u64, b, true).await;
+    }
+    let t = Instant::now();
+    while !counters.stale.load(Ordering::Relaxed) {
+        assert!(t.elapsed() < Duration::from_secs(30), "never stale");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    converges(
+        &ix,
+        &KvIndex::new(2, 4).unwrap(),
+        "stale: nothing of the source",
+    )
+    .await;
+    // The worker restarts: its clearing (sequence 0 again) and new stores.
+    let restarted = stream(50, 17);
+    for (i, b) in restarted.iter().enumerate() {
+        fake.publish(i as u64, b, true).await;
+    }
+    converges(&ix, &reference(&restarted), "after the restart").await;
+    assert!(!counters.stale.load(Ordering::Relaxed));
+    task.abort();
+}
