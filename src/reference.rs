@@ -415,33 +415,46 @@ impl SequentialCache {
             else {
                 break;
             };
-            let vals = self.nodes[i].values[d].take().unwrap_or_default();
+            let vals = self.take_leaf(i, d);
             freed += vals.len();
             out.extend(vals);
             // A parent left with no resident child here is a leaf again: its
             // hits so far were passes through (slru's probation mark).
             if let Some(p) = self.nodes[i].parent {
-                let pn = &self.nodes[p];
-                let leaf = !pn.is_root
-                    && pn.values[d].is_some()
-                    && pn
-                        .children
-                        .values()
-                        .all(|&c| self.nodes[c].values[d].is_none());
-                if leaf {
-                    self.nodes[p].hits_base[d] = self.nodes[p].hits[d];
-                }
-            }
-            let n = &self.nodes[i];
-            if n.values.iter().all(Option::is_none) && n.children.is_empty() {
-                let page = n.key[..self.ps].to_vec();
-                if let Some(p) = n.parent {
-                    self.nodes[p].children.remove(&page);
-                }
-                self.nodes[i].linked = false;
+                self.mark_leaf(p, d);
             }
         }
         (freed, out)
+    }
+
+    /// Takes leaf `i`'s values on `d`; a node then resident nowhere, with
+    /// no children, leaves the tree.
+    fn take_leaf(&mut self, i: usize, d: usize) -> Vec<u32> {
+        let vals = self.nodes[i].values[d].take().unwrap_or_default();
+        let n = &self.nodes[i];
+        if n.values.iter().all(Option::is_none) && n.children.is_empty() {
+            let page = n.key[..self.ps].to_vec();
+            if let Some(p) = n.parent {
+                self.nodes[p].children.remove(&page);
+            }
+            self.nodes[i].linked = false;
+        }
+        vals
+    }
+
+    /// Node `p`, if a leaf on `d` now, starts counting hits afresh there
+    /// (its hits so far were passes through: slru's probation mark).
+    fn mark_leaf(&mut self, p: usize, d: usize) {
+        let pn = &self.nodes[p];
+        let leaf = !pn.is_root
+            && pn.values[d].is_some()
+            && pn
+                .children
+                .values()
+                .all(|&c| self.nodes[c].values[d].is_none());
+        if leaf {
+            self.nodes[p].hits_base[d] = self.nodes[p].hits[d];
+        }
     }
 
     /// `RadixCache::evict_from`: takes `d`'s residency from the last page
@@ -502,32 +515,14 @@ impl SequentialCache {
                 continue;
             }
             parents.extend(self.nodes[i].parent);
-            let vals = self.nodes[i].values[d].take().unwrap_or_default();
+            let vals = self.take_leaf(i, d);
             freed += vals.len();
             out.extend(vals);
-            let n = &self.nodes[i];
-            if n.values.iter().all(Option::is_none) && n.children.is_empty() {
-                let page = n.key[..ps].to_vec();
-                if let Some(p) = n.parent {
-                    self.nodes[p].children.remove(&page);
-                }
-                self.nodes[i].linked = false;
-            }
         }
-        // A node above an evicted one that is a leaf on `d` now: its hits so
-        // far were passes through (slru's probation mark), as after an
+        // A node above an evicted one that is a leaf on `d` now, as after an
         // eviction.
         for p in parents {
-            let pn = &self.nodes[p];
-            let leaf = !pn.is_root
-                && pn.values[d].is_some()
-                && pn
-                    .children
-                    .values()
-                    .all(|&c| self.nodes[c].values[d].is_none());
-            if leaf {
-                self.nodes[p].hits_base[d] = self.nodes[p].hits[d];
-            }
+            self.mark_leaf(p, d);
         }
         (freed, out)
     }
