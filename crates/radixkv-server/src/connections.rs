@@ -20,9 +20,8 @@
 //! The health slots, beyond the cap, keep `/health` and `/metrics`
 //! answering whatever the load: a connection in one is answered on those
 //! two routes only (anything else: 503, and the connection closes), and
-//! when every slot is taken the oldest held one makes room, so only
-//! [`HEALTH_SLOTS`] requests to those routes being answered at once can
-//! lock out a new one.
+//! when every slot is taken the oldest one held for [`HEALTH_GRACE`] makes
+//! room; a new connection finding none is closed.
 //!
 //! A request whose `Content-Length` exceeds the body limit is answered 413
 //! before its body is read. While the server drains it still accepts (so
@@ -61,6 +60,11 @@ pub const RESERVED_FILES: u64 = 64;
 /// Connections beyond the cap that answer `/health` and `/metrics` only
 /// (taken from [`RESERVED_FILES`]'s descriptors).
 pub const HEALTH_SLOTS: usize = 4;
+
+/// How long a connection in a health slot may stay held before a newer
+/// one may close it to take its slot (a flood of new connections would
+/// otherwise close each health check before its request is read).
+pub const HEALTH_GRACE: Duration = Duration::from_millis(500);
 
 /// The connection limits of a server (part of
 /// [`ServerConfig`](crate::ServerConfig)).
@@ -195,14 +199,27 @@ impl Registry {
     }
 
     /// Closes the oldest held connection in the cap's slots (or, with
-    /// `health_only`, in the health slots); false when every one is working.
+    /// `health_only`, in the health slots, held for at least
+    /// [`HEALTH_GRACE`]: a health check just accepted, its request on the
+    /// way, is not taken for a connection left idle); false when there is
+    /// none.
     fn shed_oldest_held(&self, health_only: bool) -> bool {
+        let now = self.now_ms();
+        let grace = if health_only {
+            u64::try_from(HEALTH_GRACE.as_millis()).unwrap_or(u64::MAX)
+        } else {
+            0
+        };
         let victim = self.conns.lock().ok().and_then(|mut m| {
             // Relaxed: a snapshot; a connection that starts working meanwhile
             // is closed with its request, as a client's own disconnect would.
             let id = m
                 .values()
-                .find(|c| c.health_only == health_only && c.working.load(Ordering::Relaxed) == 0)
+                .find(|c| {
+                    c.health_only == health_only
+                        && c.working.load(Ordering::Relaxed) == 0
+                        && now.saturating_sub(c.last_active_ms.load(Ordering::Relaxed)) >= grace
+                })
                 .map(|c| c.id)?;
             m.remove(&id)
         });
@@ -581,8 +598,15 @@ mod tests {
         );
         assert_eq!(reg.counts(), (2, 1));
         assert!(
+            !reg.shed_oldest_held(true),
+            "a health slot's connection just accepted has its grace"
+        );
+        // Held past its grace (its last activity long ago).
+        health.last_active_ms.store(0, Ordering::Relaxed);
+        std::thread::sleep(HEALTH_GRACE);
+        assert!(
             reg.shed_oldest_held(true),
-            "the health slot's held connection"
+            "the health slot's held connection, past its grace"
         );
         assert_eq!(reg.counts(), (2, 0));
     }
