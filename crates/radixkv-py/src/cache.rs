@@ -4,7 +4,7 @@
 //! (`shared_methods!`); every call that walks the tree releases the GIL.
 
 use crate::convert::tier;
-use crate::errors::{cache_error, guarded, invalid};
+use crate::errors::{cache_error, invalid};
 use crate::events::{Event, EventLog};
 use crate::ids::{ids, Ids};
 use crate::results::{Evicted, InsertResult, Lease, MatchResult, NodeHandle, Sizes};
@@ -186,10 +186,8 @@ macro_rules! shared_methods {
                     .parse()
                     .map_err(|e: radixkv::cache::UnknownPolicy| invalid(py, e.to_string()))?;
                 let inner = Arc::clone(&self.inner);
-                guarded(|| {
-                    py.detach(move || inner.set_eviction_policy(p));
-                    Ok(())
-                })
+                py.detach(move || inner.set_eviction_policy(p));
+                Ok(())
             }
 
             /// Resident prefix length of `tokens` on every device (index =
@@ -198,7 +196,7 @@ macro_rules! shared_methods {
             fn peek(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>, namespace: Option<String>) -> PyResult<Vec<usize>> {
                 let k = Key::read(tokens, namespace)?;
                 let inner = Arc::clone(&self.inner);
-                guarded(|| Ok(py.detach(|| inner.peek(k.key()))))
+                Ok(py.detach(|| inner.peek(k.key())))
             }
 
             /// Resident prefix lengths of `tokens` on every device and on the
@@ -207,10 +205,8 @@ macro_rules! shared_methods {
             fn peek_tiers(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>, namespace: Option<String>) -> PyResult<(Vec<usize>, usize)> {
                 let k = Key::read(tokens, namespace)?;
                 let inner = Arc::clone(&self.inner);
-                guarded(|| {
-                    let t = py.detach(|| inner.peek_tiers(k.key()));
-                    Ok((t.devices, t.host))
-                })
+                let t = py.detach(|| inner.peek_tiers(k.key()));
+                Ok((t.devices, t.host))
             }
 
             /// The longest prefix of `tokens` resident on `tier` (whole
@@ -222,10 +218,8 @@ macro_rules! shared_methods {
                 let t = tier_or_zero(tier)?;
                 let k = Key::read(tokens, namespace)?;
                 let inner = Arc::clone(&slf.get().inner);
-                guarded(|| {
-                    let m = py.detach(|| inner.match_prefix(k.key(), t)).map_err(|e| cache_error(py, e))?;
-                    MatchResult::new(py, m, slf.clone().into_any().unbind())
-                })
+                let m = py.detach(|| inner.match_prefix(k.key(), t)).map_err(|e| cache_error(py, e))?;
+                MatchResult::new(py, m, slf.clone().into_any().unbind())
             }
 
             /// As `match_prefix`, and pins the match: `values` are read after
@@ -236,20 +230,16 @@ macro_rules! shared_methods {
                 let t = tier_or_zero(tier)?;
                 let k = Key::read(tokens, namespace)?;
                 let inner = Arc::clone(&slf.get().inner);
-                guarded(|| {
-                    let m = py.detach(|| inner.match_and_pin(k.key(), t)).map_err(|e| cache_error(py, e))?;
-                    MatchResult::new(py, m, slf.clone().into_any().unbind())
-                })
+                let m = py.detach(|| inner.match_and_pin(k.key(), t)).map_err(|e| cache_error(py, e))?;
+                MatchResult::new(py, m, slf.clone().into_any().unbind())
             }
 
             /// Pins the end node of an earlier match; `StaleHandle` if it
             /// left the tree on the handle's tier since.
             fn pin(slf: &Bound<'_, Self>, handle: &Bound<'_, NodeHandle>) -> PyResult<Lease> {
                 let py = slf.py();
-                guarded(|| {
-                    let l = slf.get().inner.pin(&handle.get().handle).map_err(|e| cache_error(py, e))?;
-                    Ok(Lease::new(l, slf.clone().into_any().unbind()))
-                })
+                let l = slf.get().inner.pin(&handle.get().handle).map_err(|e| cache_error(py, e))?;
+                Ok(Lease::new(l, slf.clone().into_any().unbind()))
             }
 
             /// Evicts whole unpinned leaves of `tier` in policy order until at
@@ -258,10 +248,8 @@ macro_rules! shared_methods {
             fn evict(&self, py: Python<'_>, num_tokens: usize, tier: Option<&Bound<'_, PyAny>>) -> PyResult<Evicted> {
                 let t = tier_or_zero(tier)?;
                 let inner = Arc::clone(&self.inner);
-                guarded(|| {
-                    let e = py.detach(|| inner.evict(t, num_tokens)).map_err(|e| cache_error(py, e))?;
-                    Evicted::new(py, e)
-                })
+                let e = py.detach(|| inner.evict(t, num_tokens)).map_err(|e| cache_error(py, e))?;
+                Evicted::new(py, e)
             }
 
             /// Takes `tier`'s residency from the last page of `tokens` and
@@ -282,14 +270,14 @@ macro_rules! shared_methods {
             fn sizes(&self, py: Python<'_>, tier: Option<&Bound<'_, PyAny>>) -> PyResult<Sizes> {
                 let t = tier_or_zero(tier)?;
                 let inner = Arc::clone(&self.inner);
-                guarded(|| Ok(py.detach(|| inner.sizes(t)).map_err(|e| cache_error(py, e))?.into()))
+                Ok(py.detach(|| inner.sizes(t)).map_err(|e| cache_error(py, e))?.into())
             }
 
             /// Tokens resident on `tier`, from a counter (no scan).
             #[pyo3(signature = (tier=None))]
             fn resident_tokens(&self, py: Python<'_>, tier: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
                 let t = tier_or_zero(tier)?;
-                guarded(|| self.inner.resident_tokens(t).map_err(|e| cache_error(py, e)))
+                self.inner.resident_tokens(t).map_err(|e| cache_error(py, e))
             }
 
             /// Non-root nodes in the tree, over all tiers.
@@ -301,7 +289,7 @@ macro_rules! shared_methods {
             /// `None`. Meaningful when no operation is in flight.
             fn check(&self, py: Python<'_>) -> PyResult<Option<String>> {
                 let inner = Arc::clone(&self.inner);
-                guarded(|| Ok(py.detach(|| inner.check()).err()))
+                Ok(py.detach(|| inner.check()).err())
             }
 
             /// As `check`, raising `CacheError` with the violation.
@@ -315,10 +303,8 @@ macro_rules! shared_methods {
             /// Frees what earlier changes unlinked, once no reader can hold it.
             fn reclaim(&self, py: Python<'_>) -> PyResult<()> {
                 let inner = Arc::clone(&self.inner);
-                guarded(|| {
-                    py.detach(|| inner.reclaim());
-                    Ok(())
-                })
+                py.detach(|| inner.reclaim());
+                Ok(())
             }
 
             /// What eviction did on `tier`: calls, leaves, tokens, pages,
@@ -326,7 +312,7 @@ macro_rules! shared_methods {
             #[pyo3(signature = (tier=None))]
             fn eviction_metrics<'py>(&self, py: Python<'py>, tier: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyDict>> {
                 let t = tier_or_zero(tier)?;
-                let m = guarded(|| self.inner.eviction_metrics(t).map_err(|e| cache_error(py, e)))?;
+                let m = self.inner.eviction_metrics(t).map_err(|e| cache_error(py, e))?;
                 let d = PyDict::new(py);
                 d.set_item("evict_calls", m.evict_calls)?;
                 d.set_item("evicted_leaves", m.evicted_leaves)?;
@@ -468,13 +454,11 @@ shared_methods!(RadixCache, {
         let k = Key::read(tokens, namespace)?;
         let v = ids(values, "values")?;
         let inner = Arc::clone(&self.inner);
-        guarded(|| {
-            let r = crate::gil::released(py, || {
-                inner.insert_counting(k.key(), t, v.as_slice(), priority, inserted_len)
-            })
-            .map_err(|e| cache_error(py, e))?;
-            Ok(r.into())
+        let r = crate::gil::released(py, || {
+            inner.insert_counting(k.key(), t, v.as_slice(), priority, inserted_len)
         })
+        .map_err(|e| cache_error(py, e))?;
+        Ok(r.into())
     }
 });
 
@@ -543,12 +527,10 @@ shared_methods!(PagedCache, {
     ) -> PyResult<crate::pages::PageSpan> {
         let t = tier_or_zero(tier)?;
         let inner = Arc::clone(&self.inner);
-        guarded(|| {
-            let s = py
-                .detach(|| inner.alloc(t, num_tokens))
-                .map_err(|e| cache_error(py, e))?;
-            Ok(crate::pages::PageSpan::new(s))
-        })
+        let s = py
+            .detach(|| inner.alloc(t, num_tokens))
+            .map_err(|e| cache_error(py, e))?;
+        Ok(crate::pages::PageSpan::new(s))
     }
 
     /// Caches `tokens` on the span's tier with the span's pages; pages of
@@ -565,12 +547,10 @@ shared_methods!(PagedCache, {
         let k = Key::read(tokens, namespace)?;
         let s = span.get().take(py)?;
         let inner = Arc::clone(&self.inner);
-        guarded(|| {
-            let r = py
-                .detach(|| inner.insert_pages(k.key(), s, priority))
-                .map_err(|e| cache_error(py, e))?;
-            Ok(r.into())
-        })
+        let r = py
+            .detach(|| inner.insert_pages(k.key(), s, priority))
+            .map_err(|e| cache_error(py, e))?;
+        Ok(r.into())
     }
 
     /// Free pages on `tier` now.
@@ -620,12 +600,10 @@ shared_methods!(PagedCache, {
     ) -> PyResult<crate::pages::Request> {
         let k = Key::read(tokens, namespace)?;
         let inner = Arc::clone(&self.inner);
-        guarded(|| {
-            let r = py
-                .detach(|| inner.begin(k.key(), radixkv::DeviceId(device)))
-                .map_err(|e| cache_error(py, e))?;
-            Ok(crate::pages::Request::new(r))
-        })
+        let r = py
+            .detach(|| inner.begin(k.key(), radixkv::DeviceId(device)))
+            .map_err(|e| cache_error(py, e))?;
+        Ok(crate::pages::Request::new(r))
     }
 
     /// Plans a copy of the part of `tokens` that `source` holds beyond
@@ -643,12 +621,10 @@ shared_methods!(PagedCache, {
         let (s, d) = (tier(source, "source")?, tier(dest, "dest")?);
         let k = Key::read(tokens, namespace)?;
         let inner = Arc::clone(&self.inner);
-        guarded(|| {
-            let c = py
-                .detach(|| inner.copy_prefix(k.key(), s, d))
-                .map_err(|e| cache_error(py, e))?;
-            Ok(c.map(crate::pages::PrefixCopy::new))
-        })
+        let c = py
+            .detach(|| inner.copy_prefix(k.key(), s, d))
+            .map_err(|e| cache_error(py, e))?;
+        Ok(c.map(crate::pages::PrefixCopy::new))
     }
 
     /// `evict` with write-back to the host tier: `write(copy)` moves each
@@ -664,26 +640,24 @@ shared_methods!(PagedCache, {
     ) -> PyResult<Evicted> {
         let t = tier_or_zero(tier)?;
         let inner = Arc::clone(&self.inner);
-        guarded(|| {
-            // The eviction runs with the GIL released; each write takes it
-            // back to call Python (a write that raises counts as failed:
-            // its victim is evicted without a copy, as the core says).
-            let e = py
-                .detach(|| {
-                    inner.evict_with_write_back(t, num_tokens, |copy| {
-                        Python::attach(|py| {
-                            let view = crate::pages::CopyView::of(copy);
-                            write
-                                .bind(py)
-                                .call1((view,))
-                                .and_then(|r| r.is_truthy())
-                                .unwrap_or(false)
-                        })
+        // The eviction runs with the GIL released; each write takes it
+        // back to call Python (a write that raises counts as failed:
+        // its victim is evicted without a copy, as the core says).
+        let e = py
+            .detach(|| {
+                inner.evict_with_write_back(t, num_tokens, |copy| {
+                    Python::attach(|py| {
+                        let view = crate::pages::CopyView::of(copy);
+                        write
+                            .bind(py)
+                            .call1((view,))
+                            .and_then(|r| r.is_truthy())
+                            .unwrap_or(false)
                     })
                 })
-                .map_err(|e| cache_error(py, e))?;
-            Evicted::new(py, e)
-        })
+            })
+            .map_err(|e| cache_error(py, e))?;
+        Evicted::new(py, e)
     }
 
     /// Starts the background evictor (a cache built with watermarks).

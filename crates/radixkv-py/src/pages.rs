@@ -115,7 +115,8 @@ impl Request {
             .ok_or_else(|| crate::errors::closed(py, "request"))
     }
 
-    /// Runs `f` on the request with the GIL released (taken out meanwhile).
+    /// Runs `f` on the request with the GIL released (taken out meanwhile;
+    /// its own guard puts it back even after a panic).
     fn detached<T: Send>(
         &self,
         py: Python<'_>,
@@ -191,11 +192,9 @@ impl Request {
     /// Caches every backed, page-aligned token and ends the request.
     fn finish(&self, py: Python<'_>) -> PyResult<InsertResult> {
         let r = take_out(py, &self.req, "request")?;
-        guarded(|| {
-            py.detach(|| r.finish())
-                .map(Into::into)
-                .map_err(|e| cache_error(py, e))
-        })
+        py.detach(|| r.finish())
+            .map(Into::into)
+            .map_err(|e| cache_error(py, e))
     }
 
     /// Loads into the request the part of its tokens `source` (a device or
@@ -210,6 +209,7 @@ impl Request {
     ) -> PyResult<usize> {
         let s = crate::convert::tier(source, "source")?;
         let mut r = take_out(py, &self.req, "request")?;
+        // Guarded here too, so that the request is put back after a panic.
         let out = guarded(|| {
             let planned = py.detach(|| r.copy_from(s));
             let Some(copy) = planned.map_err(|e| cache_error(py, e))? else {
@@ -306,11 +306,9 @@ impl PrefixCopy {
     /// the KV is there); duplicates go back, the pins are released.
     fn complete(&self, py: Python<'_>) -> PyResult<InsertResult> {
         let c = take_out(py, &self.copy, "copy")?;
-        guarded(|| {
-            py.detach(|| c.complete())
-                .map(Into::into)
-                .map_err(|e| cache_error(py, e))
-        })
+        py.detach(|| c.complete())
+            .map(Into::into)
+            .map_err(|e| cache_error(py, e))
     }
 
     /// Cancels the copy: pages back, pins released.
