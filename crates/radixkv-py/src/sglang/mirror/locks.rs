@@ -39,8 +39,7 @@ impl Shape {
             return Ok(0);
         }
         let Some(path) = self.path(id) else {
-            self.corrupt(|| format!("lock of node {id}: its path to the root is broken"));
-            return Err(LockRefused::Broken(self.usable().err().unwrap_or_default()));
+            return Err(self.refuse(format!("lock of node {id}: its path to the root is broken")));
         };
         // Checked first, applied after: a refused lock changes nothing.
         let mut moved = 0usize;
@@ -97,8 +96,9 @@ impl Shape {
             return Err(LockRefused::NotLocked);
         }
         let Some(path) = self.path(id) else {
-            self.corrupt(|| format!("unlock of node {id}: its path to the root is broken"));
-            return Err(LockRefused::Broken(self.usable().err().unwrap_or_default()));
+            return Err(self.refuse(format!(
+                "unlock of node {id}: its path to the root is broken"
+            )));
         };
         let mut moved = 0usize;
         for &n in &path {
