@@ -104,10 +104,12 @@ async fn offer(
     let clears = matches!(batch.first(), Some(Event::Cleared));
     match feed.offer(seq, clears) {
         Step::Gap { from } => {
-            fill(index, fp, counters, feed, from, seq).await;
-            if !feed.is_stale() {
+            if fill(index, fp, counters, feed, from, seq).await {
                 let step = feed.offer(seq, clears);
                 apply(index, fp.source, counters, step, &batch);
+            } else {
+                feed.lost();
+                index.clear(fp.source);
             }
         }
         step => apply(index, fp.source, counters, step, &batch),
@@ -152,8 +154,9 @@ fn apply(index: &KvIndex, source: Source, counters: &SourceCounters, step: Step,
         .fetch_add(errors.len() as u64, Ordering::Relaxed);
 }
 
-/// Fills the gap `[from, seq)` from the replay endpoint, or declares it
-/// lost (the source cleared, the feed stale).
+/// Fills the gap `[from, seq)` from the replay endpoint; `false` when it
+/// cannot (no endpoint, no answer, or a replay that lacks batches): the
+/// gap is lost.
 async fn fill(
     index: &KvIndex,
     fp: &Feedpoint,
@@ -161,7 +164,7 @@ async fn fill(
     feed: &mut Feed,
     from: u64,
     seq: u64,
-) {
+) -> bool {
     let replayed = match &fp.replay {
         Some(ep) => tokio::time::timeout(REPLAY_TIMEOUT, replay(ep, from))
             .await
@@ -170,9 +173,7 @@ async fn fill(
         None => None,
     };
     let Some(batches) = replayed else {
-        feed.lost();
-        index.clear(fp.source);
-        return;
+        return false;
     };
     for b in batches.iter().filter(|b| b.seq < seq) {
         let Some(events) = decode(counters, &b.payload) else {
@@ -182,16 +183,11 @@ async fn fill(
         match feed.offer(b.seq, clears) {
             Step::Gap { .. } => {
                 // The replay lacks batches too (its buffer no longer
-                // reaches back): the gap is lost.
-                feed.lost();
-                index.clear(fp.source);
-                return;
+                // reaches back).
+                return false;
             }
             step => apply(index, fp.source, counters, step, &events),
         }
     }
-    if feed.expected() != Some(seq) {
-        feed.lost();
-        index.clear(fp.source);
-    }
+    feed.expected() == Some(seq)
 }
