@@ -832,14 +832,20 @@ async fn spawn_binary(args: &[&str]) -> (std::process::Child, Http) {
     (child, Http::new(addr))
 }
 
-/// Sends SIGTERM and waits (at most 10 s) for the exit.
+/// Sends SIGTERM to the process `pid`.
 #[cfg(unix)]
-async fn terminate(child: std::process::Child) -> std::process::ExitStatus {
+fn sigterm(pid: u32) {
     let kill = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &pid.to_string()])
         .status()
         .expect("kill");
     assert!(kill.success());
+}
+
+/// Sends SIGTERM and waits (at most 10 s) for the exit.
+#[cfg(unix)]
+async fn terminate(child: std::process::Child) -> std::process::ExitStatus {
+    sigterm(child.id());
     wait_exit(child, Duration::from_secs(10))
         .await
         .expect("radixkv serve did not exit after SIGTERM")
@@ -932,15 +938,7 @@ async fn a_second_signal_ends_the_drain() {
             .await,
     );
     assert!(sse.next().await.is_some(), "the stream started");
-    let pid = child.id().to_string();
-    let signal = || {
-        let kill = std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill");
-        assert!(kill.success());
-    };
-    signal();
+    sigterm(child.id());
     // The first signal was taken: the server drains.
     let t = Instant::now();
     while s.get("/health").await.status != StatusCode::SERVICE_UNAVAILABLE {
@@ -950,7 +948,7 @@ async fn a_second_signal_ends_the_drain() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    signal();
+    sigterm(child.id());
     let status = wait_exit(child, Duration::from_secs(30))
         .await
         .expect("the second signal did not end the drain within 30 s");
