@@ -410,10 +410,10 @@ impl KvIndex {
     ) -> Result<u64, ApplyError> {
         let mut n = 0;
         let mut unknown = None;
+        let tier = self.existing_tier(s, m);
         for h in hashes {
             let held = blocks.blocks.get(h).is_some_and(|b| b.media & bit(m) != 0);
-            let t = self.existing_tier(s, m);
-            let (Some(t), true) = (t, held) else {
+            let (Some(t), true) = (tier, held) else {
                 unknown.get_or_insert(h.0);
                 continue;
             };
