@@ -57,7 +57,7 @@ echo "== peer bench against Dynamo's indexes (bench-peers/, CI size: built and r
 cargo run --release --manifest-path bench-peers/Cargo.toml --target-dir target/peers --quiet -- --quick --traces "$traces"
 QUICK=1 THREADS=1,2 PROCESSES=1 bash scripts/scaling.sh "" target/peers/scaling-smoke.json
 
-echo "== KV events read by Dynamo's own decoder and index (bench-peers/tests/dynamo_events.rs: a 4-device replay with evictions, every prompt's overlap per rank equal to radixkv's peek)"
+echo "== KV events read by Dynamo's own decoder and index and by radixkv-index (bench-peers/tests/dynamo_events.rs: a 4-device replay with evictions, every prompt's overlap per rank equal to radixkv's peek; radixkv-index equal by tokens and by Dynamo's per-block hashes)"
 cargo test --release --manifest-path bench-peers/Cargo.toml --target-dir target/peers --test dynamo_events
 
 echo "== the server under faults: 300 held connections under ulimit -n 256, 300 clients that stop reading mid-stream (/health within a second, the send timeout frees their slots; with its control), hyper's own 400 and 431 as JSON, an early 413, a stop that stops, a KV-event subscriber across a SIGKILL restart, every numeric flag at its extremes, the clean state after each (scripts/fault-probe.sh)"

@@ -7,6 +7,11 @@
 //! d. Then, for every prompt of the workload (both namespaces), Dynamo's
 //! overlap for (1, d), in blocks, must equal radixkv's `peek` on device d;
 //! and Dynamo's host-tier (CPU) index must match radixkv's host tier.
+//!
+//! radixkv's own index (`radixkv-index`) reads the same batches as worker
+//! 1, rank d: its score per (rank, medium) must equal Dynamo's, by tokens
+//! and by Dynamo's per-block hashes (which its `local_hash` must compute
+//! bit for bit).
 
 use dynamo_kv_router::protocols::{
     compute_block_hash_for_seq, BlockHashOptions, StorageTier, WorkerWithDpRank,
@@ -19,6 +24,8 @@ use radixkv_engine::tiers::TierConfig;
 use radixkv_engine::{CacheListeners, Engine, EngineConfig, EngineRequest};
 use radixkv_events::subscriber::replay;
 use radixkv_events::{Encoding, KvEventPublisher, KvEventsConfig};
+use radixkv_index::decode::{decode_batch, Medium};
+use radixkv_index::{local_hash, KvIndex, Source};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
@@ -109,6 +116,7 @@ async fn run(encoding: Encoding) {
     let mut cpu: Vec<RadixTree> = (0..DEVICES).map(|_| RadixTree::new()).collect();
     let (mut stored, mut removed, mut cpu_events) = (0, 0, 0);
     let mut id = 0u64;
+    let index = KvIndex::new(PAGE, 2 * DEVICES).unwrap();
     let mut per_device = Vec::new();
     for d in 0..DEVICES {
         let batches = replay(&publisher.replay_endpoints()[d], 0).await.unwrap();
@@ -127,6 +135,14 @@ async fn run(encoding: Encoding) {
             };
             let range = if first { 0..1 } else { 1..batches.len() };
             for b in &batches[range] {
+                let ours = decode_batch(&b.payload).expect("radixkv-index decodes the batch");
+                assert!(ours.skipped.is_empty(), "{:?}", ours.skipped);
+                let source = Source {
+                    worker: 1,
+                    rank: d as u32,
+                };
+                let (_, errors) = index.apply(source, &ours.events);
+                assert!(errors.is_empty(), "{errors:?}");
                 let batch = decode_event_batch(&b.payload).expect("Dynamo decodes the batch");
                 assert_eq!(batch.data_parallel_rank, Some(d as i32));
                 for raw in batch.events {
@@ -172,6 +188,20 @@ async fn run(encoding: Encoding) {
                 ..BlockHashOptions::default()
             },
         );
+        let ours: Vec<u64> = local_hash::block_hashes(p, PAGE, local_hash::seed(None, *ns));
+        assert_eq!(
+            ours,
+            local.iter().map(|h| h.0).collect::<Vec<_>>(),
+            "per-block hashes under {ns:?}"
+        );
+        let by_tokens = index.scores(p, ns.as_deref());
+        let by_hash = index.scores_by_hash(&ours);
+        let score = |scores: &[radixkv_index::Score], d: usize, m: Medium| {
+            scores
+                .iter()
+                .find(|s| s.source.rank == d as u32 && s.medium == m)
+                .map_or(0, |s| s.tokens)
+        };
         let scores = gpu.find_matches(local.clone(), false).scores;
         let tiers = cache.peek_tiers(TokenKey::new(p).in_namespace(*ns));
         for (d, host_index) in cpu.iter().enumerate() {
@@ -187,6 +217,13 @@ async fn run(encoding: Encoding) {
                 tiers.devices[d]
             );
             nonzero += usize::from(dynamo > 0);
+            for (what, s) in [("tokens", &by_tokens), ("hashes", &by_hash)] {
+                assert_eq!(
+                    score(s, d, Medium::Gpu),
+                    dynamo * PAGE,
+                    "radixkv-index by {what}, rank {d}, under {ns:?}"
+                );
+            }
             let host = host_index
                 .find_matches(local.clone(), false)
                 .scores
@@ -198,6 +235,13 @@ async fn run(encoding: Encoding) {
                 tiers.host / PAGE,
                 "host tier on rank {d}, under {ns:?}"
             );
+            for (what, s) in [("tokens", &by_tokens), ("hashes", &by_hash)] {
+                assert_eq!(
+                    score(s, d, Medium::Cpu),
+                    host * PAGE,
+                    "radixkv-index's host tier by {what}, rank {d}, under {ns:?}"
+                );
+            }
         }
     }
     assert!(nonzero > 0, "nothing cached at the end");

@@ -25,7 +25,9 @@
 //! writers; each source's own under its lock, in order); queries run on any
 //! thread and never wait.
 
+use crate::contents::Contents;
 use crate::decode::{BlockHash, Event, Medium, Stored};
+use crate::local_hash;
 use radixkv::{CacheError, DeviceId, RadixCache, TokenKey};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -73,8 +75,12 @@ pub enum ApplyError {
 #[derive(Debug)]
 struct Block {
     parent: Option<BlockHash>,
-    tokens: Box<[u32]>,
+    /// Shared with every block of the same tokens ([`Contents`]).
+    tokens: Arc<[u32]>,
     namespace: Option<Arc<str>>,
+    /// Its per-block hash ([`crate::local_hash`]) and that hash's seed.
+    local: u64,
+    seed: u64,
     /// The media holding it, a bit each ([`Medium`] order).
     media: u8,
     /// Blocks stored below it (any medium).
@@ -145,14 +151,16 @@ impl SourceBlocks {
 
     /// Forgets `h` if it is held nowhere and leads to nothing; then its
     /// parent, likewise.
-    fn prune(&mut self, mut h: BlockHash) {
+    fn prune(&mut self, contents: &Contents, mut h: BlockHash) {
         loop {
             let Some(b) = self.blocks.get(&h) else { return };
             if b.media != 0 || b.children != 0 {
                 return;
             }
             let parent = b.parent;
-            self.blocks.remove(&h);
+            if let Some(b) = self.blocks.remove(&h) {
+                contents.release(b.local, &b.tokens);
+            }
             let Some(p) = parent else { return };
             if let Some(v) = self.below.get_mut(&p) {
                 v.retain(|&c| c != h);
@@ -194,6 +202,7 @@ pub struct KvIndex {
     cache: RadixCache,
     tiers: Mutex<Tiers>,
     sources: Mutex<HashMap<Source, Arc<Mutex<SourceBlocks>>>>,
+    contents: Contents,
 }
 
 impl std::fmt::Debug for KvIndex {
@@ -237,6 +246,7 @@ impl KvIndex {
                 by_tier: vec![None; max_tiers],
             }),
             sources: Mutex::new(HashMap::new()),
+            contents: Contents::default(),
         })
     }
 
@@ -309,13 +319,17 @@ impl KvIndex {
         // is (a block held on a medium its parent is not on is out of reach
         // there until the parent comes).
         let reachable = st.parent.is_none_or(|p| blocks.reachable_on(p, st.medium));
-        let (ns, mut path) = match st.parent {
+        let (ns, seed, mut path) = match st.parent {
             None => (
                 radixkv::TokenKey::namespace_for(st.lora_name.as_deref(), st.cache_salt.as_deref())
                     .map(Arc::from),
+                local_hash::seed(st.lora_name.as_deref(), st.cache_salt.as_deref()),
                 Vec::new(),
             ),
-            Some(p) => blocks.path(p).ok_or(ApplyError::UnknownParent(p.0))?,
+            Some(p) => {
+                let (ns, path) = blocks.path(p).ok_or(ApplyError::UnknownParent(p.0))?;
+                (ns, blocks.blocks[&p].seed, path)
+            }
         };
         let mut parent = st.parent;
         for (h, tokens) in st.hashes.iter().zip(st.tokens.chunks(bs)) {
@@ -327,12 +341,15 @@ impl KvIndex {
                     b.media |= bit(st.medium);
                 }
                 None => {
+                    let local = local_hash::block_hash(tokens, seed);
                     blocks.blocks.insert(
                         *h,
                         Block {
                             parent,
-                            tokens: tokens.into(),
+                            tokens: self.contents.hold(local, tokens, &ns),
                             namespace: ns.clone(),
+                            local,
+                            seed,
                             media: bit(st.medium),
                             children: 0,
                         },
@@ -426,7 +443,7 @@ impl KvIndex {
             if let Some(b) = blocks.blocks.get_mut(h) {
                 b.media &= !bit(m);
             }
-            blocks.prune(*h);
+            blocks.prune(&self.contents, *h);
             n += 1;
         }
         match unknown {
@@ -450,7 +467,9 @@ impl KvIndex {
                 let _ = self.cache.evict(DeviceId(t as u32), usize::MAX);
             }
         }
-        *blocks = SourceBlocks::default();
+        for b in std::mem::take(blocks).blocks.into_values() {
+            self.contents.release(b.local, &b.tokens);
+        }
     }
 
     /// Removes source `s` (a worker unregistered): clears it and frees its
@@ -491,6 +510,32 @@ impl KvIndex {
                     })
             })
             .collect()
+    }
+
+    /// [`KvIndex::scores`] of the prompt whose blocks have the per-block
+    /// hashes `hashes` ([`crate::local_hash`]: what Dynamo's routers send),
+    /// read back into tokens up to the first hash no source holds (or one
+    /// of another namespace than the first's).
+    pub fn scores_by_hash(&self, hashes: &[u64]) -> Vec<Score> {
+        let mut tokens = Vec::with_capacity(hashes.len() * self.block_size);
+        let mut namespace = None;
+        for (i, h) in hashes.iter().enumerate() {
+            let Some(c) = self.contents.get(*h) else {
+                break;
+            };
+            if i == 0 {
+                namespace = c.namespace;
+            } else if c.namespace != namespace {
+                break;
+            }
+            tokens.extend_from_slice(&c.tokens);
+        }
+        self.scores(&tokens, namespace.as_deref())
+    }
+
+    /// Distinct blocks (by tokens and namespace) the sources hold.
+    pub fn distinct_blocks(&self) -> usize {
+        self.contents.len()
     }
 
     /// Blocks source `s` knows (held, or leading to held ones).

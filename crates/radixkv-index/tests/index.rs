@@ -188,3 +188,59 @@ fn what_cannot_be_applied_is_named_and_the_rest_is_applied() {
     assert_eq!(scores(&ix, &[5, 6]), [(A, Medium::Gpu, 2)]);
     ix.check().unwrap();
 }
+
+#[test]
+fn per_block_hashes_read_back_into_the_prompt_they_name() {
+    use radixkv_index::local_hash::{block_hashes, seed};
+    let ix = KvIndex::new(2, 16).unwrap();
+    let salted = Event::Stored(Stored {
+        hashes: vec![BlockHash(20), BlockHash(21)],
+        parent: None,
+        tokens: vec![1, 2, 3, 4],
+        block_size: 2,
+        medium: Medium::Gpu,
+        lora_name: None,
+        cache_salt: Some("t".into()),
+    });
+    apply(
+        &ix,
+        A,
+        &[salted, stored(&[22], Some(21), &[5, 6], Medium::Gpu)],
+    );
+    apply(
+        &ix,
+        B,
+        &[stored(&[30, 31], None, &[1, 2, 3, 4], Medium::Gpu)],
+    );
+    let by_hash = |h: &[u64]| {
+        let mut v: Vec<_> = ix
+            .scores_by_hash(h)
+            .into_iter()
+            .map(|s| (s.source, s.tokens))
+            .collect();
+        v.sort();
+        v
+    };
+    let prompt = [1, 2, 3, 4, 5, 6, 7];
+    // Salted: A's three blocks (the third inherits the salt's seed).
+    assert_eq!(
+        by_hash(&block_hashes(&prompt, 2, seed(None, Some("t")))),
+        vec![(A, 6)]
+    );
+    // Unsalted: B's two.
+    assert_eq!(
+        by_hash(&block_hashes(&prompt, 2, seed(None, None))),
+        vec![(B, 4)]
+    );
+    // An unknown hash ends the prompt there.
+    let mut h = block_hashes(&prompt, 2, seed(None, Some("t")));
+    h[1] = 99;
+    assert_eq!(by_hash(&h), vec![(A, 2)]);
+    assert_eq!(ix.distinct_blocks(), 5);
+    // The last holder of a block takes its tokens with it.
+    apply(&ix, B, &[Event::Cleared]);
+    assert_eq!(by_hash(&block_hashes(&prompt, 2, seed(None, None))), vec![]);
+    assert_eq!(ix.distinct_blocks(), 3);
+    apply(&ix, A, &[removed(&[22], Medium::Gpu)]);
+    assert_eq!(ix.distinct_blocks(), 2);
+}
