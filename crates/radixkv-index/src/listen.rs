@@ -9,6 +9,12 @@
 //! A message that is not three frames, or whose payload is not a batch, is
 //! counted and ignored (its sequence is not consumed: were it a real batch,
 //! the next one shows the gap and the replay brings it).
+//!
+//! Between the socket and the index is a bounded queue
+//! ([`ListenOptions::queue`]): one task reads the socket into it, another
+//! applies. A batch that finds it full is counted ([`SourceCounters::overflow`])
+//! and dropped, which the next batch shows as a gap, replayed as any other:
+//! a flood costs neither unbounded memory nor a blocked publisher.
 
 use crate::decode::{decode_batch, Event};
 use crate::feed::{Feed, Step};
@@ -31,8 +37,24 @@ pub struct Feedpoint {
     pub topic: String,
 }
 
-/// How long a replay may take before the gap counts as lost.
-pub const REPLAY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How a listener buffers and recovers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListenOptions {
+    /// Batches read from the socket and not yet applied, at most.
+    pub queue: usize,
+    /// How long a replay may take before the gap counts as lost.
+    pub replay_timeout: Duration,
+}
+
+impl Default for ListenOptions {
+    /// 4,096 batches; 5 s.
+    fn default() -> Self {
+        ListenOptions {
+            queue: 4096,
+            replay_timeout: Duration::from_secs(5),
+        }
+    }
+}
 
 /// A source's live counters, read by the service's metrics.
 #[derive(Debug, Default)]
@@ -45,6 +67,12 @@ pub struct SourceCounters {
     pub skipped_events: AtomicU64,
     /// Messages that were not batches.
     pub junk: AtomicU64,
+    /// Batches dropped because the queue was full (each shows as a gap).
+    pub overflow: AtomicU64,
+    /// Failed attempts to connect to the endpoint.
+    pub connect_failures: AtomicU64,
+    /// Whether the socket is subscribed (it reconnects by itself after).
+    pub subscribed: std::sync::atomic::AtomicBool,
     /// Milliseconds since the epoch at the last batch (0: none yet).
     pub last_batch_ms: AtomicU64,
     /// The feed's own counts (gaps, recoveries, restarts, …).
@@ -59,32 +87,69 @@ fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// Aborts the task when dropped (the reader goes with its listener).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Follows `fp`'s socket into `index` forever (abort the task to stop):
 /// see the module docs. `counters` says what it did.
-pub async fn listen(index: Arc<KvIndex>, fp: Feedpoint, counters: Arc<SourceCounters>) {
-    let mut sub = loop {
+pub async fn listen(
+    index: Arc<KvIndex>,
+    fp: Feedpoint,
+    counters: Arc<SourceCounters>,
+    options: ListenOptions,
+) {
+    let sub = loop {
         match KvEventSubscriber::connect(&fp.endpoint, &fp.topic).await {
             Ok(s) => break s,
-            // A malformed endpoint never connects: the service checks
-            // endpoints before it starts a listener; meanwhile retry.
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            // Nobody listening there yet (or a malformed endpoint, which
+            // the service refuses before it starts a listener): retry.
+            Err(_) => {
+                // Relaxed: a statistic.
+                counters.connect_failures.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
         }
     };
+    // Relaxed: a status flag read by the health check; nothing is
+    // published through it.
+    counters.subscribed.store(true, Ordering::Relaxed);
+    let (tx, mut rx) = tokio::sync::mpsc::channel(options.queue.max(1));
+    let _reader = AbortOnDrop(tokio::spawn(read(sub, tx, Arc::clone(&counters))));
     let mut feed = Feed::new();
+    while let Some(b) = rx.recv().await {
+        offer(&index, &fp, &counters, &mut feed, &options, b).await;
+    }
+}
+
+/// Reads the socket into the queue; a batch that finds it full is counted
+/// and dropped.
+async fn read(
+    mut sub: KvEventSubscriber,
+    tx: tokio::sync::mpsc::Sender<radixkv_events::subscriber::Batch>,
+    counters: Arc<SourceCounters>,
+) {
     loop {
-        let b = match sub.recv().await {
-            Ok(b) => b,
+        match sub.recv().await {
+            Ok(b) => match tx.try_send(b) {
+                Ok(()) => {}
+                Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
+                    // Relaxed: a statistic.
+                    counters.overflow.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => return,
+            },
             Err(SubscribeError::Malformed(_)) => {
-                // Relaxed: statistics.
+                // Relaxed: a statistic.
                 counters.junk.fetch_add(1, Ordering::Relaxed);
-                continue;
             }
-            Err(_) => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        offer(&index, &fp, &counters, &mut feed, b.seq, &b.payload).await;
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
     }
 }
 
@@ -95,16 +160,17 @@ async fn offer(
     fp: &Feedpoint,
     counters: &SourceCounters,
     feed: &mut Feed,
-    seq: u64,
-    payload: &[u8],
+    options: &ListenOptions,
+    b: radixkv_events::subscriber::Batch,
 ) {
-    let Some(batch) = decode(counters, payload) else {
+    let seq = b.seq;
+    let Some(batch) = decode(counters, &b.payload) else {
         return;
     };
     let clears = matches!(batch.first(), Some(Event::Cleared));
     match feed.offer(seq, clears) {
         Step::Gap { from } => {
-            if fill(index, fp, counters, feed, from, seq).await {
+            if fill(index, fp, counters, feed, options, from, seq).await {
                 let step = feed.offer(seq, clears);
                 apply(index, fp.source, counters, step, &batch);
             } else {
@@ -162,11 +228,12 @@ async fn fill(
     fp: &Feedpoint,
     counters: &SourceCounters,
     feed: &mut Feed,
+    options: &ListenOptions,
     from: u64,
     seq: u64,
 ) -> bool {
     let replayed = match &fp.replay {
-        Some(ep) => tokio::time::timeout(REPLAY_TIMEOUT, replay(ep, from))
+        Some(ep) => tokio::time::timeout(options.replay_timeout, replay(ep, from))
             .await
             .ok()
             .and_then(Result::ok),

@@ -8,7 +8,7 @@
 
 use bytes::Bytes;
 use radixkv_events::wire::{encode_batch, Encoding, KvEvent, Medium};
-use radixkv_index::listen::{listen, Feedpoint, SourceCounters};
+use radixkv_index::listen::{listen, Feedpoint, ListenOptions, SourceCounters};
 use radixkv_index::{KvIndex, Source};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -90,6 +90,8 @@ struct Fake {
     pub_: zeromq::PubSocket,
     /// Every batch it ever published, by sequence (what its replay serves).
     log: Arc<Mutex<BTreeMap<u64, Bytes>>>,
+    /// Held, the replay waits before it answers.
+    gate: Arc<tokio::sync::Mutex<()>>,
     router: tokio::task::JoinHandle<()>,
 }
 
@@ -103,8 +105,11 @@ impl Fake {
         router.bind(&replay).await.unwrap();
         let log: Arc<Mutex<BTreeMap<u64, Bytes>>> = Arc::default();
         let served = Arc::clone(&log);
+        let gate: Arc<tokio::sync::Mutex<()>> = Arc::default();
+        let gated = Arc::clone(&gate);
         let router = tokio::spawn(async move {
             while let Ok(m) = router.recv().await {
+                drop(gated.lock().await);
                 let parts = m.into_vec();
                 let id = parts[0].clone();
                 let start = u64::from_be_bytes(parts.last().unwrap()[..8].try_into().unwrap());
@@ -143,6 +148,7 @@ impl Fake {
             replay,
             pub_,
             log,
+            gate,
             router,
         }
     }
@@ -242,6 +248,7 @@ async fn converges(ix: &KvIndex, want: &KvIndex, what: &str) {
 
 async fn started(
     replay: bool,
+    options: ListenOptions,
 ) -> (
     Fake,
     Arc<KvIndex>,
@@ -257,7 +264,7 @@ async fn started(
         replay: replay.then(|| fake.replay.clone()),
         topic: String::new(),
     };
-    let task = tokio::spawn(listen(Arc::clone(&ix), fp, Arc::clone(&counters)));
+    let task = tokio::spawn(listen(Arc::clone(&ix), fp, Arc::clone(&counters), options));
     (fake, ix, counters, task)
 }
 
@@ -275,7 +282,7 @@ async fn subscribed(fake: &mut Fake, counters: &SourceCounters, last: (u64, &[Kv
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drops_duplicates_reorders_and_junk_converge_with_a_replay() {
-    let (mut fake, ix, counters, task) = started(true).await;
+    let (mut fake, ix, counters, task) = started(true, ListenOptions::default()).await;
     let batches = stream(300, 7);
     // Seq 0 is sent until the subscription holds (the listener applies it
     // once and drops the repeats).
@@ -339,7 +346,7 @@ async fn drops_duplicates_reorders_and_junk_converge_with_a_replay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_start_replays_from_zero() {
-    let (mut fake, ix, counters, task) = started(true).await;
+    let (mut fake, ix, counters, task) = started(true, ListenOptions::default()).await;
     let batches = stream(100, 11);
     // The first 60 before anyone listens (logged for the replay only).
     for (i, b) in batches.iter().enumerate().take(60) {
@@ -355,7 +362,7 @@ async fn a_late_start_replays_from_zero() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_replay_a_gap_leaves_the_source_stale_until_it_clears() {
-    let (mut fake, ix, counters, task) = started(false).await;
+    let (mut fake, ix, counters, task) = started(false, ListenOptions::default()).await;
     let batches = stream(60, 13);
     subscribed(&mut fake, &counters, (0, &batches[0])).await;
     for (i, b) in batches.iter().enumerate().skip(1).take(29) {
@@ -385,5 +392,52 @@ async fn without_a_replay_a_gap_leaves_the_source_stale_until_it_clears() {
     }
     converges(&ix, &reference(&restarted), "after the restart").await;
     assert!(!counters.stale.load(Ordering::Relaxed));
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_past_the_queue_is_counted_and_replayed_as_gaps() {
+    let options = ListenOptions {
+        queue: 8,
+        // Long: the test holds the replay while it floods.
+        replay_timeout: Duration::from_secs(120),
+    };
+    let (mut fake, ix, counters, task) = started(true, options).await;
+    let batches = stream(400, 19);
+    subscribed(&mut fake, &counters, (0, &batches[0])).await;
+    // The applier is held in a replay (1 missing, 2 sent) ...
+    let gate = Arc::clone(&fake.gate);
+    let held = gate.lock().await;
+    fake.publish(1, &batches[1], false).await;
+    fake.publish(2, &batches[2], true).await;
+    // ... while the rest floods in.
+    for (i, b) in batches.iter().enumerate().skip(3) {
+        fake.publish(i as u64, b, true).await;
+    }
+    let t = Instant::now();
+    while counters.overflow.load(Ordering::Relaxed) == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the queue never filled"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(held);
+    // The last batch again, until it is applied (it may have been one of
+    // those dropped, and only a later batch shows a gap).
+    let last = batches.len() as u64 - 1;
+    let t = Instant::now();
+    while counters.feed.lock().unwrap().applied < batches.len() as u64 {
+        assert!(t.elapsed() < Duration::from_secs(60), "never caught up");
+        fake.publish(last, &batches[last as usize], true).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    converges(&ix, &reference(&batches), "after the flood").await;
+    let f = *counters.feed.lock().unwrap();
+    let overflow = counters.overflow.load(Ordering::Relaxed);
+    assert!(
+        overflow > 0 && f.lost == 0 && f.recovered == f.gaps,
+        "{overflow} {f:?}"
+    );
     task.abort();
 }
