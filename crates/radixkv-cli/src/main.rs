@@ -4,12 +4,14 @@
 //! | --- | --- | --- |
 //! | `replay` | [`replay`] | the main job: a workload through the multi-device engine, summarized |
 //! | `serve` | [`serve`] | the engine behind HTTP (`radixkv-server`) |
+//! | `index` | [`index`] | the KV index routers ask, fed by workers' KV events (`radixkv-index-service`) |
 //! | `ops` | [`ops`] | the SGLang conformance runner |
 //! | `hitrate` | [`hitrate`] | hit rates per eviction policy and capacity, with Belady's bound |
 //! | `stress` | [`stress`] | random request lifecycles under memory pressure, then an audit |
 
 mod args;
 mod hitrate;
+mod index;
 mod kv_events;
 mod model;
 mod ops;
@@ -55,6 +57,12 @@ enum Command {
     /// on SIGINT/SIGTERM after draining in-flight requests (at most
     /// --drain-timeout-s).
     Serve(serve::ServeArgs),
+    /// The KV index routers ask: follows workers' KV events (vLLM's,
+    /// SGLang's, radixkv's; ZeroMQ) into one tree and answers which worker
+    /// holds how much of a prompt. A drop-in for NVIDIA Dynamo's standalone
+    /// indexer: its flags and its routes (POST /register, /unregister,
+    /// /query, /query_by_hash; GET /workers, /health, /metrics).
+    Index(index::IndexArgs),
 }
 
 /// What every command returns: a message for stderr on failure.
@@ -65,6 +73,7 @@ fn main() -> ExitCode {
     let done = match cli.command {
         Command::Replay(a) => replay::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Index(a) => index::run(a),
         Command::Ops(a) => ops::run(a),
         Command::Hitrate(a) => hitrate::run(a),
         Command::Stress(a) => stress::run(a),

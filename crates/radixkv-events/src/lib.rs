@@ -14,7 +14,9 @@
 //!   three frames per batch (topic, 8-byte big-endian sequence number,
 //!   payload), and an optional ROUTER socket per device for replays;
 //! * [`subscriber`]: the consumer's side (SUB, replay request, merging a
-//!   late join with a replay), for tools and tests.
+//!   late join with a replay), for tools and tests;
+//! * `testing` (cargo feature `testing`): a publisher a test drives frame
+//!   by frame.
 //!
 //! ZeroMQ is the `zeromq` crate (pure Rust, ZMTP 3), which speaks to libzmq
 //! peers (pyzmq, the `zmq` crate): `scripts/python-check.sh` subscribes to a
@@ -37,6 +39,8 @@
 
 pub mod publisher;
 pub mod subscriber;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod wire;
 
 pub use publisher::{EventSink, EventsError, KvEventPublisher, KvEventsConfig, SocketStats};

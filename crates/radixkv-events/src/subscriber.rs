@@ -84,9 +84,45 @@ fn seq_of(frame: &[u8]) -> Result<i64, SubscribeError> {
         .map_err(|_| SubscribeError::Malformed(format!("a {}-byte sequence frame", frame.len())))
 }
 
-/// A SUB socket on one device's PUB endpoint.
+/// A SUB socket on one device's PUB endpoint. It reconnects by itself
+/// after the publisher goes away (with a backoff from 100 ms to 30 s);
+/// [`KvEventSubscriber::reconnections`] says when.
 pub struct KvEventSubscriber {
     sub: zeromq::SubSocket,
+    monitor: Option<futures_channel::mpsc::Receiver<zeromq::SocketEvent>>,
+}
+
+/// Each time a [`KvEventSubscriber`] connects again after its first
+/// connection (the publisher restarted, or the connection broke): what it
+/// missed meanwhile only a replay can bring, and nothing says so until the
+/// publisher's next batch (which may never come).
+pub struct Reconnections {
+    monitor: futures_channel::mpsc::Receiver<zeromq::SocketEvent>,
+    first_seen: bool,
+}
+
+impl std::fmt::Debug for Reconnections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reconnections")
+    }
+}
+
+impl Reconnections {
+    /// Waits for the next reconnection; `false` once the socket is gone.
+    pub async fn next(&mut self) -> bool {
+        use futures_core::Stream;
+        loop {
+            let event =
+                std::future::poll_fn(|cx| std::pin::Pin::new(&mut self.monitor).poll_next(cx))
+                    .await;
+            match event {
+                None => return false,
+                Some(zeromq::SocketEvent::Connected(..)) if self.first_seen => return true,
+                Some(zeromq::SocketEvent::Connected(..)) => self.first_seen = true,
+                Some(_) => {}
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for KvEventSubscriber {
@@ -99,9 +135,19 @@ impl KvEventSubscriber {
     /// Connects to `endpoint` and subscribes to `topic` (empty: everything).
     pub async fn connect(endpoint: &str, topic: &str) -> Result<Self, SubscribeError> {
         let mut sub = zeromq::SubSocket::new();
+        // Before the connection, so that every connection is reported.
+        let monitor = Some(sub.monitor());
         sub.connect(endpoint).await?;
         sub.subscribe(topic).await?;
-        Ok(KvEventSubscriber { sub })
+        Ok(KvEventSubscriber { sub, monitor })
+    }
+
+    /// Its reconnections, once (`None` after the first call).
+    pub fn reconnections(&mut self) -> Option<Reconnections> {
+        self.monitor.take().map(|monitor| Reconnections {
+            monitor,
+            first_seen: false,
+        })
     }
 
     /// The next batch.

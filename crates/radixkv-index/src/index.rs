@@ -71,6 +71,20 @@ pub enum ApplyError {
     Tree(#[from] CacheError),
 }
 
+impl ApplyError {
+    /// The kind of error, as a short phrase (for logging each kind once).
+    pub fn cause(&self) -> &'static str {
+        match self {
+            ApplyError::BlockSize { .. } => "a store of another block size",
+            ApplyError::UnknownParent(_) => "a store below an unknown parent",
+            ApplyError::UnknownBlock(_) => "a removal of a block not held",
+            ApplyError::Conflict(_) => "a block stored again with other contents",
+            ApplyError::NoTier(_) => "no tier left",
+            ApplyError::Tree(_) => "the tree refused a change",
+        }
+    }
+}
+
 /// One block a source holds.
 #[derive(Debug)]
 struct Block {

@@ -15,6 +15,15 @@
 //! applies. A batch that finds it full is counted ([`SourceCounters::overflow`])
 //! and dropped, which the next batch shows as a gap, replayed as any other:
 //! a flood costs neither unbounded memory nor a blocked publisher.
+//!
+//! The socket reconnects by itself after the publisher goes (a restart, a
+//! broken connection). Whatever was published meanwhile is lost to it, and
+//! a publisher that restarts, sends its few batches and falls quiet would
+//! never show a gap. So on each reconnection the listener asks the replay
+//! endpoint (when it has one) for every batch it still buffers, from
+//! sequence 0, and offers them in order: those already applied are
+//! dropped, a restarted publisher's clearing and batches are applied, and a
+//! buffer that no longer reaches back to what is missing is a lost gap.
 
 use crate::decode::{decode_batch, Event};
 use crate::feed::{Feed, Step};
@@ -73,6 +82,10 @@ pub struct SourceCounters {
     pub connect_failures: AtomicU64,
     /// Whether the socket is subscribed (it reconnects by itself after).
     pub subscribed: std::sync::atomic::AtomicBool,
+    /// Times the socket connected again after its first connection.
+    pub reconnects: AtomicU64,
+    /// The causes of trouble already logged (each is logged once).
+    logged: Mutex<std::collections::HashSet<&'static str>>,
     /// Milliseconds since the epoch at the last batch (0: none yet).
     pub last_batch_ms: AtomicU64,
     /// The feed's own counts (gaps, recoveries, restarts, …).
@@ -109,7 +122,12 @@ pub async fn listen(
             Ok(s) => break s,
             // Nobody listening there yet (or a malformed endpoint, which
             // the service refuses before it starts a listener): retry.
-            Err(_) => {
+            Err(e) => {
+                counters.note(
+                    fp.source,
+                    "cannot connect",
+                    format!("{}: {e}; retrying", fp.endpoint),
+                );
                 // Relaxed: a statistic.
                 counters.connect_failures.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -119,11 +137,60 @@ pub async fn listen(
     // Relaxed: a status flag read by the health check; nothing is
     // published through it.
     counters.subscribed.store(true, Ordering::Relaxed);
+    let mut sub = sub;
     let (tx, mut rx) = tokio::sync::mpsc::channel(options.queue.max(1));
-    let _reader = AbortOnDrop(tokio::spawn(read(sub, tx, Arc::clone(&counters))));
+    let _watcher = sub.reconnections().map(|mut r| {
+        let tx = tx.clone();
+        AbortOnDrop(tokio::spawn(async move {
+            // Waits for room: a reconnection is never dropped.
+            while r.next().await && tx.send(Item::Reconnected).await.is_ok() {}
+        }))
+    });
+    let _reader = AbortOnDrop(tokio::spawn(read(
+        sub,
+        tx,
+        Arc::clone(&counters),
+        fp.source,
+    )));
     let mut feed = Feed::new();
-    while let Some(b) = rx.recv().await {
-        offer(&index, &fp, &counters, &mut feed, &options, b).await;
+    while let Some(item) = rx.recv().await {
+        match item {
+            Item::Batch(b) => offer(&index, &fp, &counters, &mut feed, &options, b).await,
+            Item::Reconnected => {
+                // Relaxed: a statistic.
+                counters.reconnects.fetch_add(1, Ordering::Relaxed);
+                catch_up(&index, &fp, &counters, &mut feed, &options).await;
+            }
+        }
+    }
+}
+
+/// What the reader and the reconnection watcher queue for the applier.
+#[derive(Debug)]
+enum Item {
+    Batch(radixkv_events::subscriber::Batch),
+    Reconnected,
+}
+
+/// After a reconnection: every batch the replay endpoint still buffers,
+/// offered in order (see the module docs). Without a replay endpoint, or
+/// before the first batch, nothing to do: the next batch shows any gap.
+async fn catch_up(
+    index: &KvIndex,
+    fp: &Feedpoint,
+    counters: &SourceCounters,
+    feed: &mut Feed,
+    options: &ListenOptions,
+) {
+    let (Some(ep), Some(_)) = (&fp.replay, feed.expected()) else {
+        return;
+    };
+    let Ok(Ok(batches)) = tokio::time::timeout(options.replay_timeout, replay(ep, 0)).await else {
+        // No answer: the next live batch shows the gap, if any.
+        return;
+    };
+    for b in batches {
+        offer(index, fp, counters, feed, options, b).await;
     }
 }
 
@@ -131,20 +198,27 @@ pub async fn listen(
 /// and dropped.
 async fn read(
     mut sub: KvEventSubscriber,
-    tx: tokio::sync::mpsc::Sender<radixkv_events::subscriber::Batch>,
+    tx: tokio::sync::mpsc::Sender<Item>,
     counters: Arc<SourceCounters>,
+    source: Source,
 ) {
     loop {
         match sub.recv().await {
-            Ok(b) => match tx.try_send(b) {
+            Ok(b) => match tx.try_send(Item::Batch(b)) {
                 Ok(()) => {}
                 Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
+                    counters.note(
+                        source,
+                        "queue full",
+                        "a batch dropped, to be replayed as a gap",
+                    );
                     // Relaxed: a statistic.
                     counters.overflow.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => return,
             },
-            Err(SubscribeError::Malformed(_)) => {
+            Err(SubscribeError::Malformed(m)) => {
+                counters.note(source, "not a KV-event message", m);
                 // Relaxed: a statistic.
                 counters.junk.fetch_add(1, Ordering::Relaxed);
             }
@@ -164,7 +238,7 @@ async fn offer(
     b: radixkv_events::subscriber::Batch,
 ) {
     let seq = b.seq;
-    let Some(batch) = decode(counters, &b.payload) else {
+    let Some(batch) = decode(counters, fp.source, &b.payload) else {
         return;
     };
     let clears = matches!(batch.first(), Some(Event::Cleared));
@@ -174,6 +248,11 @@ async fn offer(
                 let step = feed.offer(seq, clears);
                 apply(index, fp.source, counters, step, &batch);
             } else {
+                counters.note(
+                    fp.source,
+                    "a gap that could not be replayed",
+                    format!("batches {from}..{seq} missing; cleared, stale until its next AllBlocksCleared"),
+                );
                 feed.lost();
                 index.clear(fp.source);
             }
@@ -187,18 +266,26 @@ async fn offer(
 
 /// The events of `payload`, counting a payload that is not a batch as junk
 /// and the events it could not read as skipped.
-fn decode(counters: &SourceCounters, payload: &[u8]) -> Option<Vec<Event>> {
+fn decode(counters: &SourceCounters, source: Source, payload: &[u8]) -> Option<Vec<Event>> {
     // Relaxed: statistics.
     counters.batches.fetch_add(1, Ordering::Relaxed);
     counters.last_batch_ms.store(now_ms(), Ordering::Relaxed);
     match decode_batch(payload) {
         Ok(b) => {
+            if let Some((i, why)) = b.skipped.first() {
+                counters.note(
+                    source,
+                    "an event it cannot read",
+                    format!("event {i}: {why}"),
+                );
+            }
             counters
                 .skipped_events
                 .fetch_add(b.skipped.len() as u64, Ordering::Relaxed);
             Some(b.events)
         }
-        Err(_) => {
+        Err(e) => {
+            counters.note(source, "a payload that is not a batch", e);
             counters.junk.fetch_add(1, Ordering::Relaxed);
             None
         }
@@ -213,6 +300,9 @@ fn apply(index: &KvIndex, source: Source, counters: &SourceCounters, step: Step,
         index.clear(source);
     }
     let (done, errors) = index.apply(source, events);
+    for (i, e) in &errors {
+        counters.note(source, e.cause(), format!("event {i}: {e}"));
+    }
     // Relaxed: statistics.
     counters.events.fetch_add(done.events, Ordering::Relaxed);
     counters
@@ -243,7 +333,7 @@ async fn fill(
         return false;
     };
     for b in batches.iter().filter(|b| b.seq < seq) {
-        let Some(events) = decode(counters, &b.payload) else {
+        let Some(events) = decode(counters, fp.source, &b.payload) else {
             continue;
         };
         let clears = matches!(events.first(), Some(Event::Cleared));
@@ -257,4 +347,27 @@ async fn fill(
         }
     }
     feed.expected() == Some(seq)
+}
+
+impl SourceCounters {
+    /// Logs `detail` to stderr the first time `cause` occurs for `source`
+    /// (later occurrences are only counted).
+    pub fn note(&self, source: Source, cause: &'static str, detail: impl std::fmt::Display) {
+        if self
+            .logged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(cause)
+        {
+            eprintln!(
+                "radixkv index: worker {} rank {}: {cause}: {detail} (logged once; counted in the metrics)",
+                source.worker, source.rank
+            );
+        }
+    }
+
+    /// The feed's counts now.
+    pub fn feed_stats(&self) -> crate::feed::FeedStats {
+        *self.feed.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }

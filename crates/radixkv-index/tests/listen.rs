@@ -7,14 +7,13 @@
 //! source until it clears).
 
 use bytes::Bytes;
-use radixkv_events::wire::{encode_batch, Encoding, KvEvent, Medium};
+use radixkv_events::testing::FramePublisher;
+use radixkv_events::wire::{KvEvent, Medium};
 use radixkv_index::listen::{listen, Feedpoint, ListenOptions, SourceCounters};
 use radixkv_index::{KvIndex, Source};
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 const SRC: Source = Source { worker: 3, rank: 0 };
 
@@ -83,113 +82,11 @@ fn stream(n: usize, seed: u64) -> Vec<Vec<KvEvent>> {
     out
 }
 
-/// A publisher the test drives.
-struct Fake {
-    endpoint: String,
-    replay: String,
-    pub_: zeromq::PubSocket,
-    /// Every batch it ever published, by sequence (what its replay serves).
-    log: Arc<Mutex<BTreeMap<u64, Bytes>>>,
-    /// Held, the replay waits before it answers.
-    gate: Arc<tokio::sync::Mutex<()>>,
-    router: tokio::task::JoinHandle<()>,
-}
-
-impl Fake {
-    async fn bind(port: u16, rport: u16) -> Fake {
-        let endpoint = format!("tcp://127.0.0.1:{port}");
-        let replay = format!("tcp://127.0.0.1:{rport}");
-        let mut pub_ = zeromq::PubSocket::new();
-        pub_.bind(&endpoint).await.unwrap();
-        let mut router = zeromq::RouterSocket::new();
-        router.bind(&replay).await.unwrap();
-        let log: Arc<Mutex<BTreeMap<u64, Bytes>>> = Arc::default();
-        let served = Arc::clone(&log);
-        let gate: Arc<tokio::sync::Mutex<()>> = Arc::default();
-        let gated = Arc::clone(&gate);
-        let router = tokio::spawn(async move {
-            while let Ok(m) = router.recv().await {
-                drop(gated.lock().await);
-                let parts = m.into_vec();
-                let id = parts[0].clone();
-                let start = u64::from_be_bytes(parts.last().unwrap()[..8].try_into().unwrap());
-                let batches: Vec<(u64, Bytes)> = served
-                    .lock()
-                    .unwrap()
-                    .range(start..)
-                    .map(|(s, p)| (*s, p.clone()))
-                    .collect();
-                // The SGLang form: [id, "", topic, seq, payload].
-                for (s, p) in batches {
-                    let m = vec![
-                        id.clone(),
-                        Bytes::new(),
-                        Bytes::new(),
-                        Bytes::copy_from_slice(&s.to_be_bytes()),
-                        p,
-                    ];
-                    router.send(ZmqMessage::try_from(m).unwrap()).await.unwrap();
-                }
-                let end = vec![
-                    id,
-                    Bytes::new(),
-                    Bytes::new(),
-                    Bytes::copy_from_slice(&(-1i64).to_be_bytes()),
-                    Bytes::new(),
-                ];
-                router
-                    .send(ZmqMessage::try_from(end).unwrap())
-                    .await
-                    .unwrap();
-            }
-        });
-        Fake {
-            endpoint,
-            replay,
-            pub_,
-            log,
-            gate,
-            router,
-        }
-    }
-
-    fn payload(events: &[KvEvent]) -> Bytes {
-        Bytes::from(encode_batch(0.0, events, Some(0), Encoding::Map))
-    }
-
-    /// Logs batch `seq` (for replays) and, if `live`, sends it.
-    async fn publish(&mut self, seq: u64, events: &[KvEvent], live: bool) {
-        let p = Self::payload(events);
-        self.log.lock().unwrap().insert(seq, p.clone());
-        if live {
-            self.raw(vec![
-                Bytes::new(),
-                Bytes::copy_from_slice(&seq.to_be_bytes()),
-                p,
-            ])
-            .await;
-        }
-    }
-
-    async fn raw(&mut self, frames: Vec<Bytes>) {
-        self.pub_
-            .send(ZmqMessage::try_from(frames).unwrap())
-            .await
-            .unwrap();
-    }
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        self.router.abort();
-    }
-}
-
 /// The index the batches make applied in order.
 fn reference(batches: &[Vec<KvEvent>]) -> KvIndex {
     let ix = KvIndex::new(2, 4).unwrap();
     for b in batches {
-        let decoded = radixkv_index::decode::decode_batch(&Fake::payload(b)).unwrap();
+        let decoded = radixkv_index::decode::decode_batch(&FramePublisher::payload(b)).unwrap();
         if matches!(
             decoded.events.first(),
             Some(radixkv_index::decode::Event::Cleared)
@@ -250,12 +147,14 @@ async fn started(
     replay: bool,
     options: ListenOptions,
 ) -> (
-    Fake,
+    FramePublisher,
     Arc<KvIndex>,
     Arc<SourceCounters>,
     tokio::task::JoinHandle<()>,
 ) {
-    let fake = Fake::bind(free_port(), free_port()).await;
+    let fake = FramePublisher::bind(free_port(), free_port())
+        .await
+        .unwrap();
     let ix = Arc::new(KvIndex::new(2, 4).unwrap());
     let counters = Arc::new(SourceCounters::default());
     let fp = Feedpoint {
@@ -271,7 +170,7 @@ async fn started(
 /// Sends probes (batches that change nothing: clearings are not) until the
 /// listener has its subscription: a duplicate of the last batch, which it
 /// drops, counted.
-async fn subscribed(fake: &mut Fake, counters: &SourceCounters, last: (u64, &[KvEvent])) {
+async fn subscribed(fake: &mut FramePublisher, counters: &SourceCounters, last: (u64, &[KvEvent])) {
     let t = Instant::now();
     while counters.batches.load(Ordering::Relaxed) == 0 {
         assert!(t.elapsed() < Duration::from_secs(30), "no subscription");

@@ -1,0 +1,207 @@
+//! A query's answer, from the index's scores per (worker, rank, medium),
+//! in the two shapes routers read.
+//!
+//! **Dynamo's** (`/query` with `model_name`, and `/query_by_hash`), in
+//! tokens:
+//!
+//! ```json
+//! {"scores": {"7": {"0": 32, "1": 16}},
+//!  "frequencies": [2, 2, 1],
+//!  "instances": {"7": {"longest_matched": 48, "gpu": 32, "dp": {"0": 32, "1": 16}, "cpu": 48, "disk": 48}}}
+//! ```
+//!
+//! `scores` holds each rank's device prefix (ranks with none are left
+//! out), `frequencies[i]` how many ranks hold block `i` on a device, and
+//! `instances` each worker's tiers, cumulative as Dynamo's are: `cpu` is
+//! the longest prefix held on a device or in host memory, `disk` on any
+//! medium (disk and external pools together), each the most of any rank,
+//! so `gpu ≤ cpu ≤ disk`. A rank's lower tier is scored as its own
+//! prefix there; Dynamo's continues a device prefix block by block on the
+//! host. They agree whenever a host tier holds what it continues (as
+//! SGLang's and radixkv's hierarchies do).
+//!
+//! **The Mooncake RFC's** (`/query` with `model`), the form `radixkv
+//! serve` answers too:
+//!
+//! ```json
+//! {"data": {"7": {"matched_tokens": 48, "L1": {"dp0": 32, "dp1": 16}, "L2": 48, "L3": 48}}}
+//! ```
+
+use radixkv_index::decode::Medium;
+use radixkv_index::{Score, Source};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// One rank's prefix per tier, in tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct RankTiers {
+    gpu: usize,
+    cpu: usize,
+    disk: usize,
+}
+
+/// Each scored (worker, rank)'s tiers, cumulative (see the module docs).
+fn per_rank(scores: &[Score], scored: impl Fn(Source) -> bool) -> BTreeMap<Source, RankTiers> {
+    let mut raw: BTreeMap<Source, RankTiers> = BTreeMap::new();
+    for s in scores.iter().filter(|s| scored(s.source)) {
+        let t = raw.entry(s.source).or_default();
+        match s.medium {
+            Medium::Gpu => t.gpu = t.gpu.max(s.tokens),
+            Medium::Cpu => t.cpu = t.cpu.max(s.tokens),
+            Medium::Disk | Medium::External => t.disk = t.disk.max(s.tokens),
+        }
+    }
+    for t in raw.values_mut() {
+        t.cpu = t.cpu.max(t.gpu);
+        t.disk = t.disk.max(t.cpu);
+    }
+    raw
+}
+
+/// One worker in Dynamo's `instances`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Instance {
+    /// The longest of its tiers.
+    pub longest_matched: usize,
+    /// Its longest device prefix (any rank).
+    pub gpu: usize,
+    /// Each rank's device prefix.
+    pub dp: BTreeMap<String, usize>,
+    /// Device or host.
+    pub cpu: usize,
+    /// Any medium.
+    pub disk: usize,
+}
+
+/// Dynamo's answer to `/query` and `/query_by_hash`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DynamoAnswer {
+    /// Worker → rank → device prefix, for ranks with one.
+    pub scores: BTreeMap<String, BTreeMap<String, usize>>,
+    /// Ranks holding each block on a device, from the first block.
+    pub frequencies: Vec<usize>,
+    /// Each worker's tiers.
+    pub instances: BTreeMap<String, Instance>,
+}
+
+/// Dynamo's shape of `scores` (blocks of `block_size`), counting only the
+/// sources `scored` admits.
+pub fn dynamo(
+    scores: &[Score],
+    block_size: usize,
+    scored: impl Fn(Source) -> bool,
+) -> DynamoAnswer {
+    let ranks = per_rank(scores, scored);
+    let mut out = DynamoAnswer::default();
+    let mut most = 0;
+    for (s, t) in &ranks {
+        let w = s.worker.to_string();
+        if t.gpu > 0 {
+            out.scores
+                .entry(w.clone())
+                .or_default()
+                .insert(s.rank.to_string(), t.gpu);
+        }
+        most = most.max(t.gpu / block_size.max(1));
+        let i = out.instances.entry(w).or_default();
+        i.dp.insert(s.rank.to_string(), t.gpu);
+        i.gpu = i.gpu.max(t.gpu);
+        i.cpu = i.cpu.max(t.cpu);
+        i.disk = i.disk.max(t.disk);
+        i.longest_matched = i.gpu.max(i.cpu).max(i.disk);
+    }
+    out.frequencies = (0..most)
+        .map(|b| {
+            ranks
+                .values()
+                .filter(|t| t.gpu / block_size.max(1) > b)
+                .count()
+        })
+        .collect();
+    out
+}
+
+/// One worker in the Mooncake RFC's answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Engine {
+    /// The longest of its levels.
+    pub matched_tokens: usize,
+    /// Each rank's device prefix, as `dp<rank>`.
+    #[serde(rename = "L1")]
+    pub l1: BTreeMap<String, usize>,
+    /// Device or host (cumulative, as `cpu` above).
+    #[serde(rename = "L2")]
+    pub l2: usize,
+    /// Any medium.
+    #[serde(rename = "L3")]
+    pub l3: usize,
+}
+
+/// The Mooncake RFC's answer: `{"data": {worker: …}}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MooncakeAnswer {
+    /// Per worker.
+    pub data: BTreeMap<String, Engine>,
+}
+
+/// The Mooncake RFC's shape of `scores`.
+pub fn mooncake(scores: &[Score], scored: impl Fn(Source) -> bool) -> MooncakeAnswer {
+    let mut out = MooncakeAnswer::default();
+    for (s, t) in per_rank(scores, scored) {
+        let e = out.data.entry(s.worker.to_string()).or_default();
+        e.l1.insert(format!("dp{}", s.rank), t.gpu);
+        e.l2 = e.l2.max(t.cpu);
+        e.l3 = e.l3.max(t.disk);
+        e.matched_tokens =
+            e.l1.values()
+                .copied()
+                .max()
+                .unwrap_or(0)
+                .max(e.l2)
+                .max(e.l3);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn score(worker: u64, rank: u32, medium: Medium, tokens: usize) -> Score {
+        Score {
+            source: Source { worker, rank },
+            medium,
+            tokens,
+        }
+    }
+
+    #[test]
+    fn tiers_are_cumulative_and_ranks_apart() {
+        let s = [
+            score(7, 0, Medium::Gpu, 32),
+            score(7, 1, Medium::Gpu, 16),
+            score(7, 1, Medium::Cpu, 48),
+            score(9, 0, Medium::Disk, 16),
+            score(11, 0, Medium::Gpu, 64),
+        ];
+        let a = dynamo(&s, 16, |src| src.worker != 11);
+        let json = serde_json::to_value(&a).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "scores": {"7": {"0": 32, "1": 16}},
+                "frequencies": [2, 1],
+                "instances": {
+                    "7": {"longest_matched": 48, "gpu": 32, "dp": {"0": 32, "1": 16}, "cpu": 48, "disk": 48},
+                    "9": {"longest_matched": 16, "gpu": 0, "dp": {"0": 0}, "cpu": 0, "disk": 16}
+                }
+            })
+        );
+        let m = serde_json::to_value(mooncake(&s, |_| true)).unwrap();
+        assert_eq!(
+            m["data"]["7"],
+            serde_json::json!({"matched_tokens": 48, "L1": {"dp0": 32, "dp1": 16}, "L2": 48, "L3": 48})
+        );
+        assert_eq!(m["data"]["11"]["matched_tokens"], 64);
+    }
+}
