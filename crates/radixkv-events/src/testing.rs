@@ -22,6 +22,8 @@ pub struct FramePublisher {
     log: Arc<Mutex<BTreeMap<u64, Bytes>>>,
     /// Held, the replay waits before it answers.
     pub gate: Arc<tokio::sync::Mutex<()>>,
+    /// Replay requests answered in full.
+    pub replays: Arc<std::sync::atomic::AtomicU64>,
     router: tokio::task::JoinHandle<()>,
 }
 
@@ -53,6 +55,8 @@ impl FramePublisher {
         let served = Arc::clone(&log);
         let gate: Arc<tokio::sync::Mutex<()>> = Arc::default();
         let gated = Arc::clone(&gate);
+        let replays: Arc<std::sync::atomic::AtomicU64> = Arc::default();
+        let answered = Arc::clone(&replays);
         let router = tokio::spawn(async move {
             while let Ok(m) = router.recv().await {
                 drop(gated.lock().await);
@@ -86,6 +90,9 @@ impl FramePublisher {
                 if router.send(end).await.is_err() {
                     return;
                 }
+                // SeqCst: a test reads it to order its next step after
+                // this answer; nothing else is published through it.
+                answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
         });
         Ok(FramePublisher {
@@ -94,6 +101,7 @@ impl FramePublisher {
             pub_,
             log,
             gate,
+            replays,
             router,
         })
     }

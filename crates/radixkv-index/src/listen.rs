@@ -24,6 +24,11 @@
 //! sequence 0, and offers them in order: those already applied are
 //! dropped, a restarted publisher's clearing and batches are applied, and a
 //! buffer that no longer reaches back to what is missing is a lost gap.
+//! The reconnection may come before a restarted publisher has sent its
+//! first batches: if the next live batch does not continue the stream
+//! followed so far, the listener catches up once more. (A restarted vLLM or
+//! SGLang numbers from 0 again, below what was followed: without this, its
+//! batches would look like duplicates when its clearing was missed.)
 
 use crate::decode::{decode_batch, Event};
 use crate::feed::{Feed, Step};
@@ -153,13 +158,25 @@ pub async fn listen(
         fp.source,
     )));
     let mut feed = Feed::new();
+    // Set by a reconnection until the next live batch.
+    let mut resync = false;
     while let Some(item) = rx.recv().await {
         match item {
-            Item::Batch(b) => offer(&index, &fp, &counters, &mut feed, &options, b).await,
+            Item::Batch(b) => {
+                if std::mem::take(&mut resync) && feed.expected() != Some(b.seq) {
+                    // Not the continuation of the stream followed so far:
+                    // a restarted publisher whose first batches (its
+                    // clearing among them) went out before the socket
+                    // reconnected, and after the catch-up's replay.
+                    catch_up(&index, &fp, &counters, &mut feed, &options).await;
+                }
+                offer(&index, &fp, &counters, &mut feed, &options, b).await;
+            }
             Item::Reconnected => {
                 // Relaxed: a statistic.
                 counters.reconnects.fetch_add(1, Ordering::Relaxed);
                 catch_up(&index, &fp, &counters, &mut feed, &options).await;
+                resync = true;
             }
         }
     }

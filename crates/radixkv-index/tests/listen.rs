@@ -340,3 +340,64 @@ async fn a_flood_past_the_queue_is_counted_and_replayed_as_gaps() {
     );
     task.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_whose_first_batches_precede_the_reconnection_is_caught_up() {
+    let (port, rport) = (free_port(), free_port());
+    let fake = FramePublisher::bind(port, rport).await.unwrap();
+    let ix = Arc::new(KvIndex::new(2, 4).unwrap());
+    let counters = Arc::new(SourceCounters::default());
+    let fp = Feedpoint {
+        source: SRC,
+        endpoint: fake.endpoint.clone(),
+        replay: Some(fake.replay.clone()),
+        topic: String::new(),
+    };
+    let task = tokio::spawn(listen(
+        Arc::clone(&ix),
+        fp,
+        Arc::clone(&counters),
+        ListenOptions::default(),
+    ));
+    let mut fake = fake;
+    let first = stream(80, 23);
+    subscribed(&mut fake, &counters, (0, &first[0])).await;
+    for (i, b) in first.iter().enumerate().skip(1) {
+        fake.publish(i as u64, b, true).await;
+    }
+    converges(&ix, &reference(&first), "the first run").await;
+
+    // The process dies; a new one binds the same ports and numbers from 0
+    // again, as vLLM and SGLang do.
+    drop(fake);
+    let t = Instant::now();
+    let mut fake = loop {
+        match FramePublisher::bind(port, rport).await {
+            Ok(f) => break f,
+            Err(e) => assert!(t.elapsed() < Duration::from_secs(30), "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The reconnection's catch-up finds nothing yet ...
+    let t = Instant::now();
+    while fake.replays.load(Ordering::SeqCst) == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no catch-up after the reconnection"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // ... then the new run's first batches (its clearing among them) go
+    // out unseen, and a later one live: below the sequence followed so
+    // far, it is no duplicate.
+    let second = stream(60, 29);
+    for (i, b) in second.iter().enumerate().take(40) {
+        fake.publish(i as u64, b, false).await;
+    }
+    for (i, b) in second.iter().enumerate().skip(40) {
+        fake.publish(i as u64, b, true).await;
+    }
+    converges(&ix, &reference(&second), "the restarted run").await;
+    assert!(counters.reconnects.load(Ordering::Relaxed) >= 1);
+    task.abort();
+}
