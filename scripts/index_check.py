@@ -25,9 +25,11 @@ Dynamo's answer on the same streams must equal it too.
 Then the faults: a worker rank killed (SIGKILL) and started again on the
 same ports (radixkv index must follow it; Dynamo 1.6.1 ignores a
 restarted worker until it is registered again, which is reported, not
-required), and the negative control: a worker that silently drops one
-batch on the wire, registered with radixkv index without its replay
-endpoint, must mismatch; the same drop with the replay endpoint must not.
+required); a batch dropped, duplicated, sent after the next one, or sent
+among junk messages on the wire, with the replay endpoint: no mismatch
+after any; and the negative control: a worker that silently drops one
+batch, registered with radixkv index without its replay endpoint, must
+mismatch.
 
 Usage: index_check.py --radixkv BIN --dynamo-python PY  (the controller)
        index_check.py worker ...                         (spawned by it)
@@ -107,23 +109,40 @@ def worker_main(a: argparse.Namespace) -> None:
     # Batches published so far (the publisher numbers them in this order).
     published = 0
     inserts = 0
-    # The sequence number of the batch to lose on the wire.
+    # The sequence number of the batch the fault hits.
     lose = {"seq": -1}
-    if a.drop_batch >= 0:
-        # One batch lost on the wire: sent to nobody, kept in the replay
-        # buffer (as a PUB drops at its high-water mark).
+    if a.fault_batch >= 0:
+        # One batch, on the wire (the replay buffer keeps it as it was):
+        # lost (as a PUB drops at its high-water mark), sent twice, sent
+        # after the next one, or sent among junk messages.
         real = pub._pub
 
-        class Dropping:
+        class Faulty:
+            held = None
+
             def send_multipart(self, frames, *args, **kw):
-                if int.from_bytes(frames[1], "big") == lose["seq"]:
+                hit = int.from_bytes(frames[1], "big") == lose["seq"]
+                if a.fault == "drop" and hit:
                     return None
-                return real.send_multipart(frames, *args, **kw)
+                if a.fault == "duplicate" and hit:
+                    real.send_multipart(frames, *args, **kw)
+                if a.fault == "swap" and hit:
+                    Faulty.held = frames
+                    return None
+                if a.fault == "junk" and hit:
+                    real.send_multipart([b"junk"])
+                    real.send_multipart([b"", frames[1], b"\xc1 not msgpack"])
+                    real.send_multipart([b"", frames[1], b"\x93\x01\x02"])
+                r = real.send_multipart(frames, *args, **kw)
+                if Faulty.held is not None and not hit:
+                    real.send_multipart(Faulty.held)
+                    Faulty.held = None
+                return r
 
             def __getattr__(self, name):
                 return getattr(real, name)
 
-        pub._pub = Dropping()
+        pub._pub = Faulty()
 
     def publish(events) -> None:
         nonlocal published
@@ -151,7 +170,7 @@ def worker_main(a: argparse.Namespace) -> None:
                 reply["evicted"] = cache.evict(EvictParams(num_tokens=over)).num_tokens_evicted
             events = cache.take_events()
             if events:
-                if inserts == a.drop_batch:
+                if inserts == a.fault_batch:
                     lose["seq"] = published
                 inserts += 1
                 publish(events)
@@ -231,9 +250,11 @@ def wait_http(url: str, what: str, proc: subprocess.Popen, limit: float = 60.0) 
 class SglangRank:
     """One SGLang worker rank: a process of this script in `worker` mode."""
 
-    def __init__(self, python: str, instance: int, rank: int, ps: int, port: int, rport: int, capacity: int, drop: int = -1):
+    def __init__(self, python: str, instance: int, rank: int, ps: int, port: int, rport: int, capacity: int,
+                 fault: str = "none", fault_batch: int = -1):
         self.instance, self.rank, self.ps = instance, rank, ps
-        self.port, self.rport, self.capacity, self.drop = port, rport, capacity, drop
+        self.port, self.rport, self.capacity = port, rport, capacity
+        self.fault, self.fault_batch = fault, fault_batch
         self.python = python
         self.start()
 
@@ -241,7 +262,7 @@ class SglangRank:
         self.proc = subprocess.Popen(
             [self.python, __file__, "worker", "--rank", str(self.rank), "--page-size", str(self.ps),
              "--port", str(self.port), "--replay-port", str(self.rport), "--capacity", str(self.capacity),
-             "--drop-batch", str(self.drop)],
+             "--fault", self.fault, "--fault-batch", str(self.fault_batch)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )
 
@@ -443,12 +464,13 @@ def sglang_phase(ix: Indexes, python: str, radixkv_only_control: bool):
         for instance in {w.instance for w in ranks}:
             ix.unregister(instance, model)
 
-    # The dropped batch: with and without the replay endpoint.
-    for replay in (True, False):
-        model = f"drop-{'replay' if replay else 'none'}"
+    # Faults on the wire, with the replay endpoint: no mismatch after
+    # any. Then the negative control: a dropped batch without it.
+    for fault, replay in (("drop", True), ("duplicate", True), ("swap", True), ("junk", True), ("drop", False)):
+        model = f"{fault}-{'replay' if replay else 'none'}"
         _, prompts = trace_prompts(80, 4)
         base, rbase = free_block(1), free_block(1)
-        w = SglangRank(python, 900, 0, 1, base, rbase, capacity=10_000, drop=5)
+        w = SglangRank(python, 900, 0, 1, base, rbase, capacity=10_000, fault=fault, fault_batch=5)
         w.call(op="hello")
         ep, rep = w.endpoints()
         ix.register(900, 0, model, 1, ep, rep if replay else None, dynamo=False)
@@ -457,9 +479,10 @@ def sglang_phase(ix: Indexes, python: str, radixkv_only_control: bool):
         truth = truth_sglang([w], prompts)
         bad = compare(ix, "radixkv", model, prompts, truth, limit=10.0 if replay else 3.0)
         if replay:
-            lines.append(f"a batch dropped on the wire, replay on: {len(bad)} mismatches")
+            how = {"drop": "dropped", "duplicate": "sent twice", "swap": "sent after the next", "junk": "sent among junk"}
+            lines.append(f"batch 5 {how[fault]} on the wire, replay on: {len(bad)} mismatches")
             if bad:
-                failures.append(f"radixkv with a dropped batch and replay on: {bad[:3]}")
+                failures.append(f"radixkv after a {fault} with replay on: {bad[:3]}")
         else:
             lines.append(f"negative control, a batch dropped, replay off: {len(bad)} mismatches (must be > 0)")
             if not bad:
@@ -515,7 +538,8 @@ def main() -> None:
         p.add_argument("--port", type=int, required=True)
         p.add_argument("--replay-port", type=int, required=True)
         p.add_argument("--capacity", type=int, required=True)
-        p.add_argument("--drop-batch", type=int, default=-1)
+        p.add_argument("--fault", choices=("none", "drop", "duplicate", "swap", "junk"), default="none")
+        p.add_argument("--fault-batch", type=int, default=-1)
         worker_main(p.parse_args())
         return
     p = argparse.ArgumentParser()

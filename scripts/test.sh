@@ -77,7 +77,7 @@ bash scripts/python-package-check.sh
 echo "== radixkv against SGLang 0.5.23's own code on the CPU: the tree and the --radix-cache-backend radixkv backend beside SGLang's RadixCache step by step, the chaos run (aborts, retraction, any checkpoint, resets in flight, two threads; every slot accounted for), SGLang's plug-in loading and refusals, the conformance vectors through Python, with negative controls (scripts/sglang-check.sh; its own venv, about 3 GB on first run)"
 bash scripts/sglang-check.sh
 
-echo "== radixkv index against real producers: SGLang 0.5.23 workers (its RadixCache and ZmqEventPublisher, page sizes 1 and 16, evictions) and radixkv serve --kv-events (2 devices) driven by a trace; every prompt's score per (worker, rank) equal to the worker's own match and to Dynamo's standalone indexer on the same streams; a SIGKILL restart; a batch dropped on the wire with replay, and without (the negative control: must mismatch) (scripts/index-check.sh; the SGLang and python-check venvs)"
+echo "== radixkv index against real producers: SGLang 0.5.23 workers (its RadixCache and ZmqEventPublisher, page sizes 1 and 16, evictions) and radixkv serve --kv-events (2 devices) driven by a trace; every prompt's score per (worker, rank) equal to the worker's own match and to Dynamo's standalone indexer on the same streams; a SIGKILL restart; a batch dropped, duplicated, reordered or among junk on the wire with replay, and dropped without (the negative control: must mismatch) (scripts/index-check.sh; the SGLang and python-check venvs)"
 RADIXKV_BIN=target/release/radixkv bash scripts/index-check.sh
 
 echo "== docs build without warnings (every public item documented, links resolve)"
