@@ -125,6 +125,21 @@ impl FramePublisher {
         }
     }
 
+    /// Logs `payload` as batch `seq` (for replays) without sending it.
+    pub fn log_payload(&self, seq: u64, payload: Bytes) {
+        locked(&self.log).insert(seq, payload);
+    }
+
+    /// Sends `payload` live as batch `seq` (not logged).
+    pub async fn send_payload(&mut self, seq: u64, payload: Bytes) {
+        self.raw(vec![
+            Bytes::new(),
+            Bytes::copy_from_slice(&seq.to_be_bytes()),
+            payload,
+        ])
+        .await;
+    }
+
     /// Sends `frames` as they are (junk, when they are not a batch); a
     /// send that fails (no frames) is ignored.
     pub async fn raw(&mut self, frames: Vec<Bytes>) {

@@ -1,0 +1,647 @@
+//! `radixkv index` against NVIDIA Dynamo's standalone indexer
+//! (`python -m dynamo.indexer`, ai-dynamo-runtime 1.6.1), one run, the
+//! same event streams and the same queries (`scripts/index-bench.sh`
+//! runs it; opt-in).
+//!
+//! The streams: a trace's requests spread over `--workers` × `--ranks`
+//! sources (a prefix-affine choice by the first block, one request in
+//! seven spilled), each source a cache of `--capacity` blocks of 16
+//! tokens with leaf-first LRU eviction, one batch per request (its new
+//! blocks stored, the evicted ones removed) in vLLM's map encoding, logged
+//! by one test publisher per source ([`FramePublisher`]: a PUB and a
+//! replay ROUTER). A trace block id `b` stands for tokens `16·b + j` (a
+//! Mooncake request's whole 512-token blocks, an agentic one's blocks).
+//!
+//! Per index, alone on the machine (the other not running):
+//!
+//! * **ingestion**: every source registered, then an empty live batch per
+//!   source every 20 ms: the index finds the gap and replays the whole
+//!   stream; the time from the first registration until its answers for
+//!   probe prompts equal the streams' own truth gives events per second;
+//! * **memory**: resident set growth over that ingestion per holder-block
+//!   (a block held by one source);
+//! * **answers**: `/query` for `--probes` prompts equal to the truth;
+//! * **queries**: `/query` (Dynamo's shape, prompts of the trace,
+//!   pre-serialized bodies) from 1 and 8 closed-loop clients on
+//!   keep-alive connections for `--seconds` each: p50, p99, queries per
+//!   second. The clients are Rust (hyper), in this process.
+//!
+//! Prints a table and, with `--out FILE`, writes the figures as JSON.
+//! `--max-tiers N` is passed to `radixkv index`; `--only radixkv` (or
+//! `dynamo`) runs one side.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use radixkv_events::testing::FramePublisher;
+use radixkv_events::wire::{encode_batch, Encoding, KvEvent, Medium};
+use radixkv_tools::trace::{read_trace, Prompt, Trace};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BLOCK: usize = 16;
+const MODEL: &str = "bench";
+
+struct Args {
+    radixkv: PathBuf,
+    dynamo_python: PathBuf,
+    traces: Vec<PathBuf>,
+    requests: usize,
+    workers: u64,
+    ranks: u32,
+    capacity: usize,
+    seconds: f64,
+    probes: usize,
+    threads: usize,
+    max_tiers: Option<usize>,
+    only: Option<String>,
+    out: Option<PathBuf>,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        radixkv: "target/release/radixkv".into(),
+        dynamo_python: "target/py-venv/bin/python".into(),
+        traces: Vec::new(),
+        requests: 12_000,
+        workers: 8,
+        ranks: 2,
+        capacity: 16_384,
+        seconds: 10.0,
+        probes: 300,
+        threads: 2,
+        max_tiers: None,
+        only: None,
+        out: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut v = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        match flag.as_str() {
+            "--radixkv" => a.radixkv = v().into(),
+            "--dynamo-python" => a.dynamo_python = v().into(),
+            "--trace" => a.traces.push(v().into()),
+            "--requests" => a.requests = v().parse().expect("--requests"),
+            "--workers" => a.workers = v().parse().expect("--workers"),
+            "--ranks" => a.ranks = v().parse().expect("--ranks"),
+            "--capacity" => a.capacity = v().parse().expect("--capacity"),
+            "--seconds" => a.seconds = v().parse().expect("--seconds"),
+            "--probes" => a.probes = v().parse().expect("--probes"),
+            "--threads" => a.threads = v().parse().expect("--threads"),
+            "--max-tiers" => a.max_tiers = Some(v().parse().expect("--max-tiers")),
+            "--only" => a.only = Some(v()),
+            "--out" => a.out = Some(v().into()),
+            other => panic!("unknown flag {other}"),
+        }
+    }
+    assert!(!a.traces.is_empty(), "give at least one --trace FILE");
+    a
+}
+
+/// One source's cache: held blocks (parent, children, last use) and its
+/// leaves by last use.
+#[derive(Default)]
+struct SourceCache {
+    held: HashMap<u32, (Option<u32>, u32, u64)>,
+    leaves: BTreeSet<(u64, u32)>,
+}
+
+impl SourceCache {
+    fn touch(&mut self, b: u32, now: u64) {
+        if let Some(h) = self.held.get_mut(&b) {
+            if h.1 == 0 {
+                self.leaves.remove(&(h.2, b));
+                self.leaves.insert((now, b));
+            }
+            h.2 = now;
+        }
+    }
+
+    /// Leading blocks of `path` held.
+    fn matched(&self, path: &[u32]) -> usize {
+        path.iter()
+            .take_while(|b| self.held.contains_key(b))
+            .count()
+    }
+}
+
+/// Tokens cached per (worker, rank).
+type Scores = BTreeMap<(u64, u32), usize>;
+
+struct Workload {
+    name: String,
+    /// Per source (index = worker · ranks + rank): its batches' payloads.
+    batches: Vec<Vec<Bytes>>,
+    events: u64,
+    /// Query prompts (whole blocks) and, for the probes among them (by
+    /// index), the truth: (worker, rank) → tokens.
+    prompts: Vec<Vec<u32>>,
+    truth: Vec<(usize, Scores)>,
+    holder_blocks: usize,
+}
+
+fn path_of(trace: &Trace, last: Option<u32>) -> Vec<u32> {
+    let mut path = Vec::new();
+    let mut cur = last;
+    while let Some(b) = cur {
+        path.push(b);
+        cur = trace.blocks.parent(b);
+    }
+    path.reverse();
+    path
+}
+
+fn tokens_of(path: &[u32]) -> Vec<u32> {
+    path.iter()
+        .flat_map(|&b| (0..BLOCK as u32).map(move |j| b * BLOCK as u32 + j))
+        .collect()
+}
+
+fn workload(a: &Args, file: &Path) -> Workload {
+    let trace = read_trace(file, 1, 1.0).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let sources = (a.workers * u64::from(a.ranks)) as usize;
+    let mut caches: Vec<SourceCache> = (0..sources).map(|_| SourceCache::default()).collect();
+    let mut batches: Vec<Vec<Bytes>> = vec![Vec::new(); sources];
+    let mut events = 0u64;
+    let mut paths = Vec::new();
+    for (i, r) in trace.requests.iter().take(a.requests).enumerate() {
+        let path = match &r.prompt {
+            Prompt::Blocks { last, .. } => path_of(&trace, *last),
+            // Mooncake's: block id `h` read as tokens `512·h + j`.
+            Prompt::Tokens(t) => t.chunks_exact(512).map(|c| c[0] / 512).collect(),
+        };
+        if path.is_empty()
+            || path
+                .iter()
+                .any(|&b| u64::from(b) * BLOCK as u64 > u64::from(u32::MAX))
+        {
+            continue;
+        }
+        let spill = if i % 7 == 0 { i } else { 0 };
+        let s = ((u64::from(path[0]).wrapping_mul(2_654_435_761) as usize) + spill) % sources;
+        let now = i as u64 + 1;
+        let c = &mut caches[s];
+        let have = c.matched(&path);
+        for &b in &path[..have] {
+            c.touch(b, now);
+        }
+        let mut batch = Vec::new();
+        if have < path.len() {
+            let new = &path[have..];
+            let mut parent = have.checked_sub(1).map(|k| path[k]);
+            if let Some(p) = parent {
+                if let Some(h) = c.held.get_mut(&p) {
+                    if h.1 == 0 {
+                        c.leaves.remove(&(h.2, p));
+                    }
+                    h.1 += 1;
+                }
+            }
+            for (k, &b) in new.iter().enumerate() {
+                let children = u32::from(k + 1 < new.len());
+                c.held.insert(b, (parent, children, now));
+                parent = Some(b);
+            }
+            c.leaves.insert((now, *new.last().unwrap_or(&0)));
+            batch.push(KvEvent::BlockStored {
+                block_hashes: new.iter().map(|&b| u64::from(b)).collect(),
+                parent_block_hash: have.checked_sub(1).map(|k| u64::from(path[k])),
+                token_ids: tokens_of(new),
+                block_size: BLOCK,
+                medium: Medium::Gpu,
+                lora_name: None,
+                cache_salt: None,
+            });
+        }
+        let mut removed = Vec::new();
+        while c.held.len() > a.capacity {
+            let Some(&(t, b)) = c.leaves.iter().next() else {
+                break;
+            };
+            c.leaves.remove(&(t, b));
+            let Some((parent, _, _)) = c.held.remove(&b) else {
+                continue;
+            };
+            removed.push(u64::from(b));
+            if let Some(p) = parent {
+                if let Some(h) = c.held.get_mut(&p) {
+                    h.1 -= 1;
+                    if h.1 == 0 {
+                        c.leaves.insert((h.2, p));
+                    }
+                }
+            }
+        }
+        if !removed.is_empty() {
+            batch.push(KvEvent::BlockRemoved {
+                block_hashes: removed,
+                medium: Medium::Gpu,
+            });
+        }
+        if !batch.is_empty() {
+            events += batch.len() as u64;
+            let rank = (s as u64 % u64::from(a.ranks)) as u32;
+            batches[s].push(Bytes::from(encode_batch(
+                i as f64,
+                &batch,
+                Some(rank),
+                Encoding::Map,
+            )));
+        }
+        paths.push(path);
+    }
+    // The queries: the last requests' prompts; the probes, spread over
+    // them, with their truth.
+    let take = paths.len().min(4000);
+    let prompts: Vec<Vec<u32>> = paths[paths.len() - take..]
+        .iter()
+        .map(|p| tokens_of(p))
+        .collect();
+    let step = (prompts.len() / a.probes.max(1)).max(1);
+    let truth = (0..prompts.len())
+        .step_by(step)
+        .map(|i| {
+            let path = &paths[paths.len() - take + i];
+            let mut t = BTreeMap::new();
+            for (s, c) in caches.iter().enumerate() {
+                let n = c.matched(path);
+                if n > 0 {
+                    t.insert(
+                        (
+                            s as u64 / u64::from(a.ranks),
+                            (s as u64 % u64::from(a.ranks)) as u32,
+                        ),
+                        n * BLOCK,
+                    );
+                }
+            }
+            (i, t)
+        })
+        .collect();
+    Workload {
+        name: trace.name.clone(),
+        batches,
+        events,
+        prompts,
+        truth,
+        holder_blocks: caches.iter().map(|c| c.held.len()).sum(),
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+struct Http {
+    client: Client<HttpConnector, Full<Bytes>>,
+    base: String,
+}
+
+impl Http {
+    fn new(port: u16) -> Http {
+        Http {
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            base: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    async fn post(&self, path: &str, body: Bytes) -> Result<(u16, Bytes), String> {
+        let req = hyper::Request::post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(Full::new(body))
+            .map_err(|e| e.to_string())?;
+        let r = self.client.request(req).await.map_err(|e| e.to_string())?;
+        let status = r.status().as_u16();
+        let b = r
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, b))
+    }
+
+    async fn get(&self, path: &str) -> Result<u16, String> {
+        let req = hyper::Request::get(format!("{}{path}", self.base))
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| e.to_string())?;
+        let r = self.client.request(req).await.map_err(|e| e.to_string())?;
+        Ok(r.status().as_u16())
+    }
+}
+
+fn body(prompt: &[u32]) -> Bytes {
+    Bytes::from(json!({"token_ids": prompt, "model_name": MODEL}).to_string())
+}
+
+/// The scores of a Dynamo-shaped answer.
+fn scores(v: &Value) -> Scores {
+    let mut out = BTreeMap::new();
+    if let Some(w) = v["scores"].as_object() {
+        for (worker, ranks) in w {
+            for (rank, n) in ranks.as_object().into_iter().flatten() {
+                let n = n.as_u64().unwrap_or(0) as usize;
+                if n > 0 {
+                    out.insert((worker.parse().unwrap_or(0), rank.parse().unwrap_or(0)), n);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Probes not yet equal to the truth.
+async fn wrong(http: &Http, w: &Workload, bodies: &[Bytes]) -> usize {
+    let mut bad = 0;
+    for (k, want) in &w.truth {
+        let got = match http.post("/query", bodies[*k].clone()).await {
+            Ok((200, b)) => serde_json::from_slice(&b)
+                .map(|v: Value| scores(&v))
+                .unwrap_or_default(),
+            _ => BTreeMap::new(),
+        };
+        if &got != want && bad == 0 && std::env::var_os("INDEX_BENCH_DEBUG").is_some() {
+            eprintln!("probe {k}: want {want:?}, got {got:?}");
+        }
+        bad += usize::from(&got != want);
+    }
+    bad
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+struct Figures {
+    index: String,
+    trace: String,
+    sources: usize,
+    events: u64,
+    ingest_s: f64,
+    events_per_s: f64,
+    holder_blocks: usize,
+    rss_growth_bytes_per_holder_block: f64,
+    probes_wrong: usize,
+    /// (clients, p50 µs, p99 µs, queries per second)
+    queries: Vec<(usize, f64, f64, f64)>,
+}
+
+async fn load(
+    http: Arc<Http>,
+    bodies: Arc<Vec<Bytes>>,
+    clients: usize,
+    seconds: f64,
+) -> (f64, f64, f64) {
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let http = Arc::clone(&http);
+        let bodies = Arc::clone(&bodies);
+        tasks.push(tokio::spawn(async move {
+            let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+            let mut i = c * 7919;
+            while Instant::now() < deadline {
+                let b = bodies[i % bodies.len()].clone();
+                i += 1;
+                let t = Instant::now();
+                match http.post("/query", b).await {
+                    Ok((200, _)) => {
+                        let _ = h.record(t.elapsed().as_micros() as u64);
+                    }
+                    other => panic!("a query failed: {other:?}"),
+                }
+            }
+            h
+        }));
+    }
+    let mut all = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+    for t in tasks {
+        let h = t.await.expect("a client");
+        all.add(&h).expect("histograms of one shape");
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    (
+        all.value_at_quantile(0.5) as f64,
+        all.value_at_quantile(0.99) as f64,
+        all.len() as f64 / elapsed,
+    )
+}
+
+fn spawn_index(a: &Args, which: &str, port: u16) -> Child {
+    let mut c = if which == "radixkv" {
+        let mut c = Command::new(&a.radixkv);
+        c.args(["index", "--host", "127.0.0.1", "--port", &port.to_string()])
+            .args([
+                "--threads",
+                &a.threads.to_string(),
+                "--replay-timeout-s",
+                "120",
+            ]);
+        if let Some(t) = a.max_tiers {
+            c.args(["--max-tiers", &t.to_string()]);
+        }
+        c
+    } else {
+        let mut c = Command::new(&a.dynamo_python);
+        c.args(["-m", "dynamo.indexer", "--port", &port.to_string()])
+            .args(["--threads", &a.threads.to_string()]);
+        c
+    };
+    c.stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {which}: {e}"))
+}
+
+async fn run_one(a: &Args, which: &str, w: &Workload, pubs: &mut [FramePublisher]) -> Figures {
+    let port = free_port();
+    let mut child = spawn_index(a, which, port);
+    let http = Arc::new(Http::new(port));
+    let t = Instant::now();
+    while http.get("/health").await.is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{which} never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss0 = rss_kb(child.id());
+    let bodies: Arc<Vec<Bytes>> = Arc::new(w.prompts.iter().map(|p| body(p)).collect());
+
+    let start = Instant::now();
+    for (s, p) in pubs.iter().enumerate() {
+        let reg = json!({
+            "instance_id": s as u64 / u64::from(a.ranks),
+            "dp_rank": s as u64 % u64::from(a.ranks),
+            "endpoint": p.endpoint,
+            "replay_endpoint": p.replay,
+            "model_name": MODEL,
+            "block_size": BLOCK,
+        });
+        let (st, b) = http
+            .post("/register", Bytes::from(reg.to_string()))
+            .await
+            .expect("register");
+        assert_eq!(
+            st,
+            201,
+            "{which} /register: {}",
+            String::from_utf8_lossy(&b)
+        );
+    }
+    // Live empty batches after each stream's end until the index has it
+    // all (it replays the rest).
+    let mut next: Vec<u64> = w.batches.iter().map(|b| b.len() as u64).collect();
+    let ingest_s;
+    let mut last_check = Instant::now();
+    loop {
+        for (s, p) in pubs.iter_mut().enumerate() {
+            let rank = (s as u64 % u64::from(a.ranks)) as u32;
+            // Logged too: a replay serves every batch a publisher sent.
+            let empty = Bytes::from(encode_batch(0.0, &[], Some(rank), Encoding::Map));
+            p.log_payload(next[s], empty.clone());
+            p.send_payload(next[s], empty).await;
+            next[s] += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if last_check.elapsed() > Duration::from_millis(250) {
+            last_check = Instant::now();
+            if wrong(&http, w, &bodies).await == 0 {
+                ingest_s = start.elapsed().as_secs_f64();
+                break;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(600),
+            "{which} never caught up"
+        );
+    }
+    let rss1 = rss_kb(child.id());
+    let probes_wrong = wrong(&http, w, &bodies).await;
+    let mut queries = Vec::new();
+    for clients in [1, 8] {
+        let (p50, p99, qps) =
+            load(Arc::clone(&http), Arc::clone(&bodies), clients, a.seconds).await;
+        queries.push((clients, p50, p99, qps));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    Figures {
+        index: which.to_string(),
+        trace: w.name.clone(),
+        sources: w.batches.len(),
+        events: w.events,
+        ingest_s,
+        events_per_s: w.events as f64 / ingest_s,
+        holder_blocks: w.holder_blocks,
+        rss_growth_bytes_per_holder_block: (rss1.saturating_sub(rss0) * 1024) as f64
+            / w.holder_blocks.max(1) as f64,
+        probes_wrong,
+        queries,
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let a = args();
+    let mut all = Vec::new();
+    for file in &a.traces {
+        let w = workload(&a, file);
+        eprintln!(
+            "{}: {} sources, {} batches, {} events, {} holder-blocks at the end, {} query prompts",
+            w.name,
+            w.batches.len(),
+            w.batches.iter().map(Vec::len).sum::<usize>(),
+            w.events,
+            w.holder_blocks,
+            w.prompts.len()
+        );
+        // The streams' truth against radixkv-index in process first: a
+        // workload whose truth is wrong would fail both indexes alike.
+        let ix = radixkv_index::KvIndex::new(BLOCK, w.batches.len()).expect("an index");
+        for (s, b) in w.batches.iter().enumerate() {
+            let src = radixkv_index::Source {
+                worker: s as u64 / u64::from(a.ranks),
+                rank: (s as u64 % u64::from(a.ranks)) as u32,
+            };
+            for payload in b {
+                let batch = radixkv_index::decode::decode_batch(payload).expect("a batch");
+                let (_, errors) = ix.apply(src, &batch.events);
+                assert!(errors.is_empty(), "source {s}: {errors:?}");
+            }
+        }
+        for (k, want) in &w.truth {
+            let got: Scores = ix
+                .scores(&w.prompts[*k], None)
+                .into_iter()
+                .map(|s| ((s.source.worker, s.source.rank), s.tokens))
+                .collect();
+            assert_eq!(&got, want, "probe {k} in process");
+        }
+        drop(ix);
+        for which in ["radixkv", "dynamo"] {
+            if a.only.as_deref().is_some_and(|o| o != which) {
+                continue;
+            }
+            // Fresh publishers per index: the same logged streams.
+            let mut pubs = Vec::new();
+            for b in &w.batches {
+                let p = FramePublisher::bind(free_port(), free_port())
+                    .await
+                    .expect("bind a publisher");
+                for (seq, payload) in b.iter().enumerate() {
+                    p.log_payload(seq as u64, payload.clone());
+                }
+                pubs.push(p);
+            }
+            let f = run_one(&a, which, &w, &mut pubs).await;
+            eprintln!("{f:?}");
+            all.push(f);
+        }
+    }
+    println!("| trace | index | events/s | ingest s | RSS B/holder-block | wrong probes | 1 client p50/p99 µs, q/s | 8 clients p50/p99 µs, q/s |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for f in &all {
+        let q = |i: usize| {
+            f.queries
+                .get(i)
+                .map_or(String::new(), |(_, p50, p99, qps)| {
+                    format!("{p50:.0}/{p99:.0}, {qps:.0}")
+                })
+        };
+        println!(
+            "| {} | {} | {:.0} | {:.2} | {:.1} | {} | {} | {} |",
+            f.trace,
+            f.index,
+            f.events_per_s,
+            f.ingest_s,
+            f.rss_growth_bytes_per_holder_block,
+            f.probes_wrong,
+            q(0),
+            q(1)
+        );
+    }
+    if let Some(out) = &a.out {
+        std::fs::write(out, serde_json::to_string_pretty(&all).expect("json"))
+            .expect("write --out");
+    }
+}
