@@ -46,6 +46,7 @@ pub struct RadixCacheBuilder<P: Ownership = CallerValues> {
     listener: Option<crate::events::Listener>,
     hit_counts: HitCounts,
     slru_threshold: Option<u64>,
+    candidate_heap: bool,
     kind: PhantomData<fn() -> P>,
 }
 
@@ -73,6 +74,7 @@ impl Default for RadixCacheBuilder<CallerValues> {
             listener: None,
             hit_counts: HitCounts::OnMatch,
             slru_threshold: None,
+            candidate_heap: true,
             kind: PhantomData,
         }
     }
@@ -122,6 +124,29 @@ impl<P: Ownership> RadixCacheBuilder<P> {
     /// ```
     pub fn replica_aware(mut self, on: bool) -> Self {
         self.replica_aware = on;
+        self
+    }
+
+    /// Whether eviction keeps a candidate heap per tier (default on): every
+    /// insert notes the leaves it makes, and an eviction pops them in
+    /// policy order. Off, nothing is noted and every eviction ranks the
+    /// tier's leaves by a scan instead (as mru and filo always do). For a
+    /// tree that is seldom evicted by the policy and mostly changed by key
+    /// ([`RadixCache::evict_from`](super::RadixCache::evict_from): an index
+    /// fed by removal events), whose notes would otherwise pile up until
+    /// the next eviction, each keeping its node (and the node's tokens)
+    /// alive after it is unlinked.
+    ///
+    /// ```
+    /// use radixkv::{DeviceId, RadixCache, TokenKey};
+    /// let c = RadixCache::builder().candidate_heap(false).build().unwrap();
+    /// c.insert(TokenKey::new(&[1, 2]), DeviceId(0), &[5, 6], 0).unwrap(); // older
+    /// c.insert(TokenKey::new(&[3, 4]), DeviceId(0), &[7, 8], 0).unwrap();
+    /// // The same lru order, found by a scan:
+    /// assert_eq!(c.evict(DeviceId(0), 2).unwrap().values, vec![5, 6]);
+    /// ```
+    pub fn candidate_heap(mut self, on: bool) -> Self {
+        self.candidate_heap = on;
         self
     }
 
@@ -206,6 +231,7 @@ impl<P: Ownership> RadixCacheBuilder<P> {
             listener: self.listener,
             hit_counts: self.hit_counts,
             slru_threshold: self.slru_threshold,
+            candidate_heap: self.candidate_heap,
             kind: PhantomData,
         }
     }
@@ -260,7 +286,7 @@ impl<P: Ownership> RadixCacheBuilder<P> {
                 (tiers, self.devices),
                 clock,
                 self.listener,
-                self.hit_counts == HitCounts::OnMatch,
+                (self.hit_counts == HitCounts::OnMatch, self.candidate_heap),
             ),
             candidates: (0..tiers)
                 .map(|_| crate::sync::Mutex::new(Candidates::default()))

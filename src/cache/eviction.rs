@@ -143,6 +143,10 @@ impl<P: Ownership> RadixCache<P> {
         if tokens.is_empty() {
             return Ok(out);
         }
+        // As `evict`: what earlier changes unlinked is freed here, not by
+        // matching threads (a tree changed mostly by key would otherwise
+        // hold its garbage until the next insert that takes a share).
+        self.tree.reclaim();
         let guard = crossbeam_epoch::pin();
         let start = tokens.len() - ps;
         let Some(top) = self
@@ -198,7 +202,7 @@ impl<P: Ownership> RadixCache<P> {
         // The kind is read under the device's eviction lock, which a policy
         // switch holds.
         let mut c = crate::sync::lock(&self.candidates[d]);
-        if self.eviction_policy().keys_only_grow() {
+        if self.eviction_policy().keys_only_grow() && self.tree.notes_leaves() {
             self.evict_tracked(&mut c, d, tokens, &mut out, &mut hook, &guard);
             c.metrics
                 .record_evict(out.leaves, out.tokens, out.pages, start.elapsed());

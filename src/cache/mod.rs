@@ -227,7 +227,7 @@ impl<P: Ownership> RadixCache<P> {
         self.policy.store(policy_index(p), Ordering::SeqCst);
         let guard = crossbeam_epoch::pin();
         for (t, c) in held.iter_mut().enumerate() {
-            if p.keys_only_grow() {
+            if p.keys_only_grow() && self.tree.notes_leaves() {
                 self.switch_rescans(c, t, &guard);
             } else {
                 c.clear();

@@ -47,6 +47,9 @@ pub(crate) struct Tree {
     /// Whether a match counts a hit on every node it consumes or ends on
     /// (otherwise inserts count them: `Writer::count_from`).
     hits_on_match: bool,
+    /// Whether changes note new leaves in the inboxes (off: eviction ranks
+    /// by a scan, and nothing is noted).
+    notes_leaves: bool,
 }
 
 /// Where a store happens, for the listener: the namespace and the path of
@@ -87,7 +90,7 @@ impl Tree {
         (tiers, devices): (usize, usize),
         clock: Clock,
         listener: Option<crate::events::Listener>,
-        hits_on_match: bool,
+        (hits_on_match, notes_leaves): (bool, bool),
     ) -> Self {
         debug_assert!(devices <= tiers && tiers <= devices + 1);
         Tree {
@@ -106,7 +109,13 @@ impl Tree {
             inbox: (0..tiers).map(|_| LeafInbox::default()).collect(),
             listener,
             hits_on_match,
+            notes_leaves,
         }
+    }
+
+    /// Whether changes note new leaves (see the field).
+    pub(crate) fn notes_leaves(&self) -> bool {
+        self.notes_leaves
     }
 
     /// Whether matches count hits (see the field).
@@ -172,6 +181,9 @@ impl Tree {
 
     /// Records that `n` may now be a leaf on `t`.
     pub(crate) fn note_leaf(&self, n: &Node, t: usize) {
+        if !self.notes_leaves {
+            return;
+        }
         // Relaxed: advisory ranking statistics (see `Node::stamp`); the
         // heap re-reads them from the node before it evicts.
         let note = LeafNote {

@@ -26,6 +26,13 @@
 //!   keep-alive connections for `--seconds` each: p50, p99, queries per
 //!   second. The clients are Rust (hyper), in this process.
 //!
+//! First, in this process, the streams are applied to a `KvIndex` on one
+//! thread (decoded beforehand) and the probes checked against the truth:
+//! it prints that apply rate and the live heap bytes per holder-block
+//! (a counting allocator). `INDEX_BENCH_APPLY_ROUNDS=N` applies the
+//! streams N more times before (to profile ingestion alone); `--only none`
+//! stops there.
+//!
 //! Prints a table and, with `--out FILE`, writes the figures as JSON.
 //! `--max-tiers N` is passed to `radixkv index`; `--only radixkv` (or
 //! `dynamo`) runs one side.
@@ -39,11 +46,43 @@ use radixkv_events::testing::FramePublisher;
 use radixkv_events::wire::{encode_batch, Encoding, KvEvent, Medium};
 use radixkv_tools::trace::{read_trace, Prompt, Trace};
 use serde_json::{json, Value};
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Live heap bytes of this process (the in-process index's accounting).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// The system allocator, counting live bytes.
+struct Counting;
+
+// SAFETY: forwards to `System` unchanged; the counter has no effect on
+// the allocations.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE.fetch_add(l.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        LIVE.fetch_add(new, Ordering::Relaxed);
+        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { System.realloc(p, l, new) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
 
 const BLOCK: usize = 16;
 const MODEL: &str = "bench";
@@ -577,18 +616,57 @@ async fn main() {
         );
         // The streams' truth against radixkv-index in process first: a
         // workload whose truth is wrong would fail both indexes alike.
-        let ix = radixkv_index::KvIndex::new(BLOCK, w.batches.len()).expect("an index");
-        for (s, b) in w.batches.iter().enumerate() {
+        let ix = radixkv_index::KvIndex::new(BLOCK, a.max_tiers.unwrap_or(w.batches.len()))
+            .expect("an index");
+        let decoded: Vec<Vec<radixkv_index::decode::Batch>> = w
+            .batches
+            .iter()
+            .map(|b| {
+                b.iter()
+                    .map(|p| radixkv_index::decode::decode_batch(p).expect("a batch"))
+                    .collect()
+            })
+            .collect();
+        // INDEX_BENCH_APPLY_ROUNDS=N: apply the streams N more times into
+        // fresh indexes first (to profile ingestion alone).
+        let rounds: usize = std::env::var("INDEX_BENCH_APPLY_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        for _ in 0..rounds {
+            let ix = radixkv_index::KvIndex::new(BLOCK, a.max_tiers.unwrap_or(w.batches.len()))
+                .expect("an index");
+            for (s, b) in decoded.iter().enumerate() {
+                let src = radixkv_index::Source {
+                    worker: s as u64 / u64::from(a.ranks),
+                    rank: (s as u64 % u64::from(a.ranks)) as u32,
+                };
+                for batch in b {
+                    ix.apply(src, &batch.events);
+                }
+            }
+        }
+        let live0 = LIVE.load(Ordering::Relaxed);
+        let t = Instant::now();
+        for (s, b) in decoded.iter().enumerate() {
             let src = radixkv_index::Source {
                 worker: s as u64 / u64::from(a.ranks),
                 rank: (s as u64 % u64::from(a.ranks)) as u32,
             };
-            for payload in b {
-                let batch = radixkv_index::decode::decode_batch(payload).expect("a batch");
+            for batch in b {
                 let (_, errors) = ix.apply(src, &batch.events);
                 assert!(errors.is_empty(), "source {s}: {errors:?}");
             }
         }
+        let apply_s = t.elapsed().as_secs_f64();
+        let live = LIVE.load(Ordering::Relaxed).saturating_sub(live0);
+        eprintln!(
+            "in process, one thread: {:.0} events/s applied (decoded), {:.0} live heap bytes per holder-block ({} distinct blocks, {} tree nodes)",
+            w.events as f64 / apply_s,
+            live as f64 / w.holder_blocks.max(1) as f64,
+            ix.distinct_blocks(),
+            ix.tree_nodes()
+        );
         for (k, want) in &w.truth {
             let got: Scores = ix
                 .scores(&w.prompts[*k], None)

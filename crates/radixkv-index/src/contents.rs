@@ -14,6 +14,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// lock.
 const SHARDS: usize = 64;
 
+/// One shard: entries by hash (already uniform: foldhash only mixes it).
+type Shard = HashMap<u64, Entry, foldhash::fast::RandomState>;
+
 #[derive(Debug)]
 struct Entry {
     tokens: Arc<[u32]>,
@@ -34,13 +37,13 @@ pub struct Content {
 /// See the module docs.
 #[derive(Debug)]
 pub struct Contents {
-    shards: Vec<Mutex<HashMap<u64, Entry>>>,
+    shards: Vec<Mutex<Shard>>,
 }
 
 impl Default for Contents {
     fn default() -> Self {
         Contents {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
         }
     }
 }
@@ -50,7 +53,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Contents {
-    fn shard(&self, hash: u64) -> MutexGuard<'_, HashMap<u64, Entry>> {
+    fn shard(&self, hash: u64) -> MutexGuard<'_, Shard> {
         // The hash is already uniform: its top bits pick the shard.
         lock(&self.shards[(hash >> 58) as usize % SHARDS])
     }

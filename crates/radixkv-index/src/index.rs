@@ -29,6 +29,7 @@ use crate::contents::Contents;
 use crate::decode::{BlockHash, Event, Medium, Stored};
 use crate::local_hash;
 use radixkv::{CacheError, DeviceId, RadixCache, TokenKey};
+use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -97,21 +98,26 @@ struct Block {
     seed: u64,
     /// The media holding it, a bit each ([`Medium`] order).
     media: u8,
-    /// Blocks stored below it (any medium).
-    children: u32,
+    /// Blocks stored below it (any medium): one, inline, in a chain.
+    children: SmallVec<[BlockHash; 1]>,
 }
 
 fn bit(m: Medium) -> u8 {
     1 << (m as u8)
 }
 
-/// The blocks of one source, by hash.
+/// A map keyed by hashes that arrive already mixed (block hashes) or
+/// that the sources choose: foldhash, seeded per process.
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The blocks of one source, by hash, and buffers its changes reuse.
 #[derive(Debug, Default)]
 pub struct SourceBlocks {
-    blocks: HashMap<BlockHash, Block>,
-    /// Blocks by parent (for the ones to reach again when a parent
-    /// returns).
-    below: HashMap<BlockHash, Vec<BlockHash>>,
+    blocks: Map<BlockHash, Block>,
+    /// A path's tokens, built for each insert and removal.
+    path: Vec<u32>,
+    /// A path's blocks, leaf first (while building `path`).
+    chain: Vec<Arc<[u32]>>,
 }
 
 impl SourceBlocks {
@@ -143,24 +149,28 @@ impl SourceBlocks {
         true
     }
 
-    /// The namespace and tokens from the root through block `h`.
-    fn path(&self, h: BlockHash) -> Option<(Option<Arc<str>>, Vec<u32>)> {
-        let mut chain = Vec::new();
-        let mut cur = Some(h);
-        while let Some(c) = cur {
-            let b = self.blocks.get(&c)?;
-            chain.push(c);
-            cur = b.parent;
-            if chain.len() > self.blocks.len() {
+    /// Fills `self.path` with the tokens from the root through block `h`
+    /// and returns the namespace; `None` if `h` is unknown or its parents
+    /// do not lead to a root.
+    fn fill_path(&mut self, h: BlockHash) -> Option<Option<Arc<str>>> {
+        self.chain.clear();
+        self.path.clear();
+        let mut cur = h;
+        let ns = loop {
+            let b = self.blocks.get(&cur)?;
+            self.chain.push(Arc::clone(&b.tokens));
+            if self.chain.len() > self.blocks.len() {
                 return None; // a cycle of hashes: not a path
             }
+            match b.parent {
+                Some(p) => cur = p,
+                None => break b.namespace.clone(),
+            }
+        };
+        for t in self.chain.drain(..).rev() {
+            self.path.extend_from_slice(&t);
         }
-        let ns = self.blocks.get(chain.last()?)?.namespace.clone();
-        let mut tokens = Vec::with_capacity(chain.len() * self.blocks[&h].tokens.len());
-        for c in chain.iter().rev() {
-            tokens.extend_from_slice(&self.blocks[c].tokens);
-        }
-        Some((ns, tokens))
+        Some(ns)
     }
 
     /// Forgets `h` if it is held nowhere and leads to nothing; then its
@@ -168,7 +178,7 @@ impl SourceBlocks {
     fn prune(&mut self, contents: &Contents, mut h: BlockHash) {
         loop {
             let Some(b) = self.blocks.get(&h) else { return };
-            if b.media != 0 || b.children != 0 {
+            if b.media != 0 || !b.children.is_empty() {
                 return;
             }
             let parent = b.parent;
@@ -176,14 +186,10 @@ impl SourceBlocks {
                 contents.release(b.local, &b.tokens);
             }
             let Some(p) = parent else { return };
-            if let Some(v) = self.below.get_mut(&p) {
-                v.retain(|&c| c != h);
-                if v.is_empty() {
-                    self.below.remove(&p);
-                }
-            }
             if let Some(pb) = self.blocks.get_mut(&p) {
-                pb.children = pb.children.saturating_sub(1);
+                if let Some(i) = pb.children.iter().position(|&c| c == h) {
+                    pb.children.swap_remove(i);
+                }
             }
             h = p;
         }
@@ -239,6 +245,16 @@ pub struct Score {
     pub tokens: usize,
 }
 
+/// Tokens up to which the index's values (`0, 1, …`) come from one
+/// shared run instead of a vector built per insert.
+const SHARED_VALUES: usize = 1 << 16;
+
+/// `0, 1, …, SHARED_VALUES - 1`.
+fn shared_values() -> &'static [u32] {
+    static VALUES: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
+    VALUES.get_or_init(|| (0..SHARED_VALUES as u32).collect())
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -251,6 +267,9 @@ impl KvIndex {
         let cache = RadixCache::builder()
             .page_size(block_size)
             .devices(max_tiers)
+            // Removals come by key (`evict_from`), never by the policy:
+            // no candidate notes to pile up.
+            .candidate_heap(false)
             .build()?;
         Ok(KvIndex {
             block_size,
@@ -333,28 +352,41 @@ impl KvIndex {
         // is (a block held on a medium its parent is not on is out of reach
         // there until the parent comes).
         let reachable = st.parent.is_none_or(|p| blocks.reachable_on(p, st.medium));
-        let (ns, seed, mut path) = match st.parent {
-            None => (
-                radixkv::TokenKey::namespace_for(st.lora_name.as_deref(), st.cache_salt.as_deref())
+        let (ns, seed) = match st.parent {
+            None => {
+                blocks.path.clear();
+                (
+                    radixkv::TokenKey::namespace_for(
+                        st.lora_name.as_deref(),
+                        st.cache_salt.as_deref(),
+                    )
                     .map(Arc::from),
-                local_hash::seed(st.lora_name.as_deref(), st.cache_salt.as_deref()),
-                Vec::new(),
-            ),
+                    local_hash::seed(st.lora_name.as_deref(), st.cache_salt.as_deref()),
+                )
+            }
             Some(p) => {
-                let (ns, path) = blocks.path(p).ok_or(ApplyError::UnknownParent(p.0))?;
-                (ns, blocks.blocks[&p].seed, path)
+                let ns = blocks.fill_path(p).ok_or(ApplyError::UnknownParent(p.0))?;
+                (ns, blocks.blocks[&p].seed)
             }
         };
+        let base = blocks.path.len();
+        // The first block of the chain not held on the medium before: from
+        // there on, blocks held there below the chain's were out of reach.
+        let mut first_new = None;
         let mut parent = st.parent;
-        for (h, tokens) in st.hashes.iter().zip(st.tokens.chunks(bs)) {
+        for (i, (h, tokens)) in st.hashes.iter().zip(st.tokens.chunks(bs)).enumerate() {
             match blocks.blocks.get_mut(h) {
                 Some(b) => {
                     if b.parent != parent || *b.tokens != *tokens {
                         return Err(ApplyError::Conflict(h.0));
                     }
+                    if b.media & bit(st.medium) == 0 {
+                        first_new.get_or_insert(i);
+                    }
                     b.media |= bit(st.medium);
                 }
                 None => {
+                    first_new.get_or_insert(i);
                     let local = local_hash::block_hash(tokens, seed);
                     blocks.blocks.insert(
                         *h,
@@ -365,68 +397,85 @@ impl KvIndex {
                             local,
                             seed,
                             media: bit(st.medium),
-                            children: 0,
+                            children: SmallVec::new(),
                         },
                     );
-                    if let Some(p) = parent {
-                        if let Some(pb) = blocks.blocks.get_mut(&p) {
-                            pb.children += 1;
-                        }
-                        blocks.below.entry(p).or_default().push(*h);
+                    if let Some(pb) = parent.and_then(|p| blocks.blocks.get_mut(&p)) {
+                        pb.children.push(*h);
                     }
                 }
             }
-            path.extend_from_slice(tokens);
+            blocks.path.extend_from_slice(tokens);
             parent = Some(*h);
         }
         if reachable {
-            self.insert_path(ns.as_deref(), &path, t)?;
-            // Blocks held on this medium below the last one, out of reach
-            // while it was missing there, are reachable again.
-            if let Some(last) = st.hashes.last() {
-                self.reattach(blocks, *last, st.medium, t, ns.as_deref(), &mut path)?;
-            }
+            let path = std::mem::take(&mut blocks.path);
+            let r = self.insert_path(ns.as_deref(), &path, t).and_then(|()| {
+                // Blocks held on this medium below the chain's blocks that
+                // were not (children other than the chain's next), out of
+                // reach while those were missing there, are reachable again.
+                let Some(first) = first_new else {
+                    return Ok(());
+                };
+                for (i, h) in st.hashes.iter().enumerate().skip(first) {
+                    let next = st.hashes.get(i + 1);
+                    let others = blocks
+                        .blocks
+                        .get(h)
+                        .is_some_and(|b| b.children.iter().any(|c| Some(c) != next));
+                    if others {
+                        let mut p = path[..base + (i + 1) * bs].to_vec();
+                        self.reattach(blocks, *h, next, st.medium, (t, ns.as_deref()), &mut p)?;
+                    }
+                }
+                Ok(())
+            });
+            blocks.path = path;
+            r?;
         }
         Ok(st.hashes.len() as u64)
     }
 
     fn insert_path(&self, ns: Option<&str>, path: &[u32], t: usize) -> Result<(), ApplyError> {
-        // The values are the index's own, one run: the tree stores them in
-        // one inline word pair per node and tier.
-        let values: Vec<u32> = (0..path.len() as u32).collect();
-        self.cache.insert(
-            TokenKey::new(path).in_namespace(ns),
-            DeviceId(t as u32),
-            &values,
-            0,
-        )?;
+        // The values are the index's own, one run (0, 1, 2, ...): the tree
+        // stores them in one inline word pair per node and tier.
+        let key = TokenKey::new(path).in_namespace(ns);
+        let d = DeviceId(t as u32);
+        match shared_values().get(..path.len()) {
+            Some(values) => self.cache.insert(key, d, values, 0)?,
+            None => {
+                let values: Vec<u32> = (0..path.len() as u32).collect();
+                self.cache.insert(key, d, &values, 0)?
+            }
+        };
         Ok(())
     }
 
-    /// Inserts again the blocks below `h` that this source holds on `m`
-    /// (depth first); `path` ends with `h`'s tokens and is restored.
+    /// Inserts again the blocks below `h` (but `skip`) that this source
+    /// holds on `m` into tier `t` in namespace `ns` (depth first); `path`
+    /// ends with `h`'s tokens and is restored.
     fn reattach(
         &self,
         blocks: &SourceBlocks,
         h: BlockHash,
+        skip: Option<&BlockHash>,
         m: Medium,
-        t: usize,
-        ns: Option<&str>,
+        (t, ns): (usize, Option<&str>),
         path: &mut Vec<u32>,
     ) -> Result<(), ApplyError> {
-        let Some(kids) = blocks.below.get(&h) else {
+        let Some(kids) = blocks.blocks.get(&h).map(|b| &b.children) else {
             return Ok(());
         };
         for k in kids {
             let Some(b) = blocks.blocks.get(k) else {
                 continue;
             };
-            if b.media & bit(m) == 0 {
+            if b.media & bit(m) == 0 || Some(k) == skip {
                 continue;
             }
             path.extend_from_slice(&b.tokens);
             self.insert_path(ns, path, t)?;
-            self.reattach(blocks, *k, m, t, ns, path)?;
+            self.reattach(blocks, *k, None, m, (t, ns), path)?;
             path.truncate(path.len() - b.tokens.len());
         }
         Ok(())
@@ -442,17 +491,37 @@ impl KvIndex {
         let mut n = 0;
         let mut unknown = None;
         let tier = self.existing_tier(s, m);
+        // Membership in this removal (a set once a linear search costs more).
+        let set: Option<std::collections::HashSet<BlockHash>> =
+            (hashes.len() > 32).then(|| hashes.iter().copied().collect());
+        let removed_here = |p: &BlockHash| match &set {
+            Some(set) => set.contains(p),
+            None => hashes.contains(p),
+        };
         for h in hashes {
             let held = blocks.blocks.get(h).is_some_and(|b| b.media & bit(m) != 0);
             let (Some(t), true) = (tier, held) else {
                 unknown.get_or_insert(h.0);
                 continue;
             };
-            if let Some((ns, path)) = blocks.path(*h) {
-                self.cache.evict_from(
-                    TokenKey::new(&path).in_namespace(ns.as_deref()),
-                    DeviceId(t as u32),
-                )?;
+            // A block whose parent this removal also takes (later: removals
+            // list leaves first) goes out of the tree with its parent's
+            // subtree; otherwise it leaves the tier here.
+            let parent = blocks.blocks.get(h).and_then(|b| b.parent);
+            let with_parent = parent.is_some_and(|p| {
+                removed_here(&p)
+                    && blocks
+                        .blocks
+                        .get(&p)
+                        .is_some_and(|pb| pb.media & bit(m) != 0)
+            });
+            if !with_parent {
+                if let Some(ns) = blocks.fill_path(*h) {
+                    self.cache.evict_from(
+                        TokenKey::new(&blocks.path).in_namespace(ns.as_deref()),
+                        DeviceId(t as u32),
+                    )?;
+                }
             }
             if let Some(b) = blocks.blocks.get_mut(h) {
                 b.media &= !bit(m);
@@ -550,6 +619,11 @@ impl KvIndex {
     /// Distinct blocks (by tokens and namespace) the sources hold.
     pub fn distinct_blocks(&self) -> usize {
         self.contents.len()
+    }
+
+    /// Nodes of the tree (namespace roots included).
+    pub fn tree_nodes(&self) -> u64 {
+        self.cache.node_count()
     }
 
     /// Blocks source `s` knows (held, or leading to held ones).
