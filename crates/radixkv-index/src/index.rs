@@ -28,6 +28,7 @@
 use crate::contents::Contents;
 use crate::decode::{BlockHash, Event, Medium, Stored};
 use crate::local_hash;
+use arc_swap::ArcSwap;
 use radixkv::{CacheError, DeviceId, RadixCache, TokenKey};
 use smallvec::SmallVec;
 use std::collections::HashMap;
@@ -131,34 +132,19 @@ impl SourceBlocks {
         self.blocks.is_empty()
     }
 
-    /// Whether block `h` and every block above it are held on `m` (so the
-    /// tree has it resident on that tier).
-    fn reachable_on(&self, h: BlockHash, m: Medium) -> bool {
-        let mut cur = Some(h);
-        let mut steps = 0;
-        while let Some(c) = cur {
-            let Some(b) = self.blocks.get(&c) else {
-                return false;
-            };
-            if b.media & bit(m) == 0 || steps > self.blocks.len() {
-                return false;
-            }
-            cur = b.parent;
-            steps += 1;
-        }
-        true
-    }
-
-    /// Fills `self.path` with the tokens from the root through block `h`
-    /// and returns the namespace; `None` if `h` is unknown or its parents
-    /// do not lead to a root.
-    fn fill_path(&mut self, h: BlockHash) -> Option<Option<Arc<str>>> {
+    /// Fills `self.path` with the tokens from the root through block `h`;
+    /// returns the namespace and whether every block of the path is held
+    /// on `m` (so that the tree has `h` resident on that medium's tier).
+    /// `None` if `h` is unknown or its parents do not lead to a root.
+    fn fill_path(&mut self, h: BlockHash, m: Medium) -> Option<(Option<Arc<str>>, bool)> {
         self.chain.clear();
         self.path.clear();
+        let mut on_m = true;
         let mut cur = h;
         let ns = loop {
             let b = self.blocks.get(&cur)?;
             self.chain.push(Arc::clone(&b.tokens));
+            on_m &= b.media & bit(m) != 0;
             if self.chain.len() > self.blocks.len() {
                 return None; // a cycle of hashes: not a path
             }
@@ -170,7 +156,7 @@ impl SourceBlocks {
         for t in self.chain.drain(..).rev() {
             self.path.extend_from_slice(&t);
         }
-        Some(ns)
+        Some((ns, on_m))
     }
 
     /// Forgets `h` if it is held nowhere and leads to nothing; then its
@@ -221,6 +207,9 @@ pub struct KvIndex {
     block_size: usize,
     cache: RadixCache,
     tiers: Mutex<Tiers>,
+    /// Who owns each tier, as `tiers.by_tier` was last published: what
+    /// queries read, without taking the lock.
+    owners: ArcSwap<Vec<Option<(Source, Medium)>>>,
     sources: Mutex<HashMap<Source, Arc<Mutex<SourceBlocks>>>>,
     contents: Contents,
 }
@@ -278,6 +267,7 @@ impl KvIndex {
                 of: HashMap::new(),
                 by_tier: vec![None; max_tiers],
             }),
+            owners: ArcSwap::from_pointee(vec![None; max_tiers]),
             sources: Mutex::new(HashMap::new()),
             contents: Contents::default(),
         })
@@ -303,6 +293,7 @@ impl KvIndex {
         };
         t.by_tier[i] = Some((s, m));
         t.of.insert((s, m), i);
+        self.owners.store(Arc::new(t.by_tier.clone()));
         Ok(i)
     }
 
@@ -351,8 +342,7 @@ impl KvIndex {
         // The new blocks are resident on the tier only below a parent that
         // is (a block held on a medium its parent is not on is out of reach
         // there until the parent comes).
-        let reachable = st.parent.is_none_or(|p| blocks.reachable_on(p, st.medium));
-        let (ns, seed) = match st.parent {
+        let (ns, seed, reachable) = match st.parent {
             None => {
                 blocks.path.clear();
                 (
@@ -362,11 +352,14 @@ impl KvIndex {
                     )
                     .map(Arc::from),
                     local_hash::seed(st.lora_name.as_deref(), st.cache_salt.as_deref()),
+                    true,
                 )
             }
             Some(p) => {
-                let ns = blocks.fill_path(p).ok_or(ApplyError::UnknownParent(p.0))?;
-                (ns, blocks.blocks[&p].seed)
+                let (ns, reachable) = blocks
+                    .fill_path(p, st.medium)
+                    .ok_or(ApplyError::UnknownParent(p.0))?;
+                (ns, blocks.blocks[&p].seed, reachable)
             }
         };
         let base = blocks.path.len();
@@ -516,7 +509,9 @@ impl KvIndex {
                         .is_some_and(|pb| pb.media & bit(m) != 0)
             });
             if !with_parent {
-                if let Some(ns) = blocks.fill_path(*h) {
+                // Out of reach on the tier already when a block above it
+                // is not held there: the tree holds nothing of it.
+                if let Some((ns, true)) = blocks.fill_path(*h, m) {
                     self.cache.evict_from(
                         TokenKey::new(&blocks.path).in_namespace(ns.as_deref()),
                         DeviceId(t as u32),
@@ -566,6 +561,7 @@ impl KvIndex {
                 t.by_tier[i] = None;
             }
         }
+        self.owners.store(Arc::new(t.by_tier.clone()));
     }
 
     /// The longest prefix of `tokens` (whole blocks, in namespace
@@ -576,13 +572,12 @@ impl KvIndex {
         let lens = self
             .cache
             .peek(TokenKey::new(whole).in_namespace(namespace));
-        let tiers = lock(&self.tiers);
+        let owners = self.owners.load();
         lens.iter()
             .enumerate()
             .filter(|&(_, &n)| n > 0)
             .filter_map(|(t, &n)| {
-                tiers
-                    .by_tier
+                owners
                     .get(t)
                     .copied()
                     .flatten()
