@@ -7,6 +7,7 @@
 //! whose last worker leaves is removed (a query for it is then a 404, as
 //! in Dynamo's).
 
+use arc_swap::ArcSwap;
 use radixkv_index::listen::{listen, Feedpoint, ListenOptions, SourceCounters};
 use radixkv_index::{KvIndex, Source};
 use std::collections::{BTreeMap, HashMap};
@@ -138,6 +139,36 @@ pub struct Partition {
     /// Tokens per block.
     pub block_size: usize,
     workers: Mutex<BTreeMap<Source, Worker>>,
+    /// What queries read of `workers` (whom to score), as last published
+    /// under its lock: no query takes it.
+    scoring: ArcSwap<BTreeMap<Source, Scoring>>,
+}
+
+/// What a query needs of a worker: whether it fell silent.
+#[derive(Debug)]
+struct Scoring {
+    counters: Arc<SourceCounters>,
+    since_ms: u64,
+}
+
+impl Partition {
+    /// Publishes `workers` for queries (called under its lock after each
+    /// change).
+    fn publish(&self, workers: &BTreeMap<Source, Worker>) {
+        let snapshot = workers
+            .iter()
+            .map(|(s, w)| {
+                (
+                    *s,
+                    Scoring {
+                        counters: Arc::clone(&w.counters),
+                        since_ms: w.since_ms,
+                    },
+                )
+            })
+            .collect();
+        self.scoring.store(Arc::new(snapshot));
+    }
 }
 
 /// A worker as [`Registry::workers`] reports it.
@@ -260,6 +291,7 @@ impl Registry {
                     index: Arc::new(index),
                     block_size: r.block_size,
                     workers: Mutex::new(BTreeMap::new()),
+                    scoring: ArcSwap::from_pointee(BTreeMap::new()),
                 });
                 parts.insert(r.partition.clone(), Arc::clone(&p));
                 p
@@ -298,6 +330,7 @@ impl Registry {
                 task: Task(Some(task)),
             },
         );
+        part.publish(&workers);
         Ok(())
     }
 
@@ -360,6 +393,7 @@ impl Registry {
                     removed.push((Arc::clone(part), s, w));
                 }
             }
+            part.publish(&workers);
             if workers.is_empty() {
                 emptied.push(key.clone());
             }
@@ -373,20 +407,18 @@ impl Registry {
     /// Whether `s` of `part` is scored now: registered, and not silent past
     /// the limit.
     pub fn scored(&self, part: &Partition, s: Source) -> bool {
-        let workers = lock(&part.workers);
-        workers.get(&s).is_some_and(|w| !self.silent(w))
+        part.scoring
+            .load()
+            .get(&s)
+            .is_some_and(|w| !self.silent(&w.counters, w.since_ms))
     }
 
-    fn silent(&self, w: &Worker) -> bool {
+    fn silent(&self, counters: &SourceCounters, since_ms: u64) -> bool {
         let Some(limit) = self.options.silent_after else {
             return false;
         };
         // Relaxed: a timestamp read for a report.
-        let last = w
-            .counters
-            .last_batch_ms
-            .load(Ordering::Relaxed)
-            .max(w.since_ms);
+        let last = counters.last_batch_ms.load(Ordering::Relaxed).max(since_ms);
         now_ms().saturating_sub(last) > u64::try_from(limit.as_millis()).unwrap_or(u64::MAX)
     }
 
@@ -409,7 +441,7 @@ impl Registry {
                 out.push(WorkerView {
                     registration: w.registration.clone(),
                     counters: Arc::clone(&w.counters),
-                    silent: self.silent(w),
+                    silent: self.silent(&w.counters, w.since_ms),
                     blocks: part.index.known_blocks(*s),
                 });
             }

@@ -58,10 +58,20 @@ impl Service {
     }
 
     async fn call(&self, method: &str, path: &str, body: &str) -> (StatusCode, String) {
+        self.call_as(method, path, body, "application/json").await
+    }
+
+    async fn call_as(
+        &self,
+        method: &str,
+        path: &str,
+        body: &str,
+        content_type: &str,
+    ) -> (StatusCode, String) {
         let req = hyper::Request::builder()
             .method(method)
             .uri(format!("http://{}{path}", self.addr))
-            .header("content-type", "application/json")
+            .header("content-type", content_type)
             .body(Full::new(Bytes::from(body.to_string())))
             .unwrap();
         let r = self.client.request(req).await.unwrap();
@@ -185,6 +195,16 @@ async fn dynamos_routes_and_shapes() {
         svc.call("POST", "/query", "{not json").await.0,
         StatusCode::BAD_REQUEST
     );
+    let query = r#"{"token_ids": [1, 2], "model_name": "m"}"#;
+    for (content_type, want) in [
+        ("text/plain", StatusCode::UNSUPPORTED_MEDIA_TYPE),
+        ("application/jsonx", StatusCode::UNSUPPORTED_MEDIA_TYPE),
+        ("Application/JSON; charset=utf-8", StatusCode::OK),
+        ("application/vnd.api+json", StatusCode::OK),
+    ] {
+        let (s, v) = svc.call_as("POST", "/query", query, content_type).await;
+        assert_eq!(s, want, "{content_type}: {v}");
+    }
     let (s, _) = svc
         .post(
             "/query",
