@@ -168,19 +168,55 @@ impl KvEventSubscriber {
 /// Asks a replay (ROUTER) endpoint for every buffered batch from `start`
 /// on; returns them in order (the end marker, sequence -1, is consumed).
 /// Replies may carry the topic or not: `["", seq, payload]` (radixkv, older
-/// vLLM) or `["", topic, seq, payload]` (SGLang, current vLLM).
+/// vLLM) or `["", topic, seq, payload]` (SGLang, current vLLM). See
+/// [`Replay`] to take them one at a time as they arrive.
 pub async fn replay(endpoint: &str, start: u64) -> Result<Vec<Batch>, SubscribeError> {
-    let mut dealer = zeromq::DealerSocket::new();
-    dealer.connect(endpoint).await?;
-    let req = ZmqMessage::try_from(vec![
-        Bytes::new(),
-        Bytes::copy_from_slice(&start.to_be_bytes()),
-    ])
-    .map_err(|_| SubscribeError::Malformed("empty request".into()))?;
-    dealer.send(req).await?;
+    let mut r = Replay::start(endpoint, start).await?;
     let mut out = Vec::new();
-    loop {
-        let mut parts = dealer.recv().await?.into_vec();
+    while let Some(b) = r.next().await? {
+        out.push(b);
+    }
+    Ok(out)
+}
+
+/// A replay in progress: [`replay`]'s batches one at a time, so that a
+/// consumer catching up on a long buffer holds one batch at a time, not
+/// the whole buffer. Dropping it abandons the rest.
+pub struct Replay {
+    dealer: zeromq::DealerSocket,
+    done: bool,
+}
+
+impl std::fmt::Debug for Replay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replay").field("done", &self.done).finish()
+    }
+}
+
+impl Replay {
+    /// Connects to `endpoint` and asks for every buffered batch from
+    /// `start` on.
+    pub async fn start(endpoint: &str, start: u64) -> Result<Replay, SubscribeError> {
+        let mut dealer = zeromq::DealerSocket::new();
+        dealer.connect(endpoint).await?;
+        let req = ZmqMessage::try_from(vec![
+            Bytes::new(),
+            Bytes::copy_from_slice(&start.to_be_bytes()),
+        ])
+        .map_err(|_| SubscribeError::Malformed("empty request".into()))?;
+        dealer.send(req).await?;
+        Ok(Replay {
+            dealer,
+            done: false,
+        })
+    }
+
+    /// The next batch, in order; `None` after the end marker.
+    pub async fn next(&mut self) -> Result<Option<Batch>, SubscribeError> {
+        if self.done {
+            return Ok(None);
+        }
+        let mut parts = self.dealer.recv().await?.into_vec();
         // The ROUTER's empty delimiter first (the DEALER strips nothing).
         if parts.first().is_some_and(|f| f.is_empty()) && parts.len() >= 3 {
             parts.remove(0);
@@ -199,13 +235,14 @@ pub async fn replay(endpoint: &str, start: u64) -> Result<Vec<Batch>, SubscribeE
         };
         let seq = seq_of(&seq)?;
         if seq < 0 {
-            return Ok(out);
+            self.done = true;
+            return Ok(None);
         }
-        out.push(Batch {
+        Ok(Some(Batch {
             topic,
             seq: seq as u64,
             payload,
-        });
+        }))
     }
 }
 

@@ -33,7 +33,7 @@
 use crate::decode::{decode_batch, Event};
 use crate::feed::{Feed, Step};
 use crate::index::{KvIndex, Source};
-use radixkv_events::subscriber::{replay, KvEventSubscriber, SubscribeError};
+use radixkv_events::subscriber::{KvEventSubscriber, Replay, SubscribeError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -202,11 +202,14 @@ async fn catch_up(
     let (Some(ep), Some(_)) = (&fp.replay, feed.expected()) else {
         return;
     };
-    let Ok(Ok(batches)) = tokio::time::timeout(options.replay_timeout, replay(ep, 0)).await else {
-        // No answer: the next live batch shows the gap, if any.
+    // Offered as they arrive (one batch held at a time); no answer in
+    // time, or the rest of it not in time: the next live batch shows the
+    // gap, if any.
+    let deadline = tokio::time::Instant::now() + options.replay_timeout;
+    let Ok(Ok(mut r)) = tokio::time::timeout_at(deadline, Replay::start(ep, 0)).await else {
         return;
     };
-    for b in batches {
+    while let Ok(Ok(Some(b))) = tokio::time::timeout_at(deadline, r.next()).await {
         offer(index, fp, counters, feed, options, b).await;
     }
 }
@@ -339,17 +342,22 @@ async fn fill(
     from: u64,
     seq: u64,
 ) -> bool {
-    let replayed = match &fp.replay {
-        Some(ep) => tokio::time::timeout(options.replay_timeout, replay(ep, from))
-            .await
-            .ok()
-            .and_then(Result::ok),
-        None => None,
-    };
-    let Some(batches) = replayed else {
+    let Some(ep) = &fp.replay else {
         return false;
     };
-    for b in batches.iter().filter(|b| b.seq < seq) {
+    // Applied as they arrive (one batch held at a time), up to `seq`; a
+    // replay that does not answer, or not in time, loses the gap (what it
+    // applied is cleared with the source).
+    let deadline = tokio::time::Instant::now() + options.replay_timeout;
+    let Ok(Ok(mut r)) = tokio::time::timeout_at(deadline, Replay::start(ep, from)).await else {
+        return false;
+    };
+    loop {
+        let b = match tokio::time::timeout_at(deadline, r.next()).await {
+            Ok(Ok(Some(b))) if b.seq < seq => b,
+            Ok(Ok(_)) => break,
+            Ok(Err(_)) | Err(_) => return false,
+        };
         let Some(events) = decode(counters, fp.source, &b.payload) else {
             continue;
         };
