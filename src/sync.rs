@@ -10,14 +10,18 @@
 //! loom's `Arc` would report the epoch collector's deferred garbage as leaks.
 
 #[cfg(not(loom))]
-pub use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub use std::sync::atomic::{
+    AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 #[cfg(not(loom))]
 pub use std::sync::{Mutex, MutexGuard};
 #[cfg(not(loom))]
 pub use std::thread;
 
 #[cfg(loom)]
-pub use loom::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub use loom::sync::atomic::{
+    AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 #[cfg(loom)]
 pub use loom::sync::{Mutex, MutexGuard};
 #[cfg(loom)]

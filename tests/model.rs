@@ -31,6 +31,14 @@ proptest! {
         run_case(devices, ps, policy, &ops)?;
     }
 
+    /// The same op sequences in a tree of 20 devices, of which the ops
+    /// use the first few: a node's tier slots are allocated on first use
+    /// there (`Slots::Sparse`), and every other tier stays absent.
+    #[test]
+    fn a_tree_of_many_tiers_matches_the_model((_devices, ps, policy, ops) in case_strategy()) {
+        run_case(20, ps, policy, &ops)?;
+    }
+
     /// The same op sequences with the last tier a host tier (2–4 tiers:
     /// 1–3 devices and the host): its residency behaves as the model's
     /// device does, and the tier-aware answers agree with the model.

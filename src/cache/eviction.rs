@@ -544,7 +544,7 @@ impl<P: Ownership> RadixCache<P> {
 
     /// Whether `n`'s tokens are also resident on a device other than `d`.
     fn replicated(&self, n: &Node, d: usize) -> bool {
-        (0..self.devices()).any(|e| e != d && n.slot(e).residency.load().resident())
+        (0..self.devices()).any(|e| e != d && n.residency_on(e).resident())
     }
 
     /// The heap key of a leaf joining the candidates: its policy key, or for

@@ -123,7 +123,7 @@ impl Tree {
                     return Err(format!("I5: node {} is reachable twice", c.id));
                 }
                 for (e, r) in resident_children.iter_mut().enumerate() {
-                    if c.slot(e).residency.load().resident() {
+                    if c.residency_on(e).resident() {
                         *r += 1;
                     }
                 }

@@ -132,7 +132,8 @@ fn random_streams_score_as_the_sources_hold() {
         let u = Universe::new(&mut rng);
         let sources = [Source { worker: 1, rank: 0 }, Source { worker: 2, rank: 1 }];
         let mut models: Vec<Model> = sources.iter().map(|_| Model::default()).collect();
-        let ix = KvIndex::new(BS, 8).unwrap();
+        // 24 tiers: the tree's sparse tier slots (4 of them used).
+        let ix = KvIndex::new(BS, 24).unwrap();
         for round in 0..400 {
             let k = rng.random_range(0..sources.len());
             let events = step(&mut rng, &u, &mut models[k]);

@@ -45,6 +45,7 @@ pub(crate) use slot::{Slots, TierSlot};
 pub(crate) use values::{DeviceValues, Values};
 
 use crate::sync::{AtomicBool, AtomicI64, Mutex, Ordering};
+use crate::tree::protocol::residency::ResidencyState;
 use crossbeam_epoch::{Atomic, Guard, Shared};
 
 /// A node's image.
@@ -122,8 +123,24 @@ impl Node {
         self.slots.get(t)
     }
 
-    /// Every tier's slot, in tier order.
-    pub(crate) fn slots(&self) -> impl Iterator<Item = &TierSlot> {
+    /// The slot of tier `t` if it exists, without allocating one (see
+    /// [`Slots::peek`]): for reads that tell an absent tier apart.
+    #[inline]
+    pub(crate) fn slot_if_any(&self, t: usize) -> Option<&TierSlot> {
+        self.slots.peek(t)
+    }
+
+    /// The residency state on `t`, without allocating a slot (absent
+    /// where the node has none).
+    #[inline]
+    pub(crate) fn residency_on(&self, t: usize) -> ResidencyState {
+        self.slot_if_any(t)
+            .map_or(ResidencyState::ABSENT, |s| s.residency.load())
+    }
+
+    /// Every tier's slot that exists, with its tier, in tier order (see
+    /// [`Slots::iter`]).
+    pub(crate) fn slots(&self) -> impl Iterator<Item = (usize, &TierSlot)> {
         self.slots.iter()
     }
 
@@ -153,12 +170,12 @@ impl Node {
 
     /// Whether this node holds values on `t` (roots count as resident).
     pub(crate) fn resident(&self, t: usize) -> bool {
-        self.is_root || self.slot(t).residency.load().resident()
+        self.is_root || self.residency_on(t).resident()
     }
 
     /// Whether the node is resident on any tier.
     pub(crate) fn resident_anywhere(&self) -> bool {
-        self.slots().any(|s| s.residency.load().resident())
+        self.slots().any(|(_, s)| s.residency.load().resident())
     }
 
     /// Whether the node was unlinked (or is a reclaimed namespace root).

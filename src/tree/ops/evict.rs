@@ -29,14 +29,14 @@ pub(crate) struct EvictedLeaf<'g> {
 pub(crate) fn is_leaf_on(n: &Node, t: usize) -> bool {
     !n.is_root
         && !n.is_obsolete()
-        && n.slot(t).residency.load().resident()
+        && n.residency_on(t).resident()
         && n.slot(t).resident_children.load(Ordering::SeqCst) == 0
 }
 
 /// Whether `n` is an unpinned leaf resident on `t` (a hint, as
 /// [`is_leaf_on`]).
 pub(crate) fn is_candidate(n: &Node, t: usize) -> bool {
-    let st = n.slot(t).residency.load();
+    let st = n.residency_on(t);
     !n.is_root
         && st.resident()
         && st.pins() == 0

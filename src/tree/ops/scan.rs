@@ -86,7 +86,7 @@ impl Tree {
         let mut s = Scan::default();
         for i in (0..nodes.len()).rev() {
             let (n, p) = nodes[i];
-            let st = n.slot(t).residency.load();
+            let st = n.residency_on(t);
             if !st.resident() {
                 continue;
             }

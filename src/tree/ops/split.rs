@@ -115,8 +115,10 @@ impl Tree {
             })]),
             priority: s.child.priority.load(Ordering::SeqCst),
         });
-        for (t, slot) in prefix.slots().enumerate() {
-            let c = s.child.slot(t);
+        // The child's tiers that have a slot (a sparse node's others are
+        // absent with zero stamps, as the prefix's are).
+        for (t, c) in s.child.slots() {
+            let slot = prefix.slot(t);
             // Relaxed: the new node is not yet published; the publication
             // (a SeqCst swap) orders these stores before any reader.
             slot.last_access
@@ -152,8 +154,9 @@ impl Tree {
 /// copies `lock_ref`.
 fn split_moves_no_pin(prefix: &Node, child: &Node) {
     if cfg!(radixkv_negative = "split_moves_no_pin") {
-        for (t, slot) in prefix.slots().enumerate() {
-            for _ in 0..child.slot(t).residency.load().pins() {
+        for (t, c) in child.slots() {
+            let slot = prefix.slot(t);
+            for _ in 0..c.residency.load().pins() {
                 let _ = slot.residency.try_pin(None);
             }
         }

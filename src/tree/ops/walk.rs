@@ -344,7 +344,7 @@ impl Tree {
                         Err(LockFailed::Changed) => continue,
                     }
                 }
-                let st = child.slot(t).residency.load();
+                let st = child.residency_on(t);
                 if split && st.resident() {
                     // Relaxed suffices: hit counts are statistics for
                     // eviction keys, read in quiescent state or tolerated

@@ -56,6 +56,10 @@ const GEN_MASK: u64 = (1 << (64 - GEN_SHIFT)) - 1;
 pub(crate) struct ResidencyState(u64);
 
 impl ResidencyState {
+    /// The state of a residency that never existed (what
+    /// [`Residency::absent`] holds).
+    pub(crate) const ABSENT: ResidencyState = ResidencyState(0);
+
     /// Whether the node holds values on this device.
     pub(crate) fn resident(self) -> bool {
         self.0 & RESIDENT != 0
