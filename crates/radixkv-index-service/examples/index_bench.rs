@@ -45,6 +45,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use radixkv_events::testing::FramePublisher;
 use radixkv_events::wire::{encode_batch, Encoding, KvEvent, Medium};
+use radixkv_index::Source;
 use radixkv_tools::trace::{read_trace, Prompt, Trace};
 use serde_json::{json, Value};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -186,6 +187,14 @@ struct Workload {
     holder_blocks: usize,
 }
 
+/// Source `s` (index = worker · ranks + rank) as a worker and rank.
+fn source_of(s: usize, ranks: u32) -> Source {
+    Source {
+        worker: s as u64 / u64::from(ranks),
+        rank: (s as u64 % u64::from(ranks)) as u32,
+    }
+}
+
 fn path_of(trace: &Trace, last: Option<u32>) -> Vec<u32> {
     let mut path = Vec::new();
     let mut cur = last;
@@ -286,11 +295,10 @@ fn workload(a: &Args, file: &Path) -> Workload {
         }
         if !batch.is_empty() {
             events += batch.len() as u64;
-            let rank = (s as u64 % u64::from(a.ranks)) as u32;
             batches[s].push(Bytes::from(encode_batch(
                 i as f64,
                 &batch,
-                Some(rank),
+                Some(source_of(s, a.ranks).rank),
                 Encoding::Map,
             )));
         }
@@ -312,13 +320,8 @@ fn workload(a: &Args, file: &Path) -> Workload {
             for (s, c) in caches.iter().enumerate() {
                 let n = c.matched(path);
                 if n > 0 {
-                    t.insert(
-                        (
-                            s as u64 / u64::from(a.ranks),
-                            (s as u64 % u64::from(a.ranks)) as u32,
-                        ),
-                        n * BLOCK,
-                    );
+                    let src = source_of(s, a.ranks);
+                    t.insert((src.worker, src.rank), n * BLOCK);
                 }
             }
             (i, t)
@@ -410,16 +413,21 @@ fn scores(v: &Value) -> Scores {
     out
 }
 
+/// The scores `/query` answers for `body` (none on any failure).
+async fn answer(http: &Http, body: &Bytes) -> Scores {
+    match http.post("/query", body.clone()).await {
+        Ok((200, b)) => serde_json::from_slice(&b)
+            .map(|v: Value| scores(&v))
+            .unwrap_or_default(),
+        _ => BTreeMap::new(),
+    }
+}
+
 /// Probes not yet equal to the truth.
 async fn wrong(http: &Http, w: &Workload, bodies: &[Bytes]) -> usize {
     let mut bad = 0;
     for (k, want) in &w.truth {
-        let got = match http.post("/query", bodies[*k].clone()).await {
-            Ok((200, b)) => serde_json::from_slice(&b)
-                .map(|v: Value| scores(&v))
-                .unwrap_or_default(),
-            _ => BTreeMap::new(),
-        };
+        let got = answer(http, &bodies[*k]).await;
         if &got != want && bad == 0 && std::env::var_os("INDEX_BENCH_DEBUG").is_some() {
             eprintln!("probe {k}: want {want:?}, got {got:?}");
         }
@@ -432,13 +440,7 @@ async fn wrong(http: &Http, w: &Workload, bodies: &[Bytes]) -> usize {
 /// that does not).
 async fn all_right(http: &Http, w: &Workload, bodies: &[Bytes]) -> bool {
     for (k, want) in &w.truth {
-        let got = match http.post("/query", bodies[*k].clone()).await {
-            Ok((200, b)) => serde_json::from_slice(&b)
-                .map(|v: Value| scores(&v))
-                .unwrap_or_default(),
-            _ => BTreeMap::new(),
-        };
-        if &got != want {
+        if &answer(http, &bodies[*k]).await != want {
             return false;
         }
     }
@@ -546,9 +548,10 @@ async fn run_one(a: &Args, which: &str, w: &Workload, pubs: &mut [FramePublisher
 
     let start = Instant::now();
     for (s, p) in pubs.iter().enumerate() {
+        let src = source_of(s, a.ranks);
         let reg = json!({
-            "instance_id": s as u64 / u64::from(a.ranks),
-            "dp_rank": s as u64 % u64::from(a.ranks),
+            "instance_id": src.worker,
+            "dp_rank": src.rank,
             "endpoint": p.endpoint,
             "replay_endpoint": p.replay,
             "model_name": MODEL,
@@ -571,7 +574,7 @@ async fn run_one(a: &Args, which: &str, w: &Workload, pubs: &mut [FramePublisher
     let ingest_s;
     loop {
         for (s, p) in pubs.iter_mut().enumerate() {
-            let rank = (s as u64 % u64::from(a.ranks)) as u32;
+            let rank = source_of(s, a.ranks).rank;
             // Logged too: a replay serves every batch a publisher sent.
             let empty = Bytes::from(encode_batch(0.0, &[], Some(rank), Encoding::Map));
             p.log_payload(next[s], empty.clone());
@@ -622,6 +625,21 @@ async fn run_one(a: &Args, which: &str, w: &Workload, pubs: &mut [FramePublisher
     }
 }
 
+/// Applies every source's decoded batches to `ix`, in order; every event
+/// must apply.
+fn apply_all(
+    ix: &radixkv_index::KvIndex,
+    decoded: &[Vec<radixkv_index::decode::Batch>],
+    ranks: u32,
+) {
+    for (s, b) in decoded.iter().enumerate() {
+        for batch in b {
+            let (_, errors) = ix.apply(source_of(s, ranks), &batch.events);
+            assert!(errors.is_empty(), "source {s}: {errors:?}");
+        }
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let a = args();
@@ -640,8 +658,6 @@ async fn main() {
         );
         // The streams' truth against radixkv-index in process first: a
         // workload whose truth is wrong would fail both indexes alike.
-        let ix = radixkv_index::KvIndex::new(BLOCK, a.max_tiers.unwrap_or(w.batches.len()))
-            .expect("an index");
         let decoded: Vec<Vec<radixkv_index::decode::Batch>> = w
             .batches
             .iter()
@@ -657,31 +673,17 @@ async fn main() {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
+        let new_index = || {
+            radixkv_index::KvIndex::new(BLOCK, a.max_tiers.unwrap_or(w.batches.len()))
+                .expect("an index")
+        };
         for _ in 0..rounds {
-            let ix = radixkv_index::KvIndex::new(BLOCK, a.max_tiers.unwrap_or(w.batches.len()))
-                .expect("an index");
-            for (s, b) in decoded.iter().enumerate() {
-                let src = radixkv_index::Source {
-                    worker: s as u64 / u64::from(a.ranks),
-                    rank: (s as u64 % u64::from(a.ranks)) as u32,
-                };
-                for batch in b {
-                    ix.apply(src, &batch.events);
-                }
-            }
+            apply_all(&new_index(), &decoded, a.ranks);
         }
+        let ix = new_index();
         let live0 = LIVE.load(Ordering::Relaxed);
         let t = Instant::now();
-        for (s, b) in decoded.iter().enumerate() {
-            let src = radixkv_index::Source {
-                worker: s as u64 / u64::from(a.ranks),
-                rank: (s as u64 % u64::from(a.ranks)) as u32,
-            };
-            for batch in b {
-                let (_, errors) = ix.apply(src, &batch.events);
-                assert!(errors.is_empty(), "source {s}: {errors:?}");
-            }
-        }
+        apply_all(&ix, &decoded, a.ranks);
         let apply_s = t.elapsed().as_secs_f64();
         let live = LIVE.load(Ordering::Relaxed).saturating_sub(live0);
         eprintln!(
