@@ -687,10 +687,10 @@ async fn main() {
         let apply_s = t.elapsed().as_secs_f64();
         let live = LIVE.load(Ordering::Relaxed).saturating_sub(live0);
         eprintln!(
-            "in process, one thread: {:.0} events/s applied (decoded), {:.0} live heap bytes per holder-block ({} distinct blocks, {} tree nodes)",
+            "in process, one thread: {:.0} events/s applied (decoded), {:.0} live heap bytes per holder-block ({} held blocks, {} tree nodes)",
             w.events as f64 / apply_s,
             live as f64 / w.holder_blocks.max(1) as f64,
-            ix.distinct_blocks(),
+            ix.held_blocks(),
             ix.tree_nodes()
         );
         for (k, want) in &w.truth {

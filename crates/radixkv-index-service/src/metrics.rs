@@ -20,7 +20,8 @@
 //! | `radixkv_index_worker_silent` | gauge | 1 while the worker is silent past the limit (not scored) |
 //! | `radixkv_index_worker_subscribed` | gauge | 1 once the listener is subscribed |
 //! | `radixkv_index_worker_blocks` | gauge | blocks the index knows of the worker |
-//! | `radixkv_index_distinct_blocks` | gauge | distinct blocks (by tokens) a partition holds |
+//! | `radixkv_index_held_blocks` | gauge | blocks held in a partition, summed over its (worker, rank, medium) tiers |
+//! | `radixkv_index_tree_nodes` | gauge | nodes of a partition's tree |
 //! | `radixkv_index_query_duration_seconds` | histogram | time to answer, by `route` |
 
 use crate::registry::Registry;
@@ -195,19 +196,26 @@ impl Collector for Figures {
                     .map(|w| (labels(w), ConstGauge::new(read(w)))),
             )?;
         }
+        let partitions = self.0.partitions();
+        let partition = |k: &crate::registry::PartitionKey| PartitionLabels {
+            model_name: k.model_name.clone(),
+            routing_group: k.routing_group.clone(),
+        };
         family(
             &mut enc,
-            "index_distinct_blocks",
-            "Distinct blocks (by tokens and namespace) a partition's workers hold.",
-            self.0.partitions().into_iter().map(|(k, p)| {
-                (
-                    PartitionLabels {
-                        model_name: k.model_name,
-                        routing_group: k.routing_group,
-                    },
-                    ConstGauge::new(p.index.distinct_blocks() as u64),
-                )
-            }),
+            "index_held_blocks",
+            "Blocks held in a partition, summed over its (worker, rank, medium) tiers.",
+            partitions
+                .iter()
+                .map(|(k, p)| (partition(k), ConstGauge::new(p.index.held_blocks() as u64))),
+        )?;
+        family(
+            &mut enc,
+            "index_tree_nodes",
+            "Nodes of a partition's tree.",
+            partitions
+                .iter()
+                .map(|(k, p)| (partition(k), ConstGauge::new(p.index.tree_nodes()))),
         )
     }
 }

@@ -301,7 +301,8 @@ async fn dynamos_routes_and_shapes() {
     for family in [
         "radixkv_index_events_total{model_name=\"m\",routing_group=\"default\",instance_id=\"7\",dp_rank=\"0\"} ",
         "radixkv_index_worker_blocks{model_name=\"m\",routing_group=\"default\",instance_id=\"7\",dp_rank=\"0\"} 2",
-        "radixkv_index_distinct_blocks{model_name=\"m\",routing_group=\"default\"} 2",
+        "radixkv_index_held_blocks{model_name=\"m\",routing_group=\"default\"} 3",
+        "radixkv_index_tree_nodes{model_name=\"m\",routing_group=\"default\"} ",
         "radixkv_index_query_duration_seconds_count{route=\"query_by_hash\"} 1",
         "radixkv_index_gaps_total{",
         "radixkv_index_worker_stale{",

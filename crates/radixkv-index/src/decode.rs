@@ -20,7 +20,7 @@
 //! past `u32`) is skipped and reported in [`Batch::skipped`], and the rest
 //! of the batch stands.
 
-use rmpv::Value;
+use crate::msgpack::{Item, Malformed, Reader};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// A block's hash as its producer named it: the 64 bits of a `u64` or an
@@ -165,158 +165,296 @@ const DYNAMO_SALT_TAG: &str = "dynamo-cache-salt:";
 /// assert_eq!((s.tokens.as_slice(), s.block_size, s.medium), (&[7, 8][..], 2, Medium::Gpu));
 /// ```
 pub fn decode_batch(payload: &[u8]) -> Result<Batch, DecodeError> {
-    let mut rest = payload;
-    let v = rmpv::decode::read_value(&mut rest).map_err(|e| DecodeError::Msgpack(e.to_string()))?;
-    if !rest.is_empty() {
+    let mut r = Reader::new(payload);
+    let batch = batch(&mut r)?;
+    if r.left() > 0 {
         return Err(DecodeError::Msgpack(format!(
             "{} bytes after the batch",
-            rest.len()
+            r.left()
         )));
     }
-    let (ts, events, rank) = match &v {
-        Value::Array(a) if a.len() == 2 || a.len() == 3 => (&a[0], &a[1], a.get(2)),
-        Value::Map(m) => (
-            field(m, "ts").ok_or_else(|| not_a_batch("a map without `ts`"))?,
-            field(m, "events").ok_or_else(|| not_a_batch("a map without `events`"))?,
-            field(m, "data_parallel_rank").or_else(|| field(m, "attn_dp_rank")),
-        ),
-        other => return Err(not_a_batch(&format!("{} at the top", kind(other)))),
-    };
-    let ts = ts
-        .as_f64()
-        .or_else(|| ts.as_i64().map(|t| t as f64))
-        .ok_or_else(|| not_a_batch("`ts` is not a number"))?;
-    let Value::Array(events) = events else {
-        return Err(not_a_batch("`events` is not a list"));
-    };
-    let rank = match rank {
-        None | Some(Value::Nil) => None,
-        Some(r) => Some(
-            r.as_u64()
-                .and_then(|r| u32::try_from(r).ok())
-                .ok_or_else(|| not_a_batch("the rank is not a rank"))?,
-        ),
-    };
-    let mut out = Batch {
-        ts,
-        events: Vec::with_capacity(events.len()),
-        rank,
-        skipped: Vec::new(),
-    };
-    for (i, e) in events.iter().enumerate() {
-        match event(e) {
-            Ok(e) => out.events.push(e),
-            Err(why) => out.skipped.push((i, why)),
-        }
+    Ok(batch)
+}
+
+impl From<Malformed> for DecodeError {
+    fn from(m: Malformed) -> DecodeError {
+        DecodeError::Msgpack(m.0)
     }
-    Ok(out)
 }
 
 fn not_a_batch(why: &str) -> DecodeError {
     DecodeError::NotABatch(why.to_string())
 }
 
-fn kind(v: &Value) -> &'static str {
+/// A batch: `[ts, events]`, `[ts, events, rank]` or its map form.
+fn batch(r: &mut Reader<'_>) -> Result<Batch, DecodeError> {
+    let mut out = Batch {
+        ts: 0.0,
+        events: Vec::new(),
+        rank: None,
+        skipped: Vec::new(),
+    };
+    match r.item()? {
+        Item::Array(n @ (2 | 3)) => {
+            out.ts = ts(r.item()?)?;
+            events(r, &mut out)?;
+            if n == 3 {
+                out.rank = rank(r.item()?)?;
+            }
+        }
+        Item::Map(n) => {
+            let (mut seen_ts, mut seen_events, mut seen_rank) = (false, false, false);
+            let mut attn_rank = None;
+            for _ in 0..n {
+                let key = r.item()?;
+                match key.as_str() {
+                    Some("ts") if !seen_ts => {
+                        seen_ts = true;
+                        out.ts = ts(r.item()?)?;
+                    }
+                    Some("events") if !seen_events => {
+                        seen_events = true;
+                        events(r, &mut out)?;
+                    }
+                    Some("data_parallel_rank") if !seen_rank => {
+                        seen_rank = true;
+                        out.rank = rank(r.item()?)?;
+                    }
+                    Some("attn_dp_rank") if attn_rank.is_none() => {
+                        attn_rank = Some(rank(r.item()?)?);
+                    }
+                    _ => {
+                        r.skip_rest(key)?;
+                        r.skip()?;
+                    }
+                }
+            }
+            if !seen_ts {
+                return Err(not_a_batch("a map without `ts`"));
+            }
+            if !seen_events {
+                return Err(not_a_batch("a map without `events`"));
+            }
+            if !seen_rank {
+                out.rank = attn_rank.flatten();
+            }
+        }
+        other => return Err(not_a_batch(&format!("{} at the top", other.kind()))),
+    }
+    Ok(out)
+}
+
+fn ts(v: Item<'_>) -> Result<f64, DecodeError> {
     match v {
-        Value::Nil => "nil",
-        Value::Boolean(_) => "a boolean",
-        Value::Integer(_) => "an integer",
-        Value::F32(_) | Value::F64(_) => "a float",
-        Value::String(_) => "a string",
-        Value::Binary(_) => "bytes",
-        Value::Array(_) => "a list",
-        Value::Map(_) => "a map",
-        Value::Ext(..) => "an extension",
+        Item::Float(f) => Ok(f),
+        Item::Int(i) => Ok(i as f64),
+        Item::Uint(u) => Ok(u as f64),
+        _ => Err(not_a_batch("`ts` is not a number")),
     }
 }
 
-fn field<'a>(m: &'a [(Value, Value)], name: &str) -> Option<&'a Value> {
-    m.iter()
-        .find(|(k, _)| k.as_str() == Some(name))
-        .map(|(_, v)| v)
+fn rank(v: Item<'_>) -> Result<Option<u32>, DecodeError> {
+    match v {
+        Item::Nil => Ok(None),
+        Item::Uint(r) if u32::try_from(r).is_ok() => Ok(Some(r as u32)),
+        _ => Err(not_a_batch("the rank is not a rank")),
+    }
 }
 
-/// The fields of an event by name, from a map or from an array's positions
-/// (`names[i]` for position `i + 1`, after the tag).
-struct Fields<'a> {
-    tag: &'a str,
-    map: Option<&'a [(Value, Value)]>,
-    array: &'a [Value],
+/// The list of events, each read, or skipped with why.
+fn events(r: &mut Reader<'_>, out: &mut Batch) -> Result<(), DecodeError> {
+    let Item::Array(n) = r.item()? else {
+        return Err(not_a_batch("`events` is not a list"));
+    };
+    out.events.reserve(n.min(r.left()));
+    for i in 0..n {
+        let start = r.pos();
+        match event(r)? {
+            Ok(e) => out.events.push(e),
+            Err(why) => {
+                // Passed over whole, from its start.
+                r.seek(start);
+                r.skip()?;
+                out.skipped.push((i, why));
+            }
+        }
+    }
+    Ok(())
 }
+
+/// The fields of one event as read (each absent, or read, or why not).
+#[derive(Default)]
+struct Fields<'a> {
+    hashes: Option<Result<Vec<BlockHash>, String>>,
+    parent: Option<Result<BlockHash, String>>,
+    tokens: Option<Result<Vec<u32>, String>>,
+    block_size: Option<Item<'a>>,
+    medium: Option<Item<'a>>,
+    lora_name: Option<Item<'a>>,
+    cache_salt: Option<Item<'a>>,
+    extra_keys_salt: Option<Option<String>>,
+    /// The fields met so far, a bit each ([`FIELDS`] order).
+    seen: u8,
+}
+
+/// The fields an event reads (each once: the first of a name counts).
+const FIELDS: [&str; 8] = [
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "medium",
+    "lora_name",
+    "cache_salt",
+    "extra_keys",
+];
+
+/// The fields an event reads, by name; an array event's fields are at
+/// these positions (after the tag).
+const STORED_AT: [&str; 8] = [
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+];
+const REMOVED_AT: [&str; 2] = ["block_hashes", "medium"];
 
 impl<'a> Fields<'a> {
-    fn of(e: &'a Value) -> Result<Fields<'a>, String> {
-        match e {
-            Value::Map(m) => Ok(Fields {
-                tag: field(m, "type")
-                    .and_then(Value::as_str)
-                    .ok_or("a map event without a string `type`")?,
-                map: Some(m),
-                array: &[],
-            }),
-            Value::Array(a) => Ok(Fields {
-                tag: a
-                    .first()
-                    .and_then(Value::as_str)
-                    .ok_or("an array event without a string tag")?,
-                map: None,
-                array: a,
-            }),
-            other => Err(format!("an event that is {}", kind(other))),
-        }
-    }
-
-    /// Field `name`, at array position `pos` (after the tag); `None` when
-    /// absent or nil.
-    fn get(&self, name: &str, pos: usize) -> Option<&'a Value> {
-        let v = match self.map {
-            Some(m) => field(m, name),
-            None => self.array.get(pos),
+    /// Reads the value of field `name` into its place: nil is absent; the
+    /// first of a name counts.
+    fn read(&mut self, r: &mut Reader<'a>, name: &str) -> Result<(), Malformed> {
+        let v = r.item()?;
+        let bit = match FIELDS.iter().position(|&f| f == name) {
+            Some(i) if self.seen & (1 << i) == 0 => 1 << i,
+            // Not one it reads, or one already read.
+            _ => return r.skip_rest(v),
         };
-        v.filter(|v| !v.is_nil())
-    }
-
-    fn required(&self, name: &str, pos: usize) -> Result<&'a Value, String> {
-        self.get(name, pos)
-            .ok_or_else(|| format!("{} without `{name}`", self.tag))
-    }
-
-    fn opt_str(&self, name: &str, pos: usize) -> Result<Option<&'a str>, String> {
-        match self.get(name, pos) {
-            None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| format!("{}: `{name}` is not a string", self.tag)),
+        self.seen |= bit;
+        if v == Item::Nil {
+            return Ok(());
         }
+        match name {
+            "block_hashes" => self.hashes = Some(hashes(r, v)?),
+            "parent_block_hash" => self.parent = Some(hash(r, v)?),
+            "token_ids" => self.tokens = Some(tokens(r, v)?),
+            "extra_keys" => self.extra_keys_salt = Some(salt_in_extra_keys(r, v)?),
+            _ => {
+                r.skip_rest(v)?;
+                match name {
+                    "block_size" => self.block_size = Some(v),
+                    "medium" => self.medium = Some(v),
+                    "lora_name" => self.lora_name = Some(v),
+                    _ => self.cache_salt = Some(v),
+                }
+            }
+        }
+        Ok(())
     }
 }
 
-fn event(e: &Value) -> Result<Event, String> {
-    let f = Fields::of(e)?;
-    match f.tag {
+fn opt_str(tag: &str, name: &str, v: Option<Item<'_>>) -> Result<Option<String>, String> {
+    match v {
+        None => Ok(None),
+        Some(v) => v
+            .as_str()
+            .map(|s| Some(s.to_string()))
+            .ok_or_else(|| format!("{tag}: `{name}` is not a string")),
+    }
+}
+
+fn medium(tag: &str, v: Option<Item<'_>>) -> Result<Medium, String> {
+    match v {
+        None => Ok(Medium::Gpu),
+        Some(v) => Medium::parse(Some(
+            v.as_str()
+                .ok_or_else(|| format!("{tag}: `medium` is not a string"))?,
+        )),
+    }
+}
+
+/// One event, or why it cannot be read (the caller passes over it).
+fn event(r: &mut Reader<'_>) -> Result<Result<Event, String>, Malformed> {
+    let mut f = Fields::default();
+    let tag = match r.item()? {
+        Item::Map(n) => {
+            let mut tag = None;
+            for _ in 0..n {
+                let key = r.item()?;
+                match key.as_str() {
+                    Some("type") if tag.is_none() => {
+                        let v = r.item()?;
+                        r.skip_rest(v)?;
+                        tag = Some(v.as_str().map(str::to_string));
+                    }
+                    Some(name) => f.read(r, name)?,
+                    None => {
+                        r.skip_rest(key)?;
+                        r.skip()?;
+                    }
+                }
+            }
+            match tag.flatten() {
+                Some(t) => t,
+                None => return Ok(Err("a map event without a string `type`".into())),
+            }
+        }
+        Item::Array(n) => {
+            let tag = match n {
+                0 => None,
+                _ => r.item()?.as_str().map(str::to_string),
+            };
+            let Some(tag) = tag else {
+                return Ok(Err("an array event without a string tag".into()));
+            };
+            let at: &[&str] = match tag.as_str() {
+                "BlockStored" => &STORED_AT,
+                "BlockRemoved" => &REMOVED_AT,
+                _ => &[],
+            };
+            for pos in 1..n {
+                match at.get(pos - 1) {
+                    Some(name) => f.read(r, name)?,
+                    None => r.skip()?,
+                }
+            }
+            tag
+        }
+        other => {
+            r.skip_rest(other)?;
+            return Ok(Err(format!("an event that is {}", other.kind())));
+        }
+    };
+    Ok(assemble(&tag, f))
+}
+
+fn assemble(tag: &str, f: Fields<'_>) -> Result<Event, String> {
+    let required = |name: &str| format!("{tag} without `{name}`");
+    match tag {
         "BlockStored" => {
-            let hashes = hashes(f.required("block_hashes", 1)?)?;
-            let parent = f.get("parent_block_hash", 2).map(hash).transpose()?;
-            let tokens = tokens(f.required("token_ids", 3)?)?;
-            let block_size = f
-                .required("block_size", 4)?
-                .as_u64()
-                .and_then(|b| usize::try_from(b).ok())
-                .filter(|&b| b > 0)
-                .ok_or("BlockStored: `block_size` is not a positive integer")?;
-            if tokens.len() != hashes.len() * block_size {
+            let hashes = f.hashes.ok_or_else(|| required("block_hashes"))??;
+            let parent = f.parent.transpose()?;
+            let tokens = f.tokens.ok_or_else(|| required("token_ids"))??;
+            let block_size = match f.block_size.ok_or_else(|| required("block_size"))? {
+                Item::Uint(b) if b > 0 => usize::try_from(b).ok(),
+                _ => None,
+            }
+            .ok_or("BlockStored: `block_size` is not a positive integer")?;
+            if hashes.len().checked_mul(block_size) != Some(tokens.len()) {
                 return Err(format!(
                     "BlockStored: {} tokens for {} blocks of {block_size}",
                     tokens.len(),
                     hashes.len()
                 ));
             }
-            let medium = Medium::parse(f.opt_str("medium", 6)?)?;
-            let lora_name = f.opt_str("lora_name", 7)?.map(str::to_string);
-            let cache_salt = match f.opt_str("cache_salt", usize::MAX)? {
-                Some(s) => Some(s.to_string()),
-                None => f.get("extra_keys", 8).and_then(salt_in_extra_keys),
+            let medium = medium(tag, f.medium)?;
+            let lora_name = opt_str(tag, "lora_name", f.lora_name)?;
+            let cache_salt = match opt_str(tag, "cache_salt", f.cache_salt)? {
+                Some(s) => Some(s),
+                None => f.extra_keys_salt.flatten(),
             };
             Ok(Event::Stored(Stored {
                 hashes,
@@ -329,63 +467,86 @@ fn event(e: &Value) -> Result<Event, String> {
             }))
         }
         "BlockRemoved" => Ok(Event::Removed {
-            hashes: hashes(f.required("block_hashes", 1)?)?,
-            medium: Medium::parse(f.opt_str("medium", 2)?)?,
+            hashes: f.hashes.ok_or_else(|| required("block_hashes"))??,
+            medium: medium(tag, f.medium)?,
         }),
         "AllBlocksCleared" => Ok(Event::Cleared),
         other => Err(format!("unknown event type {other:?}")),
     }
 }
 
-/// The salt Dynamo tags into the first block's `extra_keys`.
-fn salt_in_extra_keys(v: &Value) -> Option<String> {
-    let Value::Array(per_block) = v else {
-        return None;
+/// The salt Dynamo tags into the first block's `extra_keys` (a list per
+/// block of keys); anything else there is passed over.
+fn salt_in_extra_keys(r: &mut Reader<'_>, v: Item<'_>) -> Result<Option<String>, Malformed> {
+    let Item::Array(blocks) = v else {
+        r.skip_rest(v)?;
+        return Ok(None);
     };
-    per_block.iter().find_map(|keys| match keys {
-        Value::Array(keys) => keys.iter().find_map(|k| {
-            k.as_str()
-                .and_then(|s| s.strip_prefix(DYNAMO_SALT_TAG))
-                .map(str::to_string)
-        }),
-        _ => None,
+    let mut salt = None;
+    for _ in 0..blocks {
+        let keys = r.item()?;
+        let Item::Array(n) = keys else {
+            r.skip_rest(keys)?;
+            continue;
+        };
+        for _ in 0..n {
+            let k = r.item()?;
+            r.skip_rest(k)?;
+            if salt.is_none() {
+                salt = k
+                    .as_str()
+                    .and_then(|s| s.strip_prefix(DYNAMO_SALT_TAG))
+                    .map(str::to_string);
+            }
+        }
+    }
+    Ok(salt)
+}
+
+/// A block hash, `v` just read (and passed over whole).
+fn hash(r: &mut Reader<'_>, v: Item<'_>) -> Result<Result<BlockHash, String>, Malformed> {
+    r.skip_rest(v)?;
+    Ok(match v {
+        Item::Uint(u) => Ok(BlockHash(u)),
+        Item::Int(i) => Ok(BlockHash(i as u64)),
+        Item::Bin(b) => Ok(BlockHash(xxh3_64(b))),
+        other => Err(format!("a block hash that is {}", other.kind())),
     })
 }
 
-fn hash(v: &Value) -> Result<BlockHash, String> {
-    match v {
-        Value::Integer(i) => i
-            .as_u64()
-            .or_else(|| i.as_i64().map(|s| s as u64))
-            .map(BlockHash)
-            .ok_or_else(|| "a block hash out of range".to_string()),
-        Value::Binary(b) => Ok(BlockHash(xxh3_64(b))),
-        other => Err(format!("a block hash that is {}", kind(other))),
+fn hashes(r: &mut Reader<'_>, v: Item<'_>) -> Result<Result<Vec<BlockHash>, String>, Malformed> {
+    let Item::Array(n) = v else {
+        r.skip_rest(v)?;
+        return Ok(Err("`block_hashes` is not a list".into()));
+    };
+    if n == 0 {
+        return Ok(Err("`block_hashes` is empty".into()));
     }
+    let mut out = Vec::with_capacity(n.min(r.left()));
+    let mut why = None;
+    for _ in 0..n {
+        let h = r.item()?;
+        match hash(r, h)? {
+            Ok(h) => out.push(h),
+            Err(e) => {
+                why.get_or_insert(e);
+            }
+        }
+    }
+    Ok(match why {
+        Some(e) => Err(e),
+        None => Ok(out),
+    })
 }
 
-fn hashes(v: &Value) -> Result<Vec<BlockHash>, String> {
-    let Value::Array(a) = v else {
-        return Err("`block_hashes` is not a list".into());
+fn tokens(r: &mut Reader<'_>, v: Item<'_>) -> Result<Result<Vec<u32>, String>, Malformed> {
+    let Item::Array(n) = v else {
+        r.skip_rest(v)?;
+        return Ok(Err("`token_ids` is not a list".into()));
     };
-    if a.is_empty() {
-        return Err("`block_hashes` is empty".into());
-    }
-    a.iter().map(hash).collect()
-}
-
-fn tokens(v: &Value) -> Result<Vec<u32>, String> {
-    let Value::Array(a) = v else {
-        return Err("`token_ids` is not a list".into());
-    };
-    a.iter()
-        .enumerate()
-        .map(|(i, t)| {
-            t.as_u64()
-                .and_then(|t| u32::try_from(t).ok())
-                .ok_or_else(|| format!("token_ids[{i}] is not a token id in 0..2^32 (a pair of EAGLE's bigram keys?)"))
-        })
-        .collect()
+    Ok(r.u32s(n)?.map_err(|i| {
+        format!("token_ids[{i}] is not a token id in 0..2^32 (a pair of EAGLE's bigram keys?)")
+    }))
 }
 
 #[cfg(test)]

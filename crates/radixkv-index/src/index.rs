@@ -2,30 +2,37 @@
 //! radixkv tree. Each (worker, data-parallel rank, medium) is a tier of the
 //! tree; a prompt's score on a tier is the longest prefix resident there.
 //!
-//! A worker's events name blocks by hash: a store gives each new block's
-//! hash, its parent's hash and its tokens, a removal only hashes. So each
-//! (worker, rank), a [`Source`], keeps its blocks by hash ([`SourceBlocks`]:
-//! parent, tokens, namespace, the media holding it), from which a block's
-//! whole path is read to insert it, or to take it out again
-//! ([`radixkv::RadixCache::evict_from`]: a block that leaves a medium takes
-//! the blocks continuing it out of reach, as a prefix match on that worker
-//! stops there too). A block that a removal left with no medium but whose
-//! children are still held stays known (its tokens lead to theirs), and
-//! when it is stored again, the children held on that medium are reachable
-//! again.
+//! The tree is keyed by blocks' per-block hashes ([`crate::local_hash`]:
+//! XXH3-64 of a block's tokens, seeded by its namespace), two `u32` words a
+//! block, not by their tokens: a prompt's score on a tier is the run of its
+//! blocks' hashes held there. Tokens are hashed once when they arrive and
+//! never kept; `/query_by_hash` walks the hashes it is given, and a query
+//! by tokens hashes its whole blocks first. The index is as exact as those
+//! 64-bit hashes, as Dynamo's (keyed the same way) is.
 //!
-//! Namespaces: a store's `lora_name` and `cache_salt` name the namespace by
-//! the core's rule ([`radixkv::TokenKey::namespace_for`]); a block below a
-//! parent is in its parent's namespace. SGLang's default event format
-//! carries neither its `extra_key` nor, for requests without a named LoRA
-//! adapter, anything that tells its namespaces apart: their blocks share a
-//! namespace here, as the events allow.
+//! A worker's events name blocks by the worker's own hash: a store gives
+//! each new block's hash, its parent's hash and its tokens, a removal only
+//! hashes. So each (worker, rank), a [`Source`], keeps its blocks by that
+//! hash ([`SourceBlocks`]: parent, per-block hash, the media holding it),
+//! from which a block's whole path is read to insert it, or to take it out
+//! again ([`radixkv::RadixCache::evict_from`]: a block that leaves a medium
+//! takes the blocks continuing it out of reach, as a prefix match on that
+//! worker stops there too). A block that a removal left with no medium but
+//! whose children are still held stays known (its hash leads to theirs),
+//! and when it is stored again, the children held on that medium are
+//! reachable again.
+//!
+//! Namespaces: a store's `lora_name` and `cache_salt` seed its blocks'
+//! hashes ([`local_hash::seed`]); a block below a parent is in its parent's
+//! namespace. SGLang's default event format carries neither its
+//! `extra_key` nor, for requests without a named LoRA adapter, anything
+//! that tells its namespaces apart: their blocks share a namespace here, as
+//! the events allow.
 //!
 //! Events of different sources are applied concurrently (the core's
 //! writers; each source's own under its lock, in order); queries run on any
 //! thread and never wait.
 
-use crate::contents::Contents;
 use crate::decode::{BlockHash, Event, Medium, Stored};
 use crate::local_hash;
 use arc_swap::ArcSwap;
@@ -62,7 +69,8 @@ pub enum ApplyError {
     /// A removal of a block this source never stored (or already removed).
     #[error("a removal of block {0:#x}, which this source does not hold on that medium")]
     UnknownBlock(u64),
-    /// A block hash stored again with other tokens or under another parent.
+    /// A block hash stored again with other tokens, in another namespace
+    /// or under another parent.
     #[error("block {0:#x} stored again with other contents")]
     Conflict(u64),
     /// Every tier of the tree is taken.
@@ -91,11 +99,9 @@ impl ApplyError {
 #[derive(Debug)]
 struct Block {
     parent: Option<BlockHash>,
-    /// Shared with every block of the same tokens ([`Contents`]).
-    tokens: Arc<[u32]>,
-    namespace: Option<Arc<str>>,
-    /// Its per-block hash ([`crate::local_hash`]) and that hash's seed.
+    /// Its per-block hash ([`crate::local_hash`]): its key in the tree.
     local: u64,
+    /// That hash's seed (its namespace's), which its children's share.
     seed: u64,
     /// The media holding it, a bit each ([`Medium`] order).
     media: u8,
@@ -115,10 +121,19 @@ type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 #[derive(Debug, Default)]
 pub struct SourceBlocks {
     blocks: Map<BlockHash, Block>,
-    /// A path's tokens, built for each insert and removal.
+    /// A path's key (two words a block), built for each insert and
+    /// removal.
     path: Vec<u32>,
-    /// A path's blocks, leaf first (while building `path`).
-    chain: Vec<Arc<[u32]>>,
+    /// A path's per-block hashes, leaf first (while building `path`).
+    chain: Vec<u64>,
+}
+
+/// Tree key words per block: a per-block hash as two `u32`s.
+const WORDS: usize = 2;
+
+/// Appends block hash `local` to key `path` ([`WORDS`] words, low first).
+fn push_key(path: &mut Vec<u32>, local: u64) {
+    path.extend_from_slice(&[local as u32, (local >> 32) as u32]);
 }
 
 impl SourceBlocks {
@@ -132,45 +147,43 @@ impl SourceBlocks {
         self.blocks.is_empty()
     }
 
-    /// Fills `self.path` with the tokens from the root through block `h`;
-    /// returns the namespace and whether every block of the path is held
-    /// on `m` (so that the tree has `h` resident on that medium's tier).
-    /// `None` if `h` is unknown or its parents do not lead to a root.
-    fn fill_path(&mut self, h: BlockHash, m: Medium) -> Option<(Option<Arc<str>>, bool)> {
+    /// Fills `self.path` with the key from the root through block `h`;
+    /// returns whether every block of the path is held on `m` (so that the
+    /// tree has `h` resident on that medium's tier). `None` if `h` is
+    /// unknown or its parents do not lead to a root.
+    fn fill_path(&mut self, h: BlockHash, m: Medium) -> Option<bool> {
         self.chain.clear();
         self.path.clear();
         let mut on_m = true;
         let mut cur = h;
-        let ns = loop {
+        loop {
             let b = self.blocks.get(&cur)?;
-            self.chain.push(Arc::clone(&b.tokens));
+            self.chain.push(b.local);
             on_m &= b.media & bit(m) != 0;
             if self.chain.len() > self.blocks.len() {
                 return None; // a cycle of hashes: not a path
             }
             match b.parent {
                 Some(p) => cur = p,
-                None => break b.namespace.clone(),
+                None => break,
             }
-        };
-        for t in self.chain.drain(..).rev() {
-            self.path.extend_from_slice(&t);
         }
-        Some((ns, on_m))
+        for &local in self.chain.iter().rev() {
+            push_key(&mut self.path, local);
+        }
+        Some(on_m)
     }
 
     /// Forgets `h` if it is held nowhere and leads to nothing; then its
     /// parent, likewise.
-    fn prune(&mut self, contents: &Contents, mut h: BlockHash) {
+    fn prune(&mut self, mut h: BlockHash) {
         loop {
             let Some(b) = self.blocks.get(&h) else { return };
             if b.media != 0 || !b.children.is_empty() {
                 return;
             }
             let parent = b.parent;
-            if let Some(b) = self.blocks.remove(&h) {
-                contents.release(b.local, &b.tokens);
-            }
+            self.blocks.remove(&h);
             let Some(p) = parent else { return };
             if let Some(pb) = self.blocks.get_mut(&p) {
                 if let Some(i) = pb.children.iter().position(|&c| c == h) {
@@ -211,7 +224,6 @@ pub struct KvIndex {
     /// queries read, without taking the lock.
     owners: ArcSwap<Vec<Option<(Source, Medium)>>>,
     sources: Mutex<HashMap<Source, Arc<Mutex<SourceBlocks>>>>,
-    contents: Contents,
 }
 
 impl std::fmt::Debug for KvIndex {
@@ -249,12 +261,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl KvIndex {
-    /// An empty index of blocks of `block_size` tokens with room for
-    /// `max_tiers` (worker, rank, medium) tiers (at most
+    /// An empty index of blocks of `block_size` tokens (at least 1) with
+    /// room for `max_tiers` (worker, rank, medium) tiers (at most
     /// [`radixkv::cache::MAX_DEVICES`]).
     pub fn new(block_size: usize, max_tiers: usize) -> Result<KvIndex, CacheError> {
+        if block_size == 0 {
+            return Err(CacheError::InvalidConfig(
+                "a block size of 0 tokens".to_owned(),
+            ));
+        }
         let cache = RadixCache::builder()
-            .page_size(block_size)
+            .page_size(WORDS)
             .devices(max_tiers)
             // Removals come by key (`evict_from`), never by the policy:
             // no candidate notes to pile up.
@@ -269,7 +286,6 @@ impl KvIndex {
             }),
             owners: ArcSwap::from_pointee(vec![None; max_tiers]),
             sources: Mutex::new(HashMap::new()),
-            contents: Contents::default(),
         })
     }
 
@@ -342,24 +358,17 @@ impl KvIndex {
         // The new blocks are resident on the tier only below a parent that
         // is (a block held on a medium its parent is not on is out of reach
         // there until the parent comes).
-        let (ns, seed, reachable) = match st.parent {
+        let (seed, reachable) = match st.parent {
             None => {
                 blocks.path.clear();
-                (
-                    radixkv::TokenKey::namespace_for(
-                        st.lora_name.as_deref(),
-                        st.cache_salt.as_deref(),
-                    )
-                    .map(Arc::from),
-                    local_hash::seed(st.lora_name.as_deref(), st.cache_salt.as_deref()),
-                    true,
-                )
+                let seed = local_hash::seed(st.lora_name.as_deref(), st.cache_salt.as_deref());
+                (seed, true)
             }
             Some(p) => {
-                let (ns, reachable) = blocks
+                let reachable = blocks
                     .fill_path(p, st.medium)
                     .ok_or(ApplyError::UnknownParent(p.0))?;
-                (ns, blocks.blocks[&p].seed, reachable)
+                (blocks.blocks[&p].seed, reachable)
             }
         };
         let base = blocks.path.len();
@@ -368,9 +377,10 @@ impl KvIndex {
         let mut first_new = None;
         let mut parent = st.parent;
         for (i, (h, tokens)) in st.hashes.iter().zip(st.tokens.chunks(bs)).enumerate() {
+            let local = local_hash::block_hash(tokens, seed);
             match blocks.blocks.get_mut(h) {
                 Some(b) => {
-                    if b.parent != parent || *b.tokens != *tokens {
+                    if b.parent != parent || b.local != local {
                         return Err(ApplyError::Conflict(h.0));
                     }
                     if b.media & bit(st.medium) == 0 {
@@ -380,13 +390,10 @@ impl KvIndex {
                 }
                 None => {
                     first_new.get_or_insert(i);
-                    let local = local_hash::block_hash(tokens, seed);
                     blocks.blocks.insert(
                         *h,
                         Block {
                             parent,
-                            tokens: self.contents.hold(local, tokens, &ns),
-                            namespace: ns.clone(),
                             local,
                             seed,
                             media: bit(st.medium),
@@ -398,12 +405,12 @@ impl KvIndex {
                     }
                 }
             }
-            blocks.path.extend_from_slice(tokens);
+            push_key(&mut blocks.path, local);
             parent = Some(*h);
         }
         if reachable {
             let path = std::mem::take(&mut blocks.path);
-            let r = self.insert_path(ns.as_deref(), &path, t).and_then(|()| {
+            let r = self.insert_path(&path, t).and_then(|()| {
                 // Blocks held on this medium below the chain's blocks that
                 // were not (children other than the chain's next), out of
                 // reach while those were missing there, are reachable again.
@@ -417,8 +424,8 @@ impl KvIndex {
                         .get(h)
                         .is_some_and(|b| b.children.iter().any(|c| Some(c) != next));
                     if others {
-                        let mut p = path[..base + (i + 1) * bs].to_vec();
-                        self.reattach(blocks, *h, next, st.medium, (t, ns.as_deref()), &mut p)?;
+                        let mut p = path[..base + (i + 1) * WORDS].to_vec();
+                        self.reattach(blocks, *h, next, st.medium, t, &mut p)?;
                     }
                 }
                 Ok(())
@@ -429,10 +436,10 @@ impl KvIndex {
         Ok(st.hashes.len() as u64)
     }
 
-    fn insert_path(&self, ns: Option<&str>, path: &[u32], t: usize) -> Result<(), ApplyError> {
+    fn insert_path(&self, path: &[u32], t: usize) -> Result<(), ApplyError> {
         // The values are the index's own, one run (0, 1, 2, ...): the tree
         // stores them in one inline word pair per node and tier.
-        let key = TokenKey::new(path).in_namespace(ns);
+        let key = TokenKey::new(path);
         let d = DeviceId(t as u32);
         match shared_values().get(..path.len()) {
             Some(values) => self.cache.insert(key, d, values, 0)?,
@@ -445,15 +452,15 @@ impl KvIndex {
     }
 
     /// Inserts again the blocks below `h` (but `skip`) that this source
-    /// holds on `m` into tier `t` in namespace `ns` (depth first); `path`
-    /// ends with `h`'s tokens and is restored.
+    /// holds on `m` into tier `t` (depth first); `path` ends with `h`'s key
+    /// and is restored.
     fn reattach(
         &self,
         blocks: &SourceBlocks,
         h: BlockHash,
         skip: Option<&BlockHash>,
         m: Medium,
-        (t, ns): (usize, Option<&str>),
+        t: usize,
         path: &mut Vec<u32>,
     ) -> Result<(), ApplyError> {
         let Some(kids) = blocks.blocks.get(&h).map(|b| &b.children) else {
@@ -466,10 +473,10 @@ impl KvIndex {
             if b.media & bit(m) == 0 || Some(k) == skip {
                 continue;
             }
-            path.extend_from_slice(&b.tokens);
-            self.insert_path(ns, path, t)?;
-            self.reattach(blocks, *k, None, m, (t, ns), path)?;
-            path.truncate(path.len() - b.tokens.len());
+            push_key(path, b.local);
+            self.insert_path(path, t)?;
+            self.reattach(blocks, *k, None, m, t, path)?;
+            path.truncate(path.len() - WORDS);
         }
         Ok(())
     }
@@ -511,17 +518,15 @@ impl KvIndex {
             if !with_parent {
                 // Out of reach on the tier already when a block above it
                 // is not held there: the tree holds nothing of it.
-                if let Some((ns, true)) = blocks.fill_path(*h, m) {
-                    self.cache.evict_from(
-                        TokenKey::new(&blocks.path).in_namespace(ns.as_deref()),
-                        DeviceId(t as u32),
-                    )?;
+                if let Some(true) = blocks.fill_path(*h, m) {
+                    self.cache
+                        .evict_from(TokenKey::new(&blocks.path), DeviceId(t as u32))?;
                 }
             }
             if let Some(b) = blocks.blocks.get_mut(h) {
                 b.media &= !bit(m);
             }
-            blocks.prune(&self.contents, *h);
+            blocks.prune(*h);
             n += 1;
         }
         match unknown {
@@ -545,9 +550,7 @@ impl KvIndex {
                 let _ = self.cache.evict(DeviceId(t as u32), usize::MAX);
             }
         }
-        for b in std::mem::take(blocks).blocks.into_values() {
-            self.contents.release(b.local, &b.tokens);
-        }
+        *blocks = SourceBlocks::default();
     }
 
     /// Removes source `s` (a worker unregistered): clears it and frees its
@@ -565,13 +568,31 @@ impl KvIndex {
     }
 
     /// The longest prefix of `tokens` (whole blocks, in namespace
-    /// `namespace`) that each (source, medium) holds, for every tier that
-    /// holds any; a walk of the tree that takes no lock and writes nothing.
+    /// `namespace`: [`TokenKey::namespace_for`] of a LoRA name and a cache
+    /// salt) that each (source, medium) holds, for every tier that holds
+    /// any; a walk of the tree that takes no lock and writes nothing.
     pub fn scores(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<Score> {
-        let whole = &tokens[..tokens.len() / self.block_size * self.block_size];
-        let lens = self
-            .cache
-            .peek(TokenKey::new(whole).in_namespace(namespace));
+        let (lora_name, cache_salt) = namespace.map_or((None, None), TokenKey::namespace_parts);
+        let seed = local_hash::seed(lora_name, cache_salt);
+        let mut key = Vec::with_capacity(tokens.len() / self.block_size.max(1) * WORDS);
+        for b in tokens.chunks_exact(self.block_size) {
+            push_key(&mut key, local_hash::block_hash(b, seed));
+        }
+        self.scores_of_key(&key)
+    }
+
+    /// [`KvIndex::scores`] of the prompt whose blocks have the per-block
+    /// hashes `hashes` ([`crate::local_hash`]: what Dynamo's routers send).
+    pub fn scores_by_hash(&self, hashes: &[u64]) -> Vec<Score> {
+        let mut key = Vec::with_capacity(hashes.len() * WORDS);
+        for &h in hashes {
+            push_key(&mut key, h);
+        }
+        self.scores_of_key(&key)
+    }
+
+    fn scores_of_key(&self, key: &[u32]) -> Vec<Score> {
+        let lens = self.cache.peek(TokenKey::new(key));
         let owners = self.owners.load();
         lens.iter()
             .enumerate()
@@ -584,36 +605,19 @@ impl KvIndex {
                     .map(|(source, medium)| Score {
                         source,
                         medium,
-                        tokens: n,
+                        tokens: n / WORDS * self.block_size,
                     })
             })
             .collect()
     }
 
-    /// [`KvIndex::scores`] of the prompt whose blocks have the per-block
-    /// hashes `hashes` ([`crate::local_hash`]: what Dynamo's routers send),
-    /// read back into tokens up to the first hash no source holds (or one
-    /// of another namespace than the first's).
-    pub fn scores_by_hash(&self, hashes: &[u64]) -> Vec<Score> {
-        let mut tokens = Vec::with_capacity(hashes.len() * self.block_size);
-        let mut namespace = None;
-        for (i, h) in hashes.iter().enumerate() {
-            let Some(c) = self.contents.get(*h) else {
-                break;
-            };
-            if i == 0 {
-                namespace = c.namespace;
-            } else if c.namespace != namespace {
-                break;
-            }
-            tokens.extend_from_slice(&c.tokens);
-        }
-        self.scores(&tokens, namespace.as_deref())
-    }
-
-    /// Distinct blocks (by tokens and namespace) the sources hold.
-    pub fn distinct_blocks(&self) -> usize {
-        self.contents.len()
+    /// Blocks held, summed over the tiers (a block two tiers hold counts
+    /// twice); only blocks a prefix match can reach count: see the module
+    /// docs.
+    pub fn held_blocks(&self) -> usize {
+        (0..self.cache.devices())
+            .map(|t| self.cache.resident_tokens(DeviceId(t as u32)).unwrap_or(0) / WORDS)
+            .sum()
     }
 
     /// Nodes of the tree (namespace roots included).

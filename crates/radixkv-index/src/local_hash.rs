@@ -35,11 +35,13 @@ pub fn seed(lora_name: Option<&str>, cache_salt: Option<&str>) -> u64 {
 
 /// One block's hash under `seed`.
 pub fn block_hash(tokens: &[u32], seed: u64) -> u64 {
-    let mut bytes = Vec::with_capacity(tokens.len() * 4);
-    for t in tokens {
-        bytes.extend_from_slice(&t.to_le_bytes());
+    if cfg!(target_endian = "little") {
+        // The token ids' little-endian bytes are their bytes in memory.
+        xxh3_64_with_seed(bytemuck::cast_slice(tokens), seed)
+    } else {
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        xxh3_64_with_seed(&bytes, seed)
     }
-    xxh3_64_with_seed(&bytes, seed)
 }
 
 /// The hash of every whole block of `tokens` (blocks of `block_size`; a

@@ -236,11 +236,14 @@ fn per_block_hashes_read_back_into_the_prompt_they_name() {
     let mut h = block_hashes(&prompt, 2, seed(None, Some("t")));
     h[1] = 99;
     assert_eq!(by_hash(&h), vec![(A, 2)]);
-    assert_eq!(ix.distinct_blocks(), 5);
-    // The last holder of a block takes its tokens with it.
+    assert_eq!(ix.held_blocks(), 5);
     apply(&ix, B, &[Event::Cleared]);
     assert_eq!(by_hash(&block_hashes(&prompt, 2, seed(None, None))), vec![]);
-    assert_eq!(ix.distinct_blocks(), 3);
+    assert_eq!(ix.held_blocks(), 3);
     apply(&ix, A, &[removed(&[22], Medium::Gpu)]);
-    assert_eq!(ix.distinct_blocks(), 2);
+    assert_eq!(ix.held_blocks(), 2);
+    assert_eq!(
+        by_hash(&block_hashes(&prompt, 2, seed(None, Some("t")))),
+        vec![(A, 4)]
+    );
 }
