@@ -38,7 +38,7 @@ use crate::local_hash;
 use arc_swap::ArcSwap;
 use radixkv::{CacheError, DeviceId, RadixCache, TokenKey};
 use smallvec::SmallVec;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A worker's data-parallel rank: the publisher of one event stream.
@@ -126,6 +126,8 @@ pub struct SourceBlocks {
     path: Vec<u32>,
     /// A path's per-block hashes, leaf first (while building `path`).
     chain: Vec<u64>,
+    /// The blocks of a long removal, for membership.
+    removing: HashSet<BlockHash, foldhash::fast::RandomState>,
 }
 
 /// Tree key words per block: a per-block hash as two `u32`s.
@@ -174,9 +176,12 @@ impl SourceBlocks {
         Some(on_m)
     }
 
-    /// Forgets `h` if it is held nowhere and leads to nothing; then its
-    /// parent, likewise.
-    fn prune(&mut self, mut h: BlockHash) {
+    /// `h` is no longer held on `m`; forgets it if it is held nowhere and
+    /// leads to nothing, then its parent, likewise.
+    fn unhold(&mut self, mut h: BlockHash, m: Medium) {
+        if let Some(b) = self.blocks.get_mut(&h) {
+            b.media &= !bit(m);
+        }
         loop {
             let Some(b) = self.blocks.get(&h) else { return };
             if b.media != 0 || !b.children.is_empty() {
@@ -492,23 +497,26 @@ impl KvIndex {
         let mut unknown = None;
         let tier = self.existing_tier(s, m);
         // Membership in this removal (a set once a linear search costs more).
-        let set: Option<std::collections::HashSet<BlockHash>> =
-            (hashes.len() > 32).then(|| hashes.iter().copied().collect());
-        let removed_here = |p: &BlockHash| match &set {
-            Some(set) => set.contains(p),
-            None => hashes.contains(p),
+        let mut set = std::mem::take(&mut blocks.removing);
+        set.clear();
+        let long = hashes.len() > 32;
+        if long {
+            set.extend(hashes.iter().copied());
+        }
+        let removed_here = |p: &BlockHash| match long {
+            true => set.contains(p),
+            false => hashes.contains(p),
         };
         for h in hashes {
-            let held = blocks.blocks.get(h).is_some_and(|b| b.media & bit(m) != 0);
-            let (Some(t), true) = (tier, held) else {
+            let held = blocks.blocks.get(h).filter(|b| b.media & bit(m) != 0);
+            let (Some(t), Some(b)) = (tier, held) else {
                 unknown.get_or_insert(h.0);
                 continue;
             };
             // A block whose parent this removal also takes (later: removals
             // list leaves first) goes out of the tree with its parent's
             // subtree; otherwise it leaves the tier here.
-            let parent = blocks.blocks.get(h).and_then(|b| b.parent);
-            let with_parent = parent.is_some_and(|p| {
+            let with_parent = b.parent.is_some_and(|p| {
                 removed_here(&p)
                     && blocks
                         .blocks
@@ -519,16 +527,19 @@ impl KvIndex {
                 // Out of reach on the tier already when a block above it
                 // is not held there: the tree holds nothing of it.
                 if let Some(true) = blocks.fill_path(*h, m) {
-                    self.cache
-                        .evict_from(TokenKey::new(&blocks.path), DeviceId(t as u32))?;
+                    let evicted = self
+                        .cache
+                        .evict_from(TokenKey::new(&blocks.path), DeviceId(t as u32));
+                    if let Err(e) = evicted {
+                        blocks.removing = set;
+                        return Err(e.into());
+                    }
                 }
             }
-            if let Some(b) = blocks.blocks.get_mut(h) {
-                b.media &= !bit(m);
-            }
-            blocks.prune(*h);
+            blocks.unhold(*h, m);
             n += 1;
         }
+        blocks.removing = set;
         match unknown {
             // The others were removed.
             Some(h) => Err(ApplyError::UnknownBlock(h)),
