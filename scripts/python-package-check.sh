@@ -32,8 +32,10 @@ mkdir -p "$cache"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
+# msgpack and pyzmq: tests/test_dp_router.py encodes KV-event batches and
+# publishes them as vLLM and SGLang do.
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-  "numpy>=1.21" "pytest>=7"
+  "numpy>=1.21" "pytest>=7" "msgpack>=1.0" "pyzmq>=25"
 # The wheel, built as pip builds it for a user (maturin fetched into an
 # isolated build environment); its Rust build reuses a
 # target folder of the repository's.

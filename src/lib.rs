@@ -150,6 +150,8 @@
 //! * [`device`]: devices and tiers ([`DeviceId`], [`Tier`]).
 //! * [`events`]: the residency-event hook ([`events::CacheListener`]).
 //! * [`metrics`]: counters and latency histograms (eviction metrics per device).
+//! * [`routing`]: the cache-aware choice of a device or rank, and the
+//!   prefixes dispatched and not yet cached, shared by every router.
 //! * [`sync`]: the std/loom shim every atomic goes through.
 //! * `reference` (feature `testing`): the sequential model.
 
@@ -167,6 +169,7 @@ pub mod pause;
 mod pause;
 #[cfg(all(feature = "testing", not(loom)))]
 pub mod reference;
+pub mod routing;
 pub mod sync;
 pub(crate) mod tree;
 

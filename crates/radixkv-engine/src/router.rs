@@ -8,21 +8,28 @@
 //! | `private` | devices in turn, each device with its own private tree (the per-rank caches of today's data-parallel serving: the baseline) |
 //!
 //! Load is the number of outstanding requests (dispatched, not finished)
-//! per device. The cache-aware router calls the load imbalanced when
-//! `max > balance_abs` and `max > min · balance_rel` (sgl-router's rule and
-//! defaults: 32 requests, 1.5×); ties between devices with equally long
-//! prefixes go to the less loaded, then to the one caching fewer tokens
-//! ([`radixkv::RadixCache::resident_tokens`]; sgl-router sends a prefix no worker
-//! has to its smallest tree).
+//! per device. The cache-aware router chooses by the core's rule
+//! ([`radixkv::routing::choose`], shared with the index's data-parallel
+//! router): the load is imbalanced when `max > balance_abs` and
+//! `max > min · balance_rel` (sgl-router's rule and defaults: 32 requests,
+//! 1.5×); ties between devices with equally long prefixes go to the less
+//! loaded, then to the one caching fewer tokens
+//! ([`radixkv::RadixCache::resident_tokens`]; sgl-router sends a prefix no
+//! worker has to its smallest tree).
 
 use arc_swap::ArcSwap;
 use radixkv::cache::{PagedCache, TokenKey};
-use std::collections::HashMap;
+use radixkv::routing::CacheAwarePolicy;
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+/// Why a request went where it went (the core's [`radixkv::routing::Choice`]).
+pub use radixkv::routing::Choice as Route;
+/// The prefixes dispatched to each device and not yet inserted into the
+/// tree (the core's, shared with the index's data-parallel router).
+pub use radixkv::routing::PendingIndex;
 
 /// Which router the engine uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -120,151 +127,32 @@ pub struct RouterConfig {
     pub long_prefix_tokens: usize,
 }
 
+impl RouterConfig {
+    /// The cache-aware rule's knobs, as the core's routing takes them.
+    pub fn policy(&self) -> CacheAwarePolicy {
+        CacheAwarePolicy {
+            balance_abs: self.balance_abs,
+            balance_rel: self.balance_rel,
+            copies: self.copies,
+            copy_slack: self.copy_slack,
+            copy_slack_long: self.copy_slack_long,
+            long_prefix_tokens: self.long_prefix_tokens,
+        }
+    }
+}
+
 impl Default for RouterConfig {
     fn default() -> Self {
+        let p = CacheAwarePolicy::default();
         RouterConfig {
             kind: RouterKind::CacheAware,
-            balance_abs: 32,
-            balance_rel: 1.5,
-            copies: false,
-            copy_slack: 2,
-            copy_slack_long: 16,
-            long_prefix_tokens: usize::MAX,
+            balance_abs: p.balance_abs,
+            balance_rel: p.balance_rel,
+            copies: p.copies,
+            copy_slack: p.copy_slack,
+            copy_slack_long: p.copy_slack_long,
+            long_prefix_tokens: p.long_prefix_tokens,
         }
-    }
-}
-
-/// The prefixes dispatched to each device and not yet inserted into the
-/// tree: whole pages, identified by a chained 64-bit hash of the page's
-/// tokens and everything before it (and the namespace), with a count per
-/// device. A hash collision (probability about n²/2⁶⁴ for n distinct
-/// pages) can only mislead routing, never the cache.
-///
-/// Shared without a global lock: the pages are spread over 16 shards, each
-/// behind its own mutex, held for one page's count at a time (a submit and
-/// a completion on different prompts rarely meet).
-///
-/// ```
-/// use radixkv_engine::router::PendingIndex;
-/// let p = PendingIndex::new(2, 2);
-/// p.add(&[1, 2, 3, 4, 5], None, 1);
-/// assert_eq!(p.longest(&[1, 2, 3, 9], None), vec![0, 2]);
-/// p.remove(&[1, 2, 3, 4, 5], None, 1);
-/// assert_eq!(p.longest(&[1, 2, 3, 9], None), vec![0, 0]);
-/// ```
-#[derive(Debug)]
-pub struct PendingIndex {
-    page_size: usize,
-    devices: usize,
-    shards: Box<[Mutex<Counts>]>,
-    hasher: std::collections::hash_map::RandomState,
-}
-
-const SHARDS: usize = 16;
-
-/// One shard: per page hash, the count per device.
-type Counts = HashMap<u64, Box<[u32]>>;
-
-impl PendingIndex {
-    /// An empty index for `devices` devices and pages of `page_size` tokens.
-    pub fn new(devices: usize, page_size: usize) -> Self {
-        PendingIndex {
-            page_size: page_size.max(1),
-            devices,
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: std::collections::hash_map::RandomState::new(),
-        }
-    }
-
-    fn shard(&self, h: u64) -> std::sync::MutexGuard<'_, Counts> {
-        // A panic under a shard's lock leaves a valid map (counts may be
-        // off by one, which only affects routing).
-        self.shards[(h >> 60) as usize % SHARDS]
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn page_hashes<'a>(
-        &'a self,
-        tokens: &'a [u32],
-        namespace: Option<&'a str>,
-    ) -> impl Iterator<Item = u64> + 'a {
-        let mut h = {
-            let mut s = self.hasher.build_hasher();
-            s.write_u8(namespace.is_some() as u8);
-            s.write(namespace.unwrap_or("").as_bytes());
-            s.finish()
-        };
-        tokens.chunks_exact(self.page_size).map(move |page| {
-            let mut s = self.hasher.build_hasher();
-            s.write_u64(h);
-            for &t in page {
-                s.write_u32(t);
-            }
-            h = s.finish();
-            h
-        })
-    }
-
-    /// Records `tokens` (whole pages) as dispatched to `device`.
-    pub fn add(&self, tokens: &[u32], namespace: Option<&str>, device: usize) {
-        if device >= self.devices {
-            return;
-        }
-        let n = self.devices;
-        for h in self.page_hashes(tokens, namespace) {
-            self.shard(h)
-                .entry(h)
-                .or_insert_with(|| vec![0; n].into_boxed_slice())[device] += 1;
-        }
-    }
-
-    /// Forgets one earlier [`add`](Self::add) of the same tokens.
-    pub fn remove(&self, tokens: &[u32], namespace: Option<&str>, device: usize) {
-        if device >= self.devices {
-            return;
-        }
-        for h in self.page_hashes(tokens, namespace) {
-            let mut shard = self.shard(h);
-            if let Some(c) = shard.get_mut(&h) {
-                c[device] = c[device].saturating_sub(1);
-                if c.iter().all(|&x| x == 0) {
-                    shard.remove(&h);
-                }
-            }
-        }
-    }
-
-    /// Per device, the longest prefix of `tokens` (whole pages) dispatched
-    /// there and not yet removed (each page read under its shard's lock: a
-    /// snapshot per page, which is all routing needs).
-    pub fn longest(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<usize> {
-        let mut out = vec![0; self.devices];
-        let mut alive: Vec<bool> = vec![true; self.devices];
-        for (i, h) in self.page_hashes(tokens, namespace).enumerate() {
-            let shard = self.shard(h);
-            let Some(c) = shard.get(&h) else {
-                break;
-            };
-            let mut any = false;
-            for d in 0..self.devices {
-                if alive[d] && c[d] > 0 {
-                    out[d] = (i + 1) * self.page_size;
-                    any = true;
-                } else {
-                    alive[d] = false;
-                }
-            }
-            if !any {
-                break;
-            }
-        }
-        out
-    }
-
-    /// Whether nothing is pending.
-    pub fn is_empty(&self) -> bool {
-        (0..SHARDS).all(|i| self.shards[i].lock().map_or(true, |s| s.is_empty()))
     }
 }
 
@@ -283,18 +171,6 @@ pub struct Router {
     load: Box<[AtomicUsize]>,
     next: AtomicUsize,
     pending: PendingIndex,
-}
-
-/// Why a request went where it went.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Route {
-    /// The device.
-    pub device: usize,
-    /// The prefix the router expected there (cached or pending); 0 for the
-    /// cache-blind routers.
-    pub expected_prefix: usize,
-    /// Whether load balancing overrode the longest prefix.
-    pub balanced: bool,
 }
 
 impl Router {
@@ -351,10 +227,6 @@ impl Router {
         self.load.iter().map(|l| l.load(Ordering::SeqCst)).collect()
     }
 
-    fn least_loaded(load: &[usize]) -> usize {
-        (0..load.len()).min_by_key(|&d| (load[d], d)).unwrap_or(0)
-    }
-
     /// Picks a device for `key` and counts the request as outstanding
     /// there; the cache-aware router also records its prefix as pending.
     /// `cache` is the shared tree (ignored by the other routers).
@@ -369,7 +241,7 @@ impl Router {
                 balanced: false,
             },
             RouterKind::LeastLoaded => Route {
-                device: Self::least_loaded(&self.load()),
+                device: radixkv::routing::least_loaded(&self.load()),
                 expected_prefix: 0,
                 balanced: false,
             },
@@ -391,60 +263,26 @@ impl Router {
         cache: Option<&PagedCache>,
     ) -> Route {
         let n = load.len();
-        let (max, min) = (
-            load.iter().copied().max().unwrap_or(0),
-            load.iter().copied().min().unwrap_or(0),
-        );
-        if max > cfg.balance_abs && max as f64 > min as f64 * cfg.balance_rel {
-            return Route {
-                device: Self::least_loaded(load),
-                expected_prefix: 0,
-                balanced: true,
-            };
-        }
-        let mut best = self.pending.longest(key.tokens(), key.namespace());
-        if let Some(c) = cache {
-            for (d, l) in c.peek(key).into_iter().enumerate().take(n) {
-                best[d] = best[d].max(l);
-            }
-        }
-        let slack = if cfg.copies {
-            let longest = best.iter().copied().max().unwrap_or(0);
-            min + if longest >= cfg.long_prefix_tokens {
-                cfg.copy_slack_long
-            } else {
-                cfg.copy_slack
-            }
-        } else {
-            usize::MAX
-        };
-        // Ties (equal prefix and load) go to the device caching the least
-        // (sgl-router's rule for a prefix no device has: the smallest
-        // tree), so that new prefixes spread over the devices even when
-        // they come one at a time.
-        // Read once per device (`max_by_key` keys each element once), with
-        // no vector per route. `d < n`, the engine's device count, a u32.
+        // `d < n`, the engine's device count, a u32.
         let resident = |d: usize| {
             cache
                 .and_then(|c| c.resident_tokens(radixkv::DeviceId(d as u32)).ok())
                 .unwrap_or(0)
         };
-        let device = (0..n)
-            .filter(|&d| load[d] <= slack)
-            .max_by_key(|&d| {
-                (
-                    best[d],
-                    std::cmp::Reverse(load[d]),
-                    std::cmp::Reverse(resident(d)),
-                    std::cmp::Reverse(d),
-                )
-            })
-            .unwrap_or(0);
-        Route {
-            device,
-            expected_prefix: best[device],
-            balanced: false,
-        }
+        radixkv::routing::choose(
+            &cfg.policy(),
+            load,
+            || {
+                let mut best = self.pending.longest(key.tokens(), key.namespace());
+                if let Some(c) = cache {
+                    for (d, l) in c.peek(key).into_iter().enumerate().take(n) {
+                        best[d] = best[d].max(l);
+                    }
+                }
+                best
+            },
+            resident,
+        )
     }
 
     /// The request's prompt is now in the tree on `device` (or it was

@@ -8,6 +8,7 @@
 //! | `pages.rs` | `PageSpan`, `Request`, `PrefixCopy`, `CopyView`, `Evictor` |
 //! | `ids.rs` | token ids and values from arrays, tensors and lists |
 //! | `convert.rs` | tiers (`0`, `1`, …, `"host"`) and numpy results |
+//! | `dp.rs` | `DpRouter`: a data-parallel dispatcher's ranks from their KV events, and the rank for a request |
 //! | `events.rs` | the residency events queued for `take_events` |
 //! | `gate.rs` | the test gate that parks a store inside an insert (feature `test-hooks`) |
 //! | `errors.rs` | the core's errors as `radixkv.errors` exceptions; the panic guard every entry point runs in |
@@ -27,6 +28,7 @@
 
 mod cache;
 mod convert;
+mod dp;
 mod errors;
 mod events;
 #[cfg(feature = "test-hooks")]
@@ -93,6 +95,7 @@ fn _radixkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_class::<pages::PrefixCopy>()?;
         m.add_class::<pages::CopyView>()?;
         m.add_class::<pages::Evictor>()?;
+        m.add_class::<dp::DpRouter>()?;
         m.add_class::<sglang::SglangTree>()?;
         m.add_class::<sglang::SglangNode>()?;
         m.add_function(wrap_pyfunction!(namespace_for, m)?)?;

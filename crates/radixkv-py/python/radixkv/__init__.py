@@ -15,6 +15,10 @@ arrays, torch tensors or lists; results are ``numpy.uint32`` arrays.
 Every call that walks the tree releases the GIL. Errors are
 :mod:`radixkv.errors` exceptions with the core's message.
 
+:class:`DpRouter` is a data-parallel dispatcher's view of its ranks'
+caches, fed by their KV-event batches, and the rank each request should
+go to.
+
 :mod:`radixkv.sglang` is SGLang 0.5.23's ``--radix-cache-backend radixkv``
 (loaded by SGLang through the package's entry point); :class:`SglangTree`
 is the tree under it.
@@ -28,6 +32,7 @@ from ._radixkv import (
     MAX_DEVICES,
     MAX_PAGE_SIZE,
     CopyView,
+    DpRouter,
     Evicted,
     Evictor,
     InsertResult,
@@ -53,6 +58,7 @@ __all__ = [
     "MAX_PAGE_SIZE",
     "CacheError",
     "CopyView",
+    "DpRouter",
     "Evicted",
     "Evictor",
     "InsertResult",
