@@ -23,6 +23,13 @@
 #     read as a list reads them, bad ones refused by name;
 #   - conformance.py: the shared conformance vectors through the Python API
 #     and through the backend;
+#   - dp_dispatch.py: radixkv's cache-aware DP dispatch installed by
+#     load_plugins() on SGLang's own DataParallelController, ranks of
+#     SGLang's RadixCache publishing through SGLang's publisher: every
+#     decision equal to an oracle from the ranks' caches and loads;
+#     routed_dp_rank, a restarted rank, a lost batch (total_tokens until
+#     the rank clears), events off refused; its negative control (a router
+#     that forgets what it sent) must spread a burst;
 #   - negative controls, each of which must report a difference:
 #     RADIXKV_DIFF_FAULT=priority (radixkv drops the insert priority),
 #     =hits (radixkv counts hits on match), =slru (radixkv's slru without
@@ -59,6 +66,9 @@ echo "-- SGLang loads, builds and refuses the backend through its own path (plug
 
 echo "-- the shared conformance vectors through the Python API and the backend (conformance.py)"
 "$venv/bin/python" "$here/conformance.py"
+
+echo "-- radixkv's DP dispatch inside SGLang's DataParallelController (dp_dispatch.py)"
+"$venv/bin/python" "$here/dp_dispatch.py"
 
 echo "-- negative controls: each must report a difference"
 # control SCRIPT FAULT ARGS...: SCRIPT run with RADIXKV_DIFF_FAULT=FAULT

@@ -140,3 +140,26 @@ def test_a_subscribed_rank_is_followed_from_a_pyzmq_publisher():
         assert r.stale_ranks() == []
     finally:
         pub.close(linger=0)
+
+
+def test_sglang_dp_derives_endpoints_and_options_as_sglang_does(monkeypatch):
+    from radixkv import sglang_dp
+
+    # SGLang's ZmqEventPublisher.offset_endpoint_port: the port plus the
+    # rank; a wildcard bind is reached on the loopback.
+    assert sglang_dp.rank_endpoint("tcp://*:5557", 0) == "tcp://127.0.0.1:5557"
+    assert sglang_dp.rank_endpoint("tcp://10.0.0.2:5557", 3) == "tcp://10.0.0.2:5560"
+    assert sglang_dp.rank_endpoint(None, 2) is None
+    with pytest.raises(ValueError, match="tcp://"):
+        sglang_dp.rank_endpoint("inproc://cache", 1)
+    monkeypatch.delenv(sglang_dp.ENV, raising=False)
+    assert not sglang_dp.enabled()
+    monkeypatch.setenv(sglang_dp.ENV, "1")
+    assert sglang_dp.enabled()
+    monkeypatch.setenv(sglang_dp.OPTIONS_ENV, '{"balance_rel": 2.0, "pending_ttl_s": 1}')
+    opts = sglang_dp.options()
+    assert opts == {"load": "tokens", "balance_abs": 32768, "balance_rel": 2.0, "pending_ttl_s": 1}
+    radixkv.DpRouter(2, 16, **opts)
+    monkeypatch.setenv(sglang_dp.OPTIONS_ENV, "[1]")
+    with pytest.raises(ValueError, match="RADIXKV_DP_OPTIONS"):
+        sglang_dp.options()

@@ -1,0 +1,425 @@
+"""radixkv's cache-aware dispatch inside SGLang 0.5.23's own
+DataParallelController, on the CPU.
+
+The controller is SGLang's class, built by its own `__init__` with the
+hook that `load_plugins()` and `HookRegistry.apply_hooks()` apply
+(`RADIXKV_DP_DISPATCH=1`, the installed package's entry point); only what
+needs GPUs or processes is replaced: the schedulers' launch (each rank's
+worker socket is a recorder), the tokenizer's socket and the schedulers'
+load snapshots. Each rank is SGLang's own `RadixCache` with a finite pool
+(evictions) publishing through the publisher SGLang's scheduler makes
+(`EventPublisherFactory.create` with the server's `--kv-events-config`
+and the rank), so the router finds each rank's endpoint as SGLang derives
+it.
+
+Checked, request by request over multi-turn conversations with random
+loads: every decision equals an oracle computed from the ranks' own
+caches (`match_prefix`), the prompts sent to each rank and the same loads,
+by the rule the docs state; a `routed_dp_rank` is honoured; a rank whose
+publisher restarts is cleared and followed again; a rank whose batch is
+lost with no replay makes the dispatcher fall back to `total_tokens`
+until that rank clears; the switch off leaves SGLang's dispatch alone;
+events off refuse the start, naming the flag. The negative control, a
+router that forgets what it sent, must differ from the oracle on a burst
+of one prefix. Exits 1 on the first failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import sys
+import time
+import warnings
+from array import array
+
+warnings.filterwarnings("ignore")
+os.environ["RADIXKV_DP_DISPATCH"] = "1"
+os.environ["SGLANG_PLUGINS"] = "radixkv"
+# Prompts sent count as sent for the whole run (the oracle's model).
+os.environ["RADIXKV_DP_OPTIONS"] = '{"load": "tokens", "balance_abs": 32768, "pending_ttl_s": 3600}'
+
+import torch  # noqa: E402
+from sglang.srt.disaggregation.kv_events import EventPublisherFactory, KVEventBatch  # noqa: E402
+from sglang.srt.managers import data_parallel_controller as dpc  # noqa: E402
+from sglang.srt.mem_cache import radix_cache as rc  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import (  # noqa: E402
+    EvictParams,
+    InsertParams,
+    MatchPrefixParams,
+)
+from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
+from sglang.srt.plugins import load_plugins  # noqa: E402
+from sglang.srt.runtime_context import publish  # noqa: E402
+from sglang.srt.server_args import ServerArgs  # noqa: E402
+
+import radixkv  # noqa: E402
+
+RANKS = 4
+PAGE = 2
+CAPACITY = 400  # tokens per rank's pool
+BALANCE_ABS = 32 * 1024  # the dispatcher's token threshold
+failures: list[str] = []
+
+
+def expect(cond: bool, what: str) -> None:
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+        print("\n".join(failures), file=sys.stderr)
+        sys.exit(1)
+
+
+def free_block(n: int) -> int:
+    """The first of `n` consecutive free ports."""
+    while True:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        p = s.getsockname()[1]
+        s.close()
+        ok = True
+        for q in range(p, p + n):
+            t = socket.socket()
+            try:
+                t.bind(("127.0.0.1", q))
+            except OSError:
+                ok = False
+            finally:
+                t.close()
+        if ok and p + n < 65000:
+            return p
+
+
+class Slots:
+    """The allocator SGLang's tree frees evicted values to (ids only)."""
+
+    device = "cpu"
+    page_size = PAGE
+
+    def free(self, values) -> None:
+        pass
+
+    def free_segment(self, values, start_pos: int = 0) -> None:
+        pass
+
+
+class Rank:
+    """One data-parallel rank: SGLang's RadixCache and the publisher its
+    scheduler would make."""
+
+    def __init__(self, rank: int, config: str) -> None:
+        self.rank = rank
+        self.config = config
+        self.cache = rc.RadixCache(
+            CacheInitParams(
+                disable=False,
+                req_to_token_pool=None,
+                token_to_kv_pool_allocator=Slots(),
+                page_size=PAGE,
+                eviction_policy="lru",
+                enable_kv_cache_events=True,
+            )
+        )
+        self.pub = EventPublisherFactory.create(config, attn_dp_rank=rank)
+        self.next_value = 1
+        self.lose_next = False
+
+    def restart(self) -> None:
+        """The rank's process restarts: an empty cache, a new publisher
+        numbering from 0 on the same endpoint."""
+        self.pub.shutdown()
+        self.__init__(self.rank, self.config)
+
+    def match(self, tokens: list[int]) -> int:
+        m = self.cache.match_prefix(MatchPrefixParams(key=rc.RadixKey(array("q", tokens))))
+        return int(m.device_prefix_len)
+
+    def serve(self, tokens: list[int]) -> None:
+        """Caches the request's prompt (evicting past the pool) and
+        publishes the events."""
+        n = len(tokens) // PAGE * PAGE
+        values = torch.arange(self.next_value, self.next_value + n, dtype=torch.int64)
+        self.next_value += n
+        self.cache.insert(InsertParams(key=rc.RadixKey(array("q", tokens[:n])), value=values))
+        over = self.cache.total_size() - CAPACITY
+        if over > 0:
+            self.cache.evict(EvictParams(num_tokens=over))
+        events = self.cache.take_events()
+        if not events:
+            return
+        lost = self.lose_next
+        self.lose_next = False
+        if lost:
+            # Lost on the wire (numbered, never sent, as a PUB drops past its
+            # high-water mark) and gone from the replay buffer too (as when
+            # the subscriber asks too late): a gap that cannot be filled.
+            real = self.pub._pub
+            pub = self.pub
+
+            class Drop:
+                def send_multipart(self, *a, **k):
+                    pub._pub = real
+
+                def __getattr__(self, name):
+                    return getattr(real, name)
+
+            self.pub._pub = Drop()
+        self.pub.publish(KVEventBatch(ts=time.time(), events=events))
+        self.pub._event_queue.join()
+        if lost:
+            last = max(seq for seq, _ in self.pub._buffer)
+            kept = [(seq, b) for seq, b in self.pub._buffer if seq != last]
+            self.pub._buffer.clear()
+            self.pub._buffer.extend(kept)
+
+
+class Req:
+    """The fields of SGLang's TokenizedGenerateReqInput the dispatch reads."""
+
+    def __init__(self, tokens: list[int], routed: int | None = None) -> None:
+        self.input_ids = array("q", tokens)
+        self.routed_dp_rank = routed
+        self.lora_name = None
+        self.cache_salt = None
+        self.rid = f"r{id(self)}"
+
+
+class Recorder:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+
+def build_controller(config: str | None):
+    sa = ServerArgs(
+        model_path="dummy",
+        dp_size=RANKS,
+        kv_events_config=config,
+        page_size=PAGE,
+        load_balance_method="round_robin",
+        device="cpu",
+    )
+    publish(sa, role="dp_controller")
+
+    class PortArgs:
+        scheduler_input_ipc_name = "ipc:///tmp/radixkv-dp-unused"
+
+    return dpc.DataParallelController(sa, PortArgs(), lambda *a: None)
+
+
+def oracle(ranks, sent, tokens, loads, active):
+    """The rank the docs' rule picks, and its prefix: imbalanced tokens ->
+    the least loaded active rank; otherwise the longest prefix cached on
+    the rank or sent to it (whole pages), then the lighter load, then the
+    lower index."""
+    idx = [r for r in range(RANKS) if active[r]]
+    tok = [loads[r][1] for r in idx]
+    if max(tok) > BALANCE_ABS and max(tok) > min(tok) * 1.5:
+        return min(idx, key=lambda r: (loads[r][1], r)), 0
+    whole = len(tokens) // PAGE * PAGE
+
+    def common(a, b):
+        n = 0
+        for x, y in zip(a[:whole], b):
+            if x != y:
+                break
+            n += 1
+        return n // PAGE * PAGE
+
+    def prefix(r):
+        cached = ranks[r].match(tokens)
+        was_sent = max((common(tokens, p) for p, q in sent if q == r), default=0)
+        return max(cached, was_sent)
+
+    best = max(idx, key=lambda r: (prefix(r), -loads[r][1], -r))
+    return best, prefix(best)
+
+
+def wait_applied(router, ranks, tokens) -> None:
+    """Until the router's scores of `tokens` equal each rank's own match
+    (the last batch of every rank applied)."""
+    deadline = time.monotonic() + 20
+    want = [r.match(tokens) for r in ranks]
+    while router.scores(tokens) != want:
+        if time.monotonic() > deadline:
+            expect(False, f"the router caught up: {router.scores(tokens)} != {want}")
+        time.sleep(0.002)
+
+
+def conversations(rng: random.Random, n: int):
+    """Multi-turn conversations over a shared system prompt, interleaved."""
+    system = [rng.randrange(1, 1000) for _ in range(24)]
+    convs = [list(system) for _ in range(12)]
+    for _ in range(n):
+        c = rng.randrange(len(convs))
+        convs[c] += [rng.randrange(1, 1000) for _ in range(rng.randrange(4, 30))]
+        if len(convs[c]) > 300:
+            convs[c] = list(system)
+        yield list(convs[c])
+
+
+def main() -> None:
+    rng = random.Random(5)
+    base = free_block(2 * RANKS)
+    config = json.dumps(
+        {
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{base}",
+            "replay_endpoint": f"tcp://*:{base + RANKS}",
+            "topic": "",
+        }
+    )
+
+    print("-- events off: the controller refuses to start, naming the flag")
+    load_plugins()
+    sent_frames: list[tuple[int, object]] = []
+    dpc.sock_send = lambda sock, obj: sent_frames.append((sock.rank, obj))
+    dpc.get_zmq_socket = lambda *a, **k: None
+
+    class Snapshots:
+        def read_all(self):
+            return []
+
+    dpc.create_load_snapshot_reader = lambda *a, **k: Snapshots()
+
+    def launch(self, server_args, port_args):
+        for r in range(self.launch_dp_size):
+            self.workers[r] = Recorder(r)
+
+    dpc.DataParallelController.launch_dp_schedulers = launch
+    try:
+        build_controller(None)
+        expect(False, "refused without --kv-events-config")
+    except RuntimeError as e:
+        expect("--kv-events-config" in str(e) and "RADIXKV_DP_DISPATCH" in str(e), f"refused: {e}")
+
+    print("-- the hook installed by load_plugins(); each rank followed on its own endpoint")
+    ranks = [Rank(r, config) for r in range(RANKS)]
+    c = build_controller(config)
+    d = c._radixkv_dispatcher
+    expect(c.dispatching == d.dispatch, "the controller's dispatching is radixkv's")
+    router = d.router
+    for r in ranks:
+        r.serve([1000 + r.rank] * 4)  # a first batch: the subscription's probe
+    for r in ranks:
+        wait_applied(router, ranks, [1000 + r.rank] * 4)
+
+    print("-- every decision equals the oracle (caches, prompts sent, loads)")
+    sent: list[tuple[list[int], int]] = []
+    decisions = mismatches = balanced = by_prefix = 0
+    for tokens in conversations(rng, 300):
+        loads = [(rng.randrange(0, 8), rng.choice([0, 100, 2000, 9000])) for _ in range(RANKS)]
+        if rng.random() < 0.15:
+            loads[rng.randrange(RANKS)] = (9, 40000)
+        active = [True] * RANKS
+        if rng.random() < 0.1:
+            active[rng.randrange(RANKS)] = False
+        c.dp_budget.total_requests = [q for q, _ in loads]
+        c.dp_budget.total_tokens = [t for _, t in loads]
+        c._active_workers = [r for r in range(RANKS) if active[r]]
+        want, want_prefix = oracle(ranks, sent, tokens, loads, active)
+        by_prefix += int(want_prefix > 0)
+        sent_frames.clear()
+        c.dispatching(Req(tokens))
+        got = sent_frames[0][0] if sent_frames else None
+        decisions += 1
+        balanced += int(max(t for _, t in loads) > BALANCE_ABS)
+        if got != want:
+            mismatches += 1
+            print(
+                f"  request {decisions}: radixkv {got}, oracle {want}, "
+                f"loads {loads}, active {active}"
+            )
+        sent.append((tokens, got))
+        ranks[got].serve(tokens)
+        wait_applied(router, ranks, tokens)
+    c._active_workers = list(range(RANKS))
+    expect(
+        mismatches == 0,
+        f"{decisions} decisions, {mismatches} unequal to the oracle "
+        f"({by_prefix} to a rank holding a prefix, {balanced} under imbalance)",
+    )
+    expect(by_prefix >= 100 and balanced >= 10, "both rules exercised")
+    expect(
+        d.fallbacks == 0 and d.routed == decisions,
+        f"all routed by radixkv ({d.routed}), no fallback",
+    )
+
+    print("-- routed_dp_rank is honoured")
+    sent_frames.clear()
+    c.dispatching(Req(sent[-1][0], routed=(sent[-1][1] + 1) % RANKS))
+    expect(sent_frames[0][0] == (sent[-1][1] + 1) % RANKS, "sent to the rank the request names")
+
+    print("-- a restarted rank is cleared and followed again")
+    victim = sent[-1][1]
+    prompt = sent[-1][0]
+    ranks[victim].restart()
+    ranks[victim].serve([1000 + victim] * 4)
+    wait_applied(router, ranks, prompt)
+    expect(router.scores(prompt)[victim] == 0, f"rank {victim}'s old blocks gone after its restart")
+
+    print("-- a lost batch (no replay): total_tokens until the rank clears")
+    lossy = (victim + 1) % RANKS
+    ranks[lossy].lose_next = True
+    ranks[lossy].serve([7, 7, 7, 7, 7, 7])
+    ranks[lossy].serve([8, 8, 8, 8])  # the next batch shows the gap
+    deadline = time.monotonic() + 20
+    while lossy not in router.stale_ranks():
+        if time.monotonic() > deadline:
+            expect(False, "the gap seen")
+        time.sleep(0.005)
+    expect(True, f"rank {lossy}'s gap seen: stale")
+    c.dp_budget.total_requests = [0] * RANKS
+    c.dp_budget.total_tokens = [500, 10, 300, 400]
+    sent_frames.clear()
+    before = d.fallbacks
+    c.dispatching(Req(prompt))
+    expect(
+        d.fallbacks == before + 1 and sent_frames[0][0] == 1,
+        "by total_tokens (the least tokens: rank 1)",
+    )
+    # Its clearing: SGLang's cache reset publishes AllBlocksCleared.
+    ranks[lossy].cache.reset()
+    events = ranks[lossy].cache.take_events()
+    ranks[lossy].pub.publish(KVEventBatch(ts=time.time(), events=events))
+    ranks[lossy].pub._event_queue.join()
+    deadline = time.monotonic() + 20
+    while router.stale_ranks():
+        if time.monotonic() > deadline:
+            expect(False, "the rank no longer stale after its clearing")
+        time.sleep(0.005)
+    expect(True, "the rank followed again after its AllBlocksCleared")
+
+    print("-- a burst of one prefix, dispatched before any rank caches it")
+
+    def burst(dispatcher_router) -> list[int]:
+        radixkv.sglang_dp.attach(c, router=dispatcher_router)
+        c.dp_budget.total_requests = [0] * RANKS
+        c.dp_budget.total_tokens = [0] * RANKS
+        head = [rng.randrange(2000, 3000) for _ in range(40)]
+        out = []
+        for i in range(6):
+            sent_frames.clear()
+            c.dispatching(Req(head + [5000 + i, 1]))
+            out.append(sent_frames[0][0])
+        return out
+
+    real = burst(router)
+    expect(len(set(real)) == 1, f"radixkv sends the burst to one rank: {real}")
+    forgetful = radixkv.DpRouter(
+        RANKS, PAGE, load="tokens", balance_abs=BALANCE_ABS, pending_ttl_s=0.0
+    )
+    blind = burst(forgetful)
+    expect(
+        len(set(blind)) > 1,
+        f"the negative control (no memory of what it sent) spreads it: {blind}",
+    )
+
+    for r in ranks:
+        r.pub.shutdown()
+    print(f"dp_dispatch: {decisions} decisions equal to the oracle, and the faults handled")
+
+
+if __name__ == "__main__":
+    main()
