@@ -51,6 +51,7 @@ def world() -> SimpleNamespace:
     w.tree = radixkv.SglangTree(page_size=1, events=True)
     w.tree.insert_key(key([1, 2, 3]), [1, 2, 3], 0, 0)
     _, w.node = w.tree.match_key(key([1, 2, 3]))
+    w.dp = radixkv.DpRouter(2, 2)
     return w
 
 
@@ -179,6 +180,21 @@ CALLS = {
         "outline": lambda w: w.tree.outline(),
         "audit": lambda w: w.tree.audit(),
         "_break_mirror": lambda w: w.tree._break_mirror("x"),
+    },
+    "DpRouter": {
+        "__new__": lambda w: radixkv.DpRouter(2, 2),
+        "ranks": lambda w: w.dp.ranks,
+        "page_size": lambda w: w.dp.page_size,
+        # An empty SGLang batch: [ts, [], rank].
+        "ingest": lambda w: w.dp.ingest(0, b"\x93\x00\x90\xc0"),
+        "scores": lambda w: w.dp.scores([1, 2]),
+        "route": lambda w: w.dp.route([1, 2]),
+        "settled": lambda w: w.dp.settled([1, 2], 0),
+        "subscribe": lambda w: w.dp.subscribe(1, "tcp://127.0.0.1:9"),
+        "stale_ranks": lambda w: w.dp.stale_ranks(),
+        "clear": lambda w: w.dp.clear(0),
+        "dispatched": lambda w: w.dp.dispatched(),
+        "__repr__": lambda w: repr(w.dp),
     },
     "SglangNode": {
         "id": lambda w: w.node.id,
