@@ -25,7 +25,8 @@
 #     and through the backend;
 #   - dp_dispatch.py: radixkv's cache-aware DP dispatch installed by
 #     load_plugins() on SGLang's own DataParallelController, ranks of
-#     SGLang's RadixCache publishing through SGLang's publisher: every
+#     SGLang's RadixCache, then of radixkv's backend, publishing through
+#     SGLang's publisher: every
 #     decision equal to an oracle from the ranks' caches and loads;
 #     routed_dp_rank, a restarted rank, a lost batch (total_tokens until
 #     the rank clears), events off refused; its negative control (a router

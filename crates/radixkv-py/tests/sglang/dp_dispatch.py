@@ -7,7 +7,8 @@ hook that `load_plugins()` and `HookRegistry.apply_hooks()` apply
 needs GPUs or processes is replaced: the schedulers' launch (each rank's
 worker socket is a recorder), the tokenizer's socket and the schedulers'
 load snapshots. Each rank is SGLang's own `RadixCache` with a finite pool
-(evictions) publishing through the publisher SGLang's scheduler makes
+(evictions), and in a second pass radixkv's backend
+(`radixkv.sglang.RadixKVCache`), publishing through the publisher SGLang's scheduler makes
 (`EventPublisherFactory.create` with the server's `--kv-events-config`
 and the rank), so the router finds each rank's endpoint as SGLang derives
 it.
@@ -42,6 +43,7 @@ os.environ["SGLANG_PLUGINS"] = "radixkv"
 os.environ["RADIXKV_DP_OPTIONS"] = '{"load": "tokens", "balance_abs": 32768, "pending_ttl_s": 3600}'
 
 import torch  # noqa: E402
+import zmq  # noqa: E402
 from sglang.srt.disaggregation.kv_events import EventPublisherFactory, KVEventBatch  # noqa: E402
 from sglang.srt.managers import data_parallel_controller as dpc  # noqa: E402
 from sglang.srt.mem_cache import radix_cache as rc  # noqa: E402
@@ -56,6 +58,7 @@ from sglang.srt.runtime_context import publish  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 import radixkv  # noqa: E402
+from radixkv.sglang import RadixKVCache  # noqa: E402
 
 RANKS = 4
 PAGE = 2
@@ -109,10 +112,12 @@ class Rank:
     """One data-parallel rank: SGLang's RadixCache and the publisher its
     scheduler would make."""
 
-    def __init__(self, rank: int, config: str) -> None:
+    def __init__(self, rank: int, config: str, kind: str) -> None:
         self.rank = rank
         self.config = config
-        self.cache = rc.RadixCache(
+        self.kind = kind
+        cache_class = RadixKVCache if kind == "radixkv" else rc.RadixCache
+        self.cache = cache_class(
             CacheInitParams(
                 disable=False,
                 req_to_token_pool=None,
@@ -122,7 +127,17 @@ class Rank:
                 enable_kv_cache_events=True,
             )
         )
-        self.pub = EventPublisherFactory.create(config, attn_dp_rank=rank)
+        # A restart binds the endpoints its predecessor just closed: ZeroMQ
+        # releases them from its own thread, a moment later.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.pub = EventPublisherFactory.create(config, attn_dp_rank=rank)
+                break
+            except zmq.error.ZMQError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         self.next_value = 1
         self.lose_next = False
 
@@ -130,7 +145,7 @@ class Rank:
         """The rank's process restarts: an empty cache, a new publisher
         numbering from 0 on the same endpoint."""
         self.pub.shutdown()
-        self.__init__(self.rank, self.config)
+        self.__init__(self.rank, self.config, self.kind)
 
     def match(self, tokens: list[int]) -> int:
         m = self.cache.match_prefix(MatchPrefixParams(key=rc.RadixKey(array("q", tokens))))
@@ -247,6 +262,27 @@ def wait_applied(router, ranks, tokens) -> None:
         time.sleep(0.002)
 
 
+def probe(router, ranks, r: int) -> None:
+    """Rank `r` serves fresh prompts until the router shows them: a batch a
+    rank publishes before the subscription has joined is lost to it (a PUB
+    drops what no subscriber takes), and only a later batch shows the gap
+    its replay fills."""
+    deadline = time.monotonic() + 20
+    attempt = 0
+    while True:
+        attempt += 1
+        tokens = [5000 + r, attempt] * 2
+        ranks[r].serve(tokens)
+        want = [x.match(tokens) for x in ranks]
+        t = time.monotonic() + 0.2
+        while time.monotonic() < t:
+            if router.scores(tokens) == want:
+                return
+            time.sleep(0.005)
+        if time.monotonic() > deadline:
+            expect(False, f"rank {r} followed: {router.scores(tokens)} != {want}")
+
+
 def conversations(rng: random.Random, n: int):
     """Multi-turn conversations over a shared system prompt, interleaved."""
     system = [rng.randrange(1, 1000) for _ in range(24)]
@@ -260,6 +296,14 @@ def conversations(rng: random.Random, n: int):
 
 
 def main() -> None:
+    load_plugins()
+    for kind in ["sglang", "radixkv"]:
+        names = {"sglang": "SGLang's RadixCache", "radixkv": "radixkv's backend"}
+        print(f"== ranks of {names[kind]}")
+        check(kind)
+
+
+def check(kind: str) -> None:
     rng = random.Random(5)
     base = free_block(2 * RANKS)
     config = json.dumps(
@@ -272,7 +316,6 @@ def main() -> None:
     )
 
     print("-- events off: the controller refuses to start, naming the flag")
-    load_plugins()
     sent_frames: list[tuple[int, object]] = []
     dpc.sock_send = lambda sock, obj: sent_frames.append((sock.rank, obj))
     dpc.get_zmq_socket = lambda *a, **k: None
@@ -295,15 +338,13 @@ def main() -> None:
         expect("--kv-events-config" in str(e) and "RADIXKV_DP_DISPATCH" in str(e), f"refused: {e}")
 
     print("-- the hook installed by load_plugins(); each rank followed on its own endpoint")
-    ranks = [Rank(r, config) for r in range(RANKS)]
+    ranks = [Rank(r, config, kind) for r in range(RANKS)]
     c = build_controller(config)
     d = c._radixkv_dispatcher
     expect(c.dispatching == d.dispatch, "the controller's dispatching is radixkv's")
     router = d.router
-    for r in ranks:
-        r.serve([1000 + r.rank] * 4)  # a first batch: the subscription's probe
-    for r in ranks:
-        wait_applied(router, ranks, [1000 + r.rank] * 4)
+    for r in range(RANKS):
+        probe(router, ranks, r)
 
     print("-- every decision equals the oracle (caches, prompts sent, loads)")
     sent: list[tuple[list[int], int]] = []
@@ -355,7 +396,7 @@ def main() -> None:
     victim = sent[-1][1]
     prompt = sent[-1][0]
     ranks[victim].restart()
-    ranks[victim].serve([1000 + victim] * 4)
+    probe(router, ranks, victim)
     wait_applied(router, ranks, prompt)
     expect(router.scores(prompt)[victim] == 0, f"rank {victim}'s old blocks gone after its restart")
 
@@ -418,7 +459,7 @@ def main() -> None:
 
     for r in ranks:
         r.pub.shutdown()
-    print(f"dp_dispatch: {decisions} decisions equal to the oracle, and the faults handled")
+    print(f"dp_dispatch ({kind} ranks): {decisions} decisions equal to the oracle, faults handled")
 
 
 if __name__ == "__main__":
