@@ -5,7 +5,8 @@
 # SGLang's round_robin, total_requests and total_tokens and by radixkv's
 # DpRouter fed by the ranks' KV events, beside one cache holding every
 # pool. Uses the venv of scripts/sglang-venv.sh. Arguments go to the
-# simulation (--ranks 4 8, --requests N, --pool-frac F, --balance-rel R);
+# simulation (--ranks 4 8, --requests N, --pool-frac F, --balance-rel R;
+# another trace: a path first, with --format agentic for the agentic one);
 # the default trace is the Mooncake conversation trace of ../shared/workloads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,4 +18,8 @@ if [ ! -f "$trace" ]; then
 fi
 # shellcheck source=scripts/sglang-venv.sh
 source "$root/scripts/sglang-venv.sh"
+if [ $# -gt 0 ] && [ -f "$1" ]; then
+  trace="$1"
+  shift
+fi
 "$venv/bin/python" "$root/scripts/dp_sim.py" "$trace" "$@"

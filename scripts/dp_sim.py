@@ -7,7 +7,8 @@ each to a rank by SGLang's `round_robin`, `total_requests` or
 one cache holding every rank's pool.
 
 The model (the same for every dispatcher): a trace block (a Mooncake
-`hash_id`, 512 tokens) is `--block-tokens` token ids in the caches; a
+`hash_id`, 512 tokens; an agentic trace's block, 64) is `--block-tokens`
+token ids in the caches; a
 rank prefills one request at a time at `--prefill-tps` real tokens per
 second, only the tokens its cache does not hold when the prefill starts,
 then decodes beside the others (`--decode-ms` per output token), and the
@@ -21,6 +22,7 @@ over the mean, TTFT mean/p50/p99 (queueing for the prefill plus the
 prefill), and for radixkv the dispatch call's p50 and p99.
 
     python scripts/dp_sim.py TRACE --ranks 4 [--requests N] [--pool-frac 0.35]
+    python scripts/dp_sim.py AGENTIC_TRACE --format agentic --block-tokens 4 --page 4
 """
 
 from __future__ import annotations
@@ -46,6 +48,53 @@ def read_mooncake(path: str, limit: int):
         if len(out) >= limit:
             break
     return out
+
+
+def read_agentic(path: str, limit: int, mean_gap_s: float, seed: int):
+    """The agentic trace: conversations (sub-agents' requests flattened in),
+    each starting an exponential gap after the one before, a block named by
+    its id and its parent's (ids are per conversation); requests in time
+    order, as `radixkv replay` reads it."""
+    import random
+
+    rng = random.Random(seed)
+    ids: dict = {}
+    fresh = [0]  # the next block's number, across conversations
+    out = []
+    start = 0.0
+    first = True
+    proc = subprocess.run(["zstdcat", path], check=True, capture_output=True, text=True)
+    block_size = 0
+
+    def flatten(entries, base):
+        for e in entries:
+            if e["type"] == "subagent":
+                began = e["t"] - (e.get("duration_ms") or 0.0) / 1000.0
+                flatten(e["requests"], base + began)
+                continue
+            last = None
+            blocks = []
+            for h in e["hash_ids"]:
+                key = (last, h)
+                if key not in ids:
+                    ids[key] = fresh[0]
+                    fresh[0] += 1
+                last = ids[key]
+                blocks.append(last)
+            out.append((base + e["t"], e["in"], e.get("out") or 0, blocks))
+
+    for line in proc.stdout.splitlines():
+        c = json.loads(line)
+        block_size = c["block_size"]
+        if c.get("hash_id_scope", "local") == "local":
+            # Ids name blocks within one conversation only.
+            ids.clear()
+        if not first:
+            start += rng.expovariate(1.0 / mean_gap_s) if mean_gap_s > 0 else 0.0
+        first = False
+        flatten(c["requests"], start)
+    out.sort(key=lambda r: r[0])
+    return out[:limit], block_size
 
 
 def tokens_of(hash_ids, block_tokens: int):
@@ -141,7 +190,7 @@ def run(trace, policy: str, ranks: int, capacity: int, a) -> dict:
         idle[r] = False
         ts, in_len, out_len, toks = queues[r].pop(0)
         m = cache_of(r).match_prefix(MatchPrefixParams(key=rc.RadixKey(array("q", toks))))
-        hit = min(in_len, int(m.device_prefix_len) * 512 // a.block_tokens)
+        hit = min(in_len, int(m.device_prefix_len) * a.real_block // a.block_tokens)
         cached_tokens += hit
         total_tokens += in_len
         end = now + (in_len - hit) / a.prefill_tps
@@ -187,8 +236,11 @@ def run(trace, policy: str, ranks: int, capacity: int, a) -> dict:
         elif policy in ("total_tokens", "ceiling"):
             r = min(range(ranks), key=lambda i: (load_tok[i], load_req[i], i))
         else:
+            # SGLang hands the dispatcher `input_ids` as an array('q').
+            ids = array("q", toks)
+            loads = list(zip(load_req, load_tok))
             t0 = time.perf_counter_ns()
-            r = router.route(toks, None, list(zip(load_req, load_tok)))
+            r = router.route(ids, None, loads)
             route_ns.append(time.perf_counter_ns() - t0)
         assigned[r] += in_len
         load_req[r] += 1
@@ -218,6 +270,8 @@ def run(trace, policy: str, ranks: int, capacity: int, a) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("trace")
+    p.add_argument("--format", choices=["mooncake", "agentic"], default="mooncake")
+    p.add_argument("--mean-gap-s", type=float, default=1.0, help="agentic: between conversations")
     p.add_argument("--ranks", type=int, nargs="+", default=[4, 8])
     p.add_argument("--requests", type=int, default=12031)
     p.add_argument("--pool-frac", type=float, default=0.35)
@@ -229,7 +283,10 @@ def main() -> None:
     p.add_argument("--balance-abs", type=int, default=32768)
     p.add_argument("--balance-rel", type=float, default=1.5)
     a = p.parse_args()
-    trace = read_mooncake(a.trace, a.requests)
+    if a.format == "agentic":
+        trace, a.real_block = read_agentic(a.trace, a.requests, a.mean_gap_s, 7)
+    else:
+        trace, a.real_block = read_mooncake(a.trace, a.requests), 512
     distinct = len({h for *_, hs in trace for h in hs}) * a.block_tokens
     rows = []
     for ranks in a.ranks:

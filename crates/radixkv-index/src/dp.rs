@@ -26,9 +26,9 @@
 //! use radixkv_index::dp::{DpPolicy, DpRouter, RankLoad};
 //! let r = DpRouter::new(2, 2, DpPolicy::default()).unwrap();
 //! // Nothing cached: the first request of a prefix goes to rank 0...
-//! let a = r.route(&[1, 2, 3, 4], None, &[RankLoad::idle(); 2]).unwrap();
+//! let a = r.route(&[1, 2, 3, 4], None, &[RankLoad::idle(); 2]).unwrap().unwrap();
 //! // ...and the next one with that prefix follows it there.
-//! let b = r.route(&[1, 2, 3, 4, 5, 6], None, &[RankLoad::idle(); 2]).unwrap();
+//! let b = r.route(&[1, 2, 3, 4, 5, 6], None, &[RankLoad::idle(); 2]).unwrap().unwrap();
 //! assert_eq!((a.device, b.device, b.expected_prefix), (0, 0, 4));
 //! ```
 
