@@ -4,7 +4,7 @@
 
 use crate::sync::{lock, Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
 /// The prefixes dispatched to each device and not yet inserted into the
 /// tree: whole pages, identified by a chained 64-bit hash of the page's
@@ -34,8 +34,33 @@ pub struct PendingIndex {
 
 const SHARDS: usize = 16;
 
-/// One shard: per page hash, the count per device.
-type Counts = HashMap<u64, Box<[u32]>>;
+/// One shard: per page hash, the count per device. The keys are already
+/// keyed hashes (SipHash with the index's random keys): the map takes
+/// them as they are ([`Prehashed`]) instead of hashing them again.
+type Counts = HashMap<u64, Box<[u32]>, BuildHasherDefault<Prehashed>>;
+
+/// A hasher for keys that are uniform 64-bit hashes already: the key is
+/// the hash.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64` keys are hashed here (`write_u64`); anything else is
+        // folded in, so that the hasher stays correct if that changes.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
 
 impl PendingIndex {
     /// An empty index for `devices` devices and pages of `page_size` tokens.
@@ -43,7 +68,7 @@ impl PendingIndex {
         PendingIndex {
             page_size: page_size.max(1),
             devices,
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Counts::default())).collect(),
             hasher: std::collections::hash_map::RandomState::new(),
         }
     }
