@@ -161,15 +161,32 @@ impl<P: Ownership> RadixCache<P> {
         }
         // A node above an evicted one that is a leaf on the tier now (the
         // node above the subtree, or one that stayed, pinned) is a candidate
-        // again, its hits so far passes through (as after an eviction).
-        let _c = crate::sync::lock(&self.candidates[t]);
+        // again, its hits so far passes through (as after an eviction). It
+        // joins the candidate heap under its own key, as the evictor files
+        // the parents of the leaves it takes: a leaf note's key is only a
+        // bound from the node's last access, and a parent accessed after its
+        // creation would rank too late under fifo with it.
+        let mut c = crate::sync::lock(&self.candidates[t]);
         for ev in &evicted {
             if is_leaf_on(ev.parent, t) {
                 // Relaxed: written and read by this tier's evictors, under
                 // the candidates lock (held).
                 let hits = ev.parent.slot(t).hits.load(Ordering::Relaxed);
                 ev.parent.slot(t).hits_base.store(hits, Ordering::Relaxed);
-                self.tree.note_leaf(ev.parent, t);
+                if !self.tree.notes_leaves() {
+                    continue; // no heap: eviction ranks by a scan
+                }
+                // SAFETY: `ev.parent` is a tree node reached under `guard`,
+                // which is alive here.
+                let p = unsafe { arc_of(ev.parent) };
+                let mut k = self.entry_key(c.hand, &p, t);
+                if self.eviction_policy() == EvictionPolicy::Sieve {
+                    // As in `evict`: it joins at the hand with its visited
+                    // bit clear.
+                    let last = p.slot(t).last_access.load(Ordering::Relaxed);
+                    k = policy::EvictionKey::sieve(c.hand.0, c.hand.1, last, p.id);
+                }
+                c.heap.push(Reverse((k, ByAddr(p))));
             }
         }
         Ok(fitted(out))
