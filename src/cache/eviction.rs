@@ -178,15 +178,7 @@ impl<P: Ownership> RadixCache<P> {
                 }
                 // SAFETY: `ev.parent` is a tree node reached under `guard`,
                 // which is alive here.
-                let p = unsafe { arc_of(ev.parent) };
-                let mut k = self.entry_key(c.hand, &p, t);
-                if self.eviction_policy() == EvictionPolicy::Sieve {
-                    // As in `evict`: it joins at the hand with its visited
-                    // bit clear.
-                    let last = p.slot(t).last_access.load(Ordering::Relaxed);
-                    k = policy::EvictionKey::sieve(c.hand.0, c.hand.1, last, p.id);
-                }
-                c.heap.push(Reverse((k, ByAddr(p))));
+                self.file_parent(&mut c, unsafe { arc_of(ev.parent) }, t);
             }
         }
         Ok(fitted(out))
@@ -462,16 +454,7 @@ impl<P: Ownership> RadixCache<P> {
                 // the candidates lock.
                 let hits = p.slot(d).hits.load(Ordering::Relaxed);
                 p.slot(d).hits_base.store(hits, Ordering::Relaxed);
-                let mut k = self.entry_key(c.hand, &p, d);
-                if self.eviction_policy() == EvictionPolicy::Sieve {
-                    // Its hits so far were passes through to the children
-                    // just evicted: it joins right at the hand (the next
-                    // candidate, like its coldest descendants) with its
-                    // visited bit clear.
-                    let last = p.slot(d).last_access.load(Ordering::Relaxed);
-                    k = policy::EvictionKey::sieve(c.hand.0, c.hand.1, last, p.id);
-                }
-                c.heap.push(Reverse((k, ByAddr(p))));
+                self.file_parent(c, p, d);
             }
         }
         // A heap that shrank a lot (after a large eviction) gives its peak
@@ -489,6 +472,22 @@ impl<P: Ownership> RadixCache<P> {
     /// unpinned, whose key is current. Stale entries are dropped, pinned
     /// leaves set aside, grown keys pushed back; for sieve, a leaf hit since
     /// the hand last passed it gets its second chance here.
+    /// Files `p`, a leaf on `d` since its children there were evicted,
+    /// into the candidate heap under its own key (not a leaf note's bound).
+    /// Under sieve its hits so far were passes through to those children:
+    /// it joins right at the hand (the next candidate, like its coldest
+    /// descendants) with its visited bit clear.
+    fn file_parent(&self, c: &mut Candidates, p: Arc<Node>, d: usize) {
+        let mut k = self.entry_key(c.hand, &p, d);
+        if self.eviction_policy() == EvictionPolicy::Sieve {
+            // Relaxed: advisory ranking statistics, read under the
+            // candidates lock.
+            let last = p.slot(d).last_access.load(Ordering::Relaxed);
+            k = policy::EvictionKey::sieve(c.hand.0, c.hand.1, last, p.id);
+        }
+        c.heap.push(Reverse((k, ByAddr(p))));
+    }
+
     fn next_candidate(
         &self,
         c: &mut Candidates,
