@@ -6,20 +6,21 @@
 # DpRouter fed by the ranks' KV events, beside one cache holding every
 # pool. Uses the venv of scripts/sglang-venv.sh. Arguments go to the
 # simulation (--ranks 4 8, --requests N, --pool-frac F, --balance-rel R;
-# another trace: a path first, with --format agentic for the agentic one);
+# another trace: a path first, with --format agentic for the agentic one;
+# SGLang's generated-shared-prefix workload: gsp --format gsp);
 # the default trace is the Mooncake conversation trace of ../shared/workloads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 trace="$root/../shared/workloads/mooncake_conversation_trace.jsonl.zst"
-if [ ! -f "$trace" ]; then
+if [ $# -gt 0 ] && { [ -f "$1" ] || [ "$1" = gsp ]; }; then
+  trace="$1"
+  shift
+fi
+if [ "$trace" != gsp ] && [ ! -f "$trace" ]; then
   echo "SKIPPED: no $trace (the trace this simulation reads)"
   exit 1
 fi
 # shellcheck source=scripts/sglang-venv.sh
 source "$root/scripts/sglang-venv.sh"
-if [ $# -gt 0 ] && [ -f "$1" ]; then
-  trace="$1"
-  shift
-fi
 "$venv/bin/python" "$root/scripts/dp_sim.py" "$trace" "$@"

@@ -23,6 +23,10 @@ prefill), and for radixkv the dispatch call's p50 and p99.
 
     python scripts/dp_sim.py TRACE --ranks 4 [--requests N] [--pool-frac 0.35]
     python scripts/dp_sim.py AGENTIC_TRACE --format agentic --block-tokens 4 --page 4
+    python scripts/dp_sim.py gsp --format gsp
+
+radixkv's router takes the SGLang plug-in's default options
+(`radixkv.sglang_dp.DEFAULT_OPTIONS`) unless told otherwise.
 """
 
 from __future__ import annotations
@@ -97,6 +101,27 @@ def read_agentic(path: str, limit: int, mean_gap_s: float, seed: int):
     return out[:limit], block_size
 
 
+def gsp(groups: int, prompts: int, system: int, question: int, output: int, seed: int):
+    """SGLang's generated-shared-prefix workload (`bench_serving
+    --dataset-name generated-shared-prefix`, as `radixkv replay`'s gsp):
+    `groups` system prompts of `system` tokens, `prompts` questions of
+    `question` tokens each, all arriving at time 0 in a seeded random
+    order. Each token is its own block here (`--block-tokens 1`): ids are
+    fresh per token, shared only through a group's system prompt."""
+    import random
+
+    rng = random.Random(seed)
+    fresh = iter(range(1 << 62))
+    out = []
+    for _ in range(groups):
+        head = [next(fresh) for _ in range(system)]
+        for _ in range(prompts):
+            ids = head + [next(fresh) for _ in range(question)]
+            out.append((0.0, len(ids), output, ids))
+    rng.shuffle(out)
+    return out
+
+
 def tokens_of(hash_ids, block_tokens: int):
     t = []
     for h in hash_ids:
@@ -161,6 +186,7 @@ def run(trace, policy: str, ranks: int, capacity: int, a) -> dict:
             load=a.router_load,
             balance_abs=a.balance_abs,
             balance_rel=a.balance_rel,
+            balance=a.balance,
             pending_ttl_s=1e9,
             pending_tokens=1 << 30,
         )
@@ -270,7 +296,7 @@ def run(trace, policy: str, ranks: int, capacity: int, a) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("trace")
-    p.add_argument("--format", choices=["mooncake", "agentic"], default="mooncake")
+    p.add_argument("--format", choices=["mooncake", "agentic", "gsp"], default="mooncake")
     p.add_argument("--mean-gap-s", type=float, default=1.0, help="agentic: between conversations")
     p.add_argument("--ranks", type=int, nargs="+", default=[4, 8])
     p.add_argument("--requests", type=int, default=12031)
@@ -279,11 +305,18 @@ def main() -> None:
     p.add_argument("--page", type=int, default=16)
     p.add_argument("--prefill-tps", type=float, default=20000.0)
     p.add_argument("--decode-ms", type=float, default=20.0)
-    p.add_argument("--router-load", choices=["requests", "tokens"], default="tokens")
-    p.add_argument("--balance-abs", type=int, default=32768)
-    p.add_argument("--balance-rel", type=float, default=1.5)
+    from radixkv.sglang_dp import DEFAULT_OPTIONS as d
+
+    p.add_argument("--router-load", choices=["requests", "tokens"], default=d["load"])
+    p.add_argument("--balance-abs", type=int, default=d["balance_abs"])
+    p.add_argument("--balance-rel", type=float, default=d["balance_rel"])
+    p.add_argument("--balance", choices=["global", "above_mean"], default=d["balance"])
+    p.add_argument("--only", nargs="+", help="dispatchers to run (default all)")
     a = p.parse_args()
-    if a.format == "agentic":
+    if a.format == "gsp":
+        # SGLang's bench_serving defaults; one token per block.
+        trace, a.real_block, a.block_tokens = gsp(64, 16, 2048, 128, 256, 42), 1, 1
+    elif a.format == "agentic":
         trace, a.real_block = read_agentic(a.trace, a.requests, a.mean_gap_s, 7)
     else:
         trace, a.real_block = read_mooncake(a.trace, a.requests), 512
@@ -291,7 +324,7 @@ def main() -> None:
     rows = []
     for ranks in a.ranks:
         total_pool = int(distinct * a.pool_frac)
-        for policy in ["round_robin", "total_requests", "total_tokens", "radixkv", "ceiling"]:
+        for policy in a.only or ["round_robin", "total_requests", "total_tokens", "radixkv", "ceiling"]:
             per = total_pool if policy == "ceiling" else total_pool // ranks
             t = time.time()
             r = run(trace, policy, ranks, per, a)

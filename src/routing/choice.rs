@@ -4,19 +4,48 @@
 //! and the index's data-parallel router (`radixkv_index::dp`) both route
 //! by it.
 //!
-//! The rule is sgl-router's: when the load is imbalanced (the busiest has
-//! more than [`CacheAwarePolicy::balance_abs`] and more than
-//! [`CacheAwarePolicy::balance_rel`] times the least busy), the least
-//! loaded; otherwise the longest prefix, ties to the less loaded, then to
-//! the one caching fewer tokens (a prefix nobody has goes to the smallest
-//! cache, so that new prefixes spread), then to the lower index.
+//! The longest prefix wins, ties to the less loaded, then to the one
+//! caching fewer tokens (a prefix nobody has goes to the smallest cache, so
+//! that new prefixes spread), then to the lower index, unless the load says
+//! otherwise, by one of two rules ([`BalanceRule`]):
+//!
+//! * [`BalanceRule::Global`], sgl-router's (the default): when the load is
+//!   imbalanced (the busiest has more than
+//!   [`CacheAwarePolicy::balance_abs`] and more than
+//!   [`CacheAwarePolicy::balance_rel`] times the least busy), the least
+//!   loaded, whatever the prefixes.
+//! * [`BalanceRule::AboveMean`]: a device whose own load is above both
+//!   `balance_abs` and `balance_rel` times the mean steps aside, and the
+//!   longest prefix among the others wins. Only an overloaded device loses
+//!   its requests: with many devices the least busy one is often nearly
+//!   idle, and the global rule would then send most requests to it, cached
+//!   elsewhere or not.
+
+/// When the load overrides the longest prefix in [`choose`]: under
+/// [`Global`](BalanceRule::Global), an imbalance anywhere sends the
+/// request to the least loaded device; under
+/// [`AboveMean`](BalanceRule::AboveMean), only an overloaded device steps
+/// aside and the others compete on their prefixes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BalanceRule {
+    /// The busiest against the least busy; when imbalanced, the least
+    /// loaded takes the request (sgl-router's rule).
+    #[default]
+    Global,
+    /// Each device against the mean; the overloaded ones step aside.
+    AboveMean,
+}
 
 /// The knobs of [`choose`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CacheAwarePolicy {
-    /// Imbalanced only if the busiest has a load above this (default 32).
+    /// Which rule weighs the thresholds (default [`BalanceRule::Global`]).
+    pub rule: BalanceRule,
+    /// Imbalanced (or, under [`BalanceRule::AboveMean`], overloaded) only
+    /// with a load above this (default 32).
     pub balance_abs: usize,
-    /// …and above this many times the least busy one's (default 1.5).
+    /// …and above this many times the least busy one's (under
+    /// [`BalanceRule::AboveMean`]: the mean's; default 1.5).
     pub balance_rel: f64,
     /// Devices can copy prefixes from each other: a prefix held elsewhere
     /// costs a copy, not a recomputation, so only the devices within
@@ -36,6 +65,7 @@ pub struct CacheAwarePolicy {
 impl Default for CacheAwarePolicy {
     fn default() -> Self {
         CacheAwarePolicy {
+            rule: BalanceRule::Global,
             balance_abs: 32,
             balance_rel: 1.5,
             copies: false,
@@ -59,11 +89,21 @@ pub struct Choice {
 }
 
 impl CacheAwarePolicy {
-    /// Whether `load` is imbalanced under this policy.
+    /// Whether `load` is imbalanced under [`BalanceRule::Global`]'s test
+    /// (whichever rule the policy names).
     pub fn imbalanced(&self, load: &[usize]) -> bool {
         let max = load.iter().copied().max().unwrap_or(0);
         let min = load.iter().copied().min().unwrap_or(0);
         max > self.balance_abs && max as f64 > min as f64 * self.balance_rel
+    }
+
+    /// The load above which a device steps aside under
+    /// [`BalanceRule::AboveMean`]: `balance_abs`, or `balance_rel` times the
+    /// mean of `load` if that is more. The least loaded device is never
+    /// above it (`balance_rel` is at least 1 where the policy is checked).
+    pub fn overload_bound(&self, load: &[usize]) -> f64 {
+        let mean = load.iter().map(|&l| l as f64).sum::<f64>() / load.len().max(1) as f64;
+        (self.balance_abs as f64).max(mean * self.balance_rel)
     }
 }
 
@@ -96,7 +136,7 @@ pub fn choose(
     prefixes: impl FnOnce() -> Vec<usize>,
     resident: impl Fn(usize) -> usize,
 ) -> Choice {
-    if policy.imbalanced(load) {
+    if policy.rule == BalanceRule::Global && policy.imbalanced(load) {
         return Choice {
             device: least_loaded(load),
             expected_prefix: 0,
@@ -117,21 +157,92 @@ pub fn choose(
     } else {
         usize::MAX
     };
+    let bound = match policy.rule {
+        BalanceRule::Global => f64::INFINITY,
+        BalanceRule::AboveMean => policy.overload_bound(load),
+    };
+    let key = |d: usize| {
+        (
+            best[d],
+            std::cmp::Reverse(load[d]),
+            std::cmp::Reverse(resident(d)),
+            std::cmp::Reverse(d),
+        )
+    };
     // `max_by_key` keys each device once: `resident` is read once each.
     let device = (0..n)
-        .filter(|&d| load[d] <= slack)
-        .max_by_key(|&d| {
-            (
-                best[d],
-                std::cmp::Reverse(load[d]),
-                std::cmp::Reverse(resident(d)),
-                std::cmp::Reverse(d),
-            )
-        })
-        .unwrap_or(0);
+        .filter(|&d| load[d] <= slack && load[d] as f64 <= bound)
+        .max_by_key(|&d| key(d))
+        .unwrap_or_else(|| least_loaded(load));
+    // Balancing chose if a device that stepped aside had a longer prefix.
+    let balanced = (0..n).any(|d| load[d] as f64 > bound && best[d] > best[device]);
     Choice {
         device,
         expected_prefix: best.get(device).copied().unwrap_or(0),
-        balanced: false,
+        balanced,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn above_mean() -> CacheAwarePolicy {
+        CacheAwarePolicy {
+            rule: BalanceRule::AboveMean,
+            balance_abs: 4,
+            balance_rel: 1.5,
+            ..CacheAwarePolicy::default()
+        }
+    }
+
+    #[test]
+    fn above_mean_keeps_prefixes_where_the_global_rule_balances() {
+        // The least busy device is idle: the global rule calls this
+        // imbalanced (10 > 4, 10 > 1.5 x 0) and sends the request there.
+        let load = [10, 8, 9, 0];
+        let g = choose(
+            &CacheAwarePolicy {
+                balance_abs: 4,
+                ..Default::default()
+            },
+            &load,
+            || vec![0, 64, 0, 0],
+            |_| 0,
+        );
+        assert_eq!((g.device, g.balanced), (3, true));
+        // Against the mean (6.75, bound 10.1) nobody is overloaded: the
+        // prefix wins.
+        let c = choose(&above_mean(), &load, || vec![0, 64, 0, 0], |_| 0);
+        assert_eq!((c.device, c.expected_prefix, c.balanced), (1, 64, false));
+    }
+
+    #[test]
+    fn above_mean_passes_an_overloaded_device_to_the_next_longest_prefix() {
+        // Mean 5, bound 7.5: device 0 (12) steps aside; device 2 has the
+        // next longest prefix, though device 1 is less loaded.
+        let load = [12, 0, 3, 5];
+        let c = choose(&above_mean(), &load, || vec![64, 0, 32, 16], |_| 0);
+        assert_eq!((c.device, c.expected_prefix, c.balanced), (2, 32, true));
+        // Below balance_abs nobody steps aside.
+        let p = CacheAwarePolicy {
+            balance_abs: 20,
+            ..above_mean()
+        };
+        let c = choose(&p, &load, || vec![64, 0, 32, 16], |_| 0);
+        assert_eq!((c.device, c.balanced), (0, false));
+        // A prefix nobody has: the least loaded, not balanced.
+        let c = choose(&above_mean(), &load, || vec![0; 4], |_| 0);
+        assert_eq!((c.device, c.balanced), (1, false));
+    }
+
+    #[test]
+    fn above_mean_never_excludes_the_least_loaded() {
+        // Every load is far above balance_abs; the least loaded is at or
+        // below the mean, so some device always remains.
+        for load in [[100, 100, 100, 100], [1000, 900, 800, 700], [5, 0, 0, 0]] {
+            let c = choose(&above_mean(), &load, || vec![16, 16, 16, 16], |_| 0);
+            assert!(load[c.device] as f64 <= above_mean().overload_bound(&load));
+        }
     }
 }

@@ -12,6 +12,15 @@ use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 /// device. A hash collision (probability about n²/2⁶⁴ for n distinct
 /// pages) can only mislead routing, never the cache.
 ///
+/// Two ways in: by tokens ([`add`](Self::add), [`remove`](Self::remove),
+/// [`longest`](Self::longest): each page hashed here with a keyed
+/// SipHash), or by per-page hashes the caller already has
+/// ([`add_pages`](Self::add_pages), [`remove_pages`](Self::remove_pages),
+/// [`longest_pages`](Self::longest_pages): each a uniform 64-bit hash of
+/// one page's tokens and namespace, not chained, such as the block hashes
+/// KV events carry). Either way the chain is made here. Use one way per
+/// index: the two hash a page differently.
+///
 /// Shared without a global lock: the pages are spread over 16 shards, each
 /// behind its own mutex, held for one page's count at a time (a submit and
 /// a completion on different prompts rarely meet).
@@ -23,6 +32,13 @@ use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 /// assert_eq!(p.longest(&[1, 2, 3, 9], None), vec![0, 2]);
 /// p.remove(&[1, 2, 3, 4, 5], None, 1);
 /// assert_eq!(p.longest(&[1, 2, 3, 9], None), vec![0, 0]);
+///
+/// // By per-page hashes: the same pages at another position, or after
+/// // another page, are other prefixes.
+/// let q = PendingIndex::new(2, 16);
+/// q.add_pages(&[0xa1, 0xb2, 0xc3], 0);
+/// assert_eq!(q.longest_pages(&[0xa1, 0xb2, 0xff]), vec![32, 0]);
+/// assert_eq!(q.longest_pages(&[0xb2, 0xc3]), vec![0, 0]);
 /// ```
 #[derive(Debug)]
 pub struct PendingIndex {
@@ -62,6 +78,36 @@ impl Hasher for Prehashed {
     }
 }
 
+/// Chains per-page hashes: each output names its page and every page
+/// before it. One 64x64 -> 128-bit multiply per page, folded (the mixer of
+/// wyhash and foldhash): the inputs are uniform hashes already, so the
+/// outputs are too, as the shard choice and [`Prehashed`] need.
+struct Chain<I> {
+    pages: I,
+    prev: u64,
+}
+
+impl<I> Chain<I> {
+    fn new(pages: I) -> Self {
+        Chain {
+            pages,
+            prev: 0x243f_6a88_85a3_08d3,
+        }
+    }
+}
+
+impl<I: Iterator<Item = u64>> Iterator for Chain<I> {
+    type Item = u64;
+
+    fn next(&mut self) -> Option<u64> {
+        let page = self.pages.next()?;
+        let x =
+            u128::from(self.prev ^ page) * u128::from(page.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15);
+        self.prev = (x as u64) ^ ((x >> 64) as u64);
+        Some(self.prev)
+    }
+}
+
 impl PendingIndex {
     /// An empty index for `devices` devices and pages of `page_size` tokens.
     pub fn new(devices: usize, page_size: usize) -> Self {
@@ -84,7 +130,7 @@ impl PendingIndex {
         tokens: &'a [u32],
         namespace: Option<&'a str>,
     ) -> impl Iterator<Item = u64> + 'a {
-        let mut h = {
+        let seed = {
             let mut s = self.hasher.build_hasher();
             s.write_u8(namespace.is_some() as u8);
             s.write(namespace.unwrap_or("").as_bytes());
@@ -92,34 +138,66 @@ impl PendingIndex {
         };
         tokens.chunks_exact(self.page_size).map(move |page| {
             let mut s = self.hasher.build_hasher();
-            s.write_u64(h);
+            s.write_u64(seed);
             for &t in page {
                 s.write_u32(t);
             }
-            h = s.finish();
-            h
+            s.finish()
         })
     }
 
     /// Records `tokens` (whole pages) as dispatched to `device`.
     pub fn add(&self, tokens: &[u32], namespace: Option<&str>, device: usize) {
+        self.add_chain(Chain::new(self.page_hashes(tokens, namespace)), device);
+    }
+
+    /// Forgets one earlier [`add`](Self::add) of the same tokens.
+    pub fn remove(&self, tokens: &[u32], namespace: Option<&str>, device: usize) {
+        self.remove_chain(Chain::new(self.page_hashes(tokens, namespace)), device);
+    }
+
+    /// Per device, the longest prefix of `tokens` (whole pages) dispatched
+    /// there and not yet removed, in tokens (each page read under its
+    /// shard's lock: a snapshot per page, which is all routing needs).
+    pub fn longest(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<usize> {
+        self.longest_chain(Chain::new(self.page_hashes(tokens, namespace)))
+    }
+
+    /// Records the prompt whose pages have the hashes `pages` as
+    /// dispatched to `device`.
+    pub fn add_pages(&self, pages: &[u64], device: usize) {
+        self.add_chain(Chain::new(pages.iter().copied()), device);
+    }
+
+    /// Forgets one earlier [`add_pages`](Self::add_pages) of the same
+    /// pages.
+    pub fn remove_pages(&self, pages: &[u64], device: usize) {
+        self.remove_chain(Chain::new(pages.iter().copied()), device);
+    }
+
+    /// [`longest`](Self::longest) of the prompt whose pages have the
+    /// hashes `pages`, in tokens.
+    pub fn longest_pages(&self, pages: &[u64]) -> Vec<usize> {
+        self.longest_chain(Chain::new(pages.iter().copied()))
+    }
+
+    fn add_chain(&self, chain: impl Iterator<Item = u64>, device: usize) {
         if device >= self.devices {
             return;
         }
         let n = self.devices;
-        for h in self.page_hashes(tokens, namespace) {
+        for h in chain {
             self.shard(h)
                 .entry(h)
                 .or_insert_with(|| vec![0; n].into_boxed_slice())[device] += 1;
         }
     }
 
-    /// Forgets one earlier [`add`](Self::add) of the same tokens.
-    pub fn remove(&self, tokens: &[u32], namespace: Option<&str>, device: usize) {
+    fn remove_chain(&self, chain: impl Iterator<Item = u64>, device: usize) {
         if device >= self.devices {
             return;
         }
-        for h in self.page_hashes(tokens, namespace) {
+        for h in chain {
             let mut shard = self.shard(h);
             if let Some(c) = shard.get_mut(&h) {
                 c[device] = c[device].saturating_sub(1);
@@ -130,13 +208,10 @@ impl PendingIndex {
         }
     }
 
-    /// Per device, the longest prefix of `tokens` (whole pages) dispatched
-    /// there and not yet removed (each page read under its shard's lock: a
-    /// snapshot per page, which is all routing needs).
-    pub fn longest(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<usize> {
+    fn longest_chain(&self, chain: impl Iterator<Item = u64>) -> Vec<usize> {
         let mut out = vec![0; self.devices];
         let mut alive: Vec<bool> = vec![true; self.devices];
-        for (i, h) in self.page_hashes(tokens, namespace).enumerate() {
+        for (i, h) in chain.enumerate() {
             let shard = self.shard(h);
             let Some(c) = shard.get(&h) else {
                 break;
@@ -160,5 +235,60 @@ impl PendingIndex {
     /// Whether nothing is pending.
     pub fn is_empty(&self) -> bool {
         self.shards.iter().all(|s| lock(s).is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The longest prefix per device by brute force over the prompts sent.
+    fn naive(sent: &[(Vec<u64>, usize)], devices: usize, page: usize, q: &[u64]) -> Vec<usize> {
+        let mut out = vec![0; devices];
+        for (p, d) in sent {
+            let common = p.iter().zip(q).take_while(|(a, b)| a == b).count();
+            out[*d] = out[*d].max(common * page);
+        }
+        out
+    }
+
+    #[test]
+    fn pages_match_a_brute_force_model_under_adds_and_removes() {
+        // Prompts over a 3-letter alphabet of page hashes, so that they
+        // share prefixes, and the same page recurs at other positions.
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let (devices, page) = (3, 4);
+        let p = PendingIndex::new(devices, page);
+        let mut sent: Vec<(Vec<u64>, usize)> = Vec::new();
+        for _ in 0..3000 {
+            let len = 1 + next(6) as usize;
+            let prompt: Vec<u64> = (0..len).map(|_| 0xabc0 + next(3)).collect();
+            match next(3) {
+                0 if !sent.is_empty() => {
+                    let (q, d) = sent.swap_remove(next(sent.len() as u64) as usize);
+                    p.remove_pages(&q, d);
+                }
+                1 => {
+                    let d = next(devices as u64) as usize;
+                    p.add_pages(&prompt, d);
+                    sent.push((prompt, d));
+                }
+                _ => assert_eq!(
+                    p.longest_pages(&prompt),
+                    naive(&sent, devices, page, &prompt),
+                    "{prompt:x?} against {sent:x?}"
+                ),
+            }
+        }
+        for (q, d) in sent.drain(..) {
+            p.remove_pages(&q, d);
+        }
+        assert!(p.is_empty());
     }
 }

@@ -19,7 +19,7 @@
 
 use arc_swap::ArcSwap;
 use radixkv::cache::{PagedCache, TokenKey};
-use radixkv::routing::CacheAwarePolicy;
+use radixkv::routing::{BalanceRule, CacheAwarePolicy};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -131,6 +131,7 @@ impl RouterConfig {
     /// The cache-aware rule's knobs, as the core's routing takes them.
     pub fn policy(&self) -> CacheAwarePolicy {
         CacheAwarePolicy {
+            rule: BalanceRule::Global,
             balance_abs: self.balance_abs,
             balance_rel: self.balance_rel,
             copies: self.copies,

@@ -1,5 +1,6 @@
 //! The cost of one `DpRouter` dispatch on a long prompt, by part: the
-//! index walk (`scores`), the prompts-sent lookup (`PendingIndex::longest`)
+//! index walk (`scores`, hashing the prompt's blocks included), the
+//! prompts-sent lookup (`PendingIndex::longest_pages`, from the block hashes)
 //! and the whole `route` (walk, lookup, recording the prompt as sent and
 //! forgetting the oldest past the token budget). Opt-in:
 //!
@@ -45,19 +46,24 @@ fn main() {
     r.ingest(3, &encode_batch(0.0, &[stored], None, Encoding::Map), None)
         .expect("a batch");
     let loads = vec![RankLoad::idle(); 8];
+    let pages_hashed = radixkv_index::local_hash::block_hashes(
+        &tokens,
+        page,
+        radixkv_index::local_hash::seed(None, None),
+    );
     let pending = radixkv::routing::PendingIndex::new(8, page);
-    pending.add(&tokens, None, 3);
+    pending.add_pages(&pages_hashed, 3);
     let n = 2000;
     let scores = per_call(n, || {
         std::hint::black_box(r.scores(&tokens, None));
     });
     let longest = per_call(n, || {
-        std::hint::black_box(pending.longest(&tokens, None));
+        std::hint::black_box(pending.longest_pages(&pages_hashed));
     });
     let route = per_call(n, || {
         std::hint::black_box(r.route(&tokens, None, &loads).expect("a route"));
     });
     println!(
-        "{pages} pages of {page}: scores {scores:.1} µs, PendingIndex::longest {longest:.1} µs, route {route:.1} µs per call"
+        "{pages} pages of {page}: scores {scores:.1} µs, PendingIndex::longest_pages {longest:.1} µs, route {route:.1} µs per call"
     );
 }

@@ -148,12 +148,12 @@ pub struct Ingested {
     pub gap: bool,
 }
 
-/// A request counted as dispatched.
+/// A request counted as dispatched: its blocks' hashes (in its
+/// namespace: [`KvIndex::block_hashes`]), as the pending index has them.
 #[derive(Debug)]
 struct Sent {
     at: Instant,
-    tokens: Vec<u32>,
-    namespace: Option<String>,
+    pages: Vec<u64>,
     rank: usize,
 }
 
@@ -392,8 +392,12 @@ impl DpRouter {
     /// Tokens of `tokens`' longest prefix (whole blocks, in `namespace`:
     /// [`radixkv::TokenKey::namespace_for`]) each rank holds on any medium.
     pub fn scores(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<usize> {
+        self.scores_of(&self.index.block_hashes(tokens, namespace))
+    }
+
+    fn scores_of(&self, pages: &[u64]) -> Vec<usize> {
         let mut out = vec![0; self.ranks];
-        for s in self.index.scores(tokens, namespace) {
+        for s in self.index.scores_by_hash(pages) {
             if let Some(o) = out.get_mut(s.source.rank as usize) {
                 *o = (*o).max(s.tokens);
             }
@@ -428,33 +432,34 @@ impl DpRouter {
                 LoadMeasure::Tokens => loads[r].tokens,
             })
             .collect();
-        let whole = &tokens[..tokens.len() / self.block_size() * self.block_size()];
+        // Each block hashed once: the index walks these hashes, and the
+        // prompts sent are chained from them.
+        let pages = self.index.block_hashes(tokens, namespace);
         let c = choose(
             &self.policy.cache_aware,
             &load,
             || {
-                let cached = self.scores(whole, namespace);
-                let sent = self.pending.longest(whole, namespace);
+                let cached = self.scores_of(&pages);
+                let sent = self.pending.longest_pages(&pages);
                 active.iter().map(|&r| cached[r].max(sent[r])).collect()
             },
             |_| 0,
         );
         let rank = active[c.device];
-        self.dispatched(whole, namespace, rank);
+        self.dispatched(pages, rank);
         Ok(Some(Choice { device: rank, ..c }))
     }
 
-    fn dispatched(&self, tokens: &[u32], namespace: Option<&str>, rank: usize) {
-        if tokens.is_empty() {
+    fn dispatched(&self, pages: Vec<u64>, rank: usize) {
+        if pages.is_empty() {
             return;
         }
-        self.pending.add(tokens, namespace, rank);
+        self.pending.add_pages(&pages, rank);
         let mut sent = lock(&self.sent);
-        sent.1 += tokens.len();
+        sent.1 += pages.len() * self.block_size();
         sent.0.push_back(Sent {
             at: Instant::now(),
-            tokens: tokens.to_vec(),
-            namespace: namespace.map(str::to_owned),
+            pages,
             rank,
         });
     }
@@ -469,9 +474,8 @@ impl DpRouter {
                 break;
             }
             if let Some(s) = sent.0.pop_front() {
-                sent.1 -= s.tokens.len();
-                self.pending
-                    .remove(&s.tokens, s.namespace.as_deref(), s.rank);
+                sent.1 -= s.pages.len() * self.block_size();
+                self.pending.remove_pages(&s.pages, s.rank);
             }
         }
     }
@@ -479,14 +483,15 @@ impl DpRouter {
     /// A request routed to `rank` is cached there (or was aborted): it no
     /// longer counts as dispatched.
     pub fn settled(&self, tokens: &[u32], namespace: Option<&str>, rank: usize) {
-        let whole = &tokens[..tokens.len() / self.block_size() * self.block_size()];
+        let pages = self.index.block_hashes(tokens, namespace);
         let mut sent = lock(&self.sent);
-        let at = sent.0.iter().position(|s| {
-            s.rank == rank && s.tokens == whole && s.namespace.as_deref() == namespace
-        });
+        let at = sent
+            .0
+            .iter()
+            .position(|s| s.rank == rank && s.pages == pages);
         if let Some(s) = at.and_then(|i| sent.0.remove(i)) {
-            sent.1 -= s.tokens.len();
-            self.pending.remove(&s.tokens, s.namespace.as_deref(), rank);
+            sent.1 -= s.pages.len() * self.block_size();
+            self.pending.remove_pages(&s.pages, rank);
         }
     }
 

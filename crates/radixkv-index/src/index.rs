@@ -265,6 +265,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The per-block hash seed of a namespace ([`TokenKey::namespace_for`]'s
+/// form): its LoRA name and cache salt, as [`local_hash::seed`] takes them.
+fn namespace_seed(namespace: Option<&str>) -> u64 {
+    let (lora_name, cache_salt) = namespace.map_or((None, None), TokenKey::namespace_parts);
+    local_hash::seed(lora_name, cache_salt)
+}
+
 impl KvIndex {
     /// An empty index of blocks of `block_size` tokens (at least 1) with
     /// room for `max_tiers` (worker, rank, medium) tiers (at most
@@ -583,13 +590,21 @@ impl KvIndex {
     /// salt) that each (source, medium) holds, for every tier that holds
     /// any; a walk of the tree that takes no lock and writes nothing.
     pub fn scores(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<Score> {
-        let (lora_name, cache_salt) = namespace.map_or((None, None), TokenKey::namespace_parts);
-        let seed = local_hash::seed(lora_name, cache_salt);
+        // The key straight from the tokens (no list of hashes between).
+        let seed = namespace_seed(namespace);
         let mut key = Vec::with_capacity(tokens.len() / self.block_size.max(1) * WORDS);
         for b in tokens.chunks_exact(self.block_size) {
             push_key(&mut key, local_hash::block_hash(b, seed));
         }
         self.scores_of_key(&key)
+    }
+
+    /// The per-block hashes of `tokens`' whole blocks in `namespace`
+    /// ([`crate::local_hash`], seeded by the namespace's parts): the blocks
+    /// [`KvIndex::scores`] walks, and what [`KvIndex::scores_by_hash`]
+    /// takes.
+    pub fn block_hashes(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<u64> {
+        local_hash::block_hashes(tokens, self.block_size, namespace_seed(namespace))
     }
 
     /// [`KvIndex::scores`] of the prompt whose blocks have the per-block

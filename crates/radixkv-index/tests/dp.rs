@@ -3,6 +3,7 @@
 //! makes them: the longest cached or dispatched prefix, load balance,
 //! inactive ranks skipped, a gap leaving its rank stale until it clears.
 
+use radixkv::routing::{BalanceRule, CacheAwarePolicy};
 use radixkv_events::wire::{encode_batch, Encoding, KvEvent, Medium};
 use radixkv_index::dp::{DpError, DpPolicy, DpRouter, LoadMeasure, RankLoad};
 use std::time::Duration;
@@ -171,6 +172,55 @@ fn a_gap_leaves_the_rank_stale_until_it_clears_and_duplicates_drop() {
     assert_eq!(r.ingest(0, &restart, Some(0)).unwrap().events, 2);
     assert!(r.stale_ranks().is_empty());
     assert_eq!(r.scores(&[5, 6], None), [2, 0]);
+}
+
+#[test]
+fn above_mean_weighs_each_active_rank_against_the_mean_of_the_active() {
+    let r = DpRouter::new(
+        4,
+        2,
+        DpPolicy {
+            cache_aware: CacheAwarePolicy {
+                rule: BalanceRule::AboveMean,
+                balance_abs: 4,
+                balance_rel: 1.2,
+                ..CacheAwarePolicy::default()
+            },
+            ..DpPolicy::default()
+        },
+    )
+    .unwrap();
+    let e = batch(&[stored(&[7], None, &[1, 2])], Encoding::Map);
+    r.ingest(1, &e, None).unwrap();
+    r.ingest(2, &e, None).unwrap();
+    // Rank 3 idle: the global rule would send this there. Against the
+    // mean (6.5; bound 7.8) rank 1 keeps its prefix.
+    let c = r
+        .route(&[1, 2, 9], None, &load(&[8, 7, 11, 0]))
+        .unwrap()
+        .unwrap();
+    assert_eq!((c.device, c.expected_prefix, c.balanced), (1, 2, false));
+    // Rank 1 above the bound (mean 7.25, bound 8.7): rank 2, which holds
+    // the prefix too, takes it, though busier than ranks 0 and 3.
+    let c = r
+        .route(&[1, 2, 9], None, &load(&[5, 12, 8, 4]))
+        .unwrap()
+        .unwrap();
+    assert_eq!((c.device, c.expected_prefix, c.balanced), (2, 2, false));
+    // Both holders above it: the least loaded of the rest, balanced.
+    let c = r
+        .route(&[1, 2, 3], None, &load(&[5, 12, 12, 1]))
+        .unwrap()
+        .unwrap();
+    assert_eq!((c.device, c.expected_prefix, c.balanced), (3, 0, true));
+    // The mean is the active ranks': with rank 3 (idle) inactive, the mean
+    // is 9 (bound 10.8) and rank 1 (9) keeps the prefix (it was sent [1, 2]
+    // as ranks 2 and 3 were; rank 2 is busier). Counting rank 3, the bound
+    // would be 8.1 and both holders would step aside.
+    let mut l = load(&[8, 9, 10, 0]);
+    l[3].active = false;
+    let c = r.route(&[1, 2, 4], None, &l).unwrap().unwrap();
+    assert_eq!((c.device, c.balanced), (1, false));
 }
 
 #[test]

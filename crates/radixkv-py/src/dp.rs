@@ -5,7 +5,7 @@
 use crate::errors::invalid;
 use crate::ids::ids;
 use pyo3::prelude::*;
-use radixkv::routing::CacheAwarePolicy;
+use radixkv::routing::{BalanceRule, CacheAwarePolicy};
 use radixkv_index::dp::{DpError, DpPolicy, DpRouter as Inner, LoadMeasure, RankLoad};
 use radixkv_py_macros::py_methods;
 use std::sync::Arc;
@@ -13,9 +13,11 @@ use std::time::Duration;
 
 /// What each data-parallel rank has cached, from the ranks' own KV events,
 /// and the rank a request should go to: the longest prefix cached there or
-/// already sent there, unless the ranks' loads are imbalanced (the busiest
-/// above `balance_abs` and above `balance_rel` times the least busy), then
-/// the least loaded; ties to the less loaded.
+/// already sent there, unless the load keeps it away (`balance`: under
+/// `"global"`, when the busiest is above `balance_abs` and `balance_rel`
+/// times the least busy, the least loaded; under `"above_mean"`, a rank
+/// above `balance_abs` and `balance_rel` times the mean steps aside); ties
+/// to the less loaded.
 #[pyclass(module = "radixkv._radixkv", frozen)]
 pub(crate) struct DpRouter {
     inner: Arc<Inner>,
@@ -42,11 +44,14 @@ impl DpRouter {
     /// tokens. `load` is what the thresholds weigh: `"requests"` or
     /// `"tokens"`. A routed request counts as sent to its rank for
     /// `pending_ttl_s` seconds (or until `settled`), at most
-    /// `pending_tokens` tokens of them.
+    /// `pending_tokens` tokens of them. `balance` is the imbalance rule:
+    /// `"global"` (the busiest against the least busy; when imbalanced the
+    /// least loaded takes the request) or `"above_mean"` (a rank above
+    /// `balance_abs` and `balance_rel` times the mean steps aside).
     #[new]
     // One parameter per keyword argument of the Python constructor.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (ranks, page_size, *, balance_abs=32, balance_rel=1.5, load="requests", pending_ttl_s=10.0, pending_tokens=1 << 20))]
+    #[pyo3(signature = (ranks, page_size, *, balance_abs=32, balance_rel=1.5, load="requests", pending_ttl_s=10.0, pending_tokens=1 << 20, balance="global"))]
     fn new(
         py: Python<'_>,
         ranks: usize,
@@ -56,7 +61,18 @@ impl DpRouter {
         load: &str,
         pending_ttl_s: f64,
         pending_tokens: usize,
+        balance: &str,
     ) -> PyResult<Self> {
+        let rule = match balance {
+            "global" => BalanceRule::Global,
+            "above_mean" => BalanceRule::AboveMean,
+            other => {
+                return Err(invalid(
+                    py,
+                    format!("balance must be \"global\" or \"above_mean\", not {other:?}"),
+                ))
+            }
+        };
         let load = match load {
             "requests" => LoadMeasure::Requests,
             "tokens" => LoadMeasure::Tokens,
@@ -69,6 +85,7 @@ impl DpRouter {
         };
         let policy = DpPolicy {
             cache_aware: CacheAwarePolicy {
+                rule,
                 balance_abs,
                 balance_rel,
                 ..CacheAwarePolicy::default()

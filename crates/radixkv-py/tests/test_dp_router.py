@@ -102,9 +102,25 @@ def test_bad_input_raises_invalid_argument():
         radixkv.DpRouter(0, 2)
     with pytest.raises(errors.InvalidArgument, match="pending_ttl_s"):
         radixkv.DpRouter(2, 2, pending_ttl_s=-1.0)
+    with pytest.raises(errors.InvalidArgument, match="above_mean"):
+        radixkv.DpRouter(2, 2, balance="mean")
     # An event it cannot apply is skipped; the router keeps serving.
     assert r.ingest(0, batch(stored([9], 77, [1, 2]))) == 0
     assert r.route([1, 2]) in (0, 1)
+
+
+def test_above_mean_keeps_a_prefix_the_global_rule_would_move():
+    # Rank 1 holds [1, 2]; rank 3 is idle. The global rule calls the load
+    # imbalanced (8 > 4 and 8 > 1.2 x 0) and sends the request to rank 3;
+    # against the mean (5.5 requests, bound 1.2 x 5.5 = 6.6) rank 1 (6)
+    # keeps it.
+    loads = [(8, 0), (6, 0), (8, 0), (0, 0)]
+    routes = {}
+    for rule in ("global", "above_mean"):
+        r = radixkv.DpRouter(4, 2, balance=rule, balance_abs=4, balance_rel=1.2)
+        r.ingest(1, batch(stored([7], None, [1, 2])))
+        routes[rule] = r.route([1, 2, 3], loads=loads)
+    assert routes == {"global": 3, "above_mean": 1}
 
 
 def test_a_subscribed_rank_is_followed_from_a_pyzmq_publisher():
@@ -158,7 +174,7 @@ def test_sglang_dp_derives_endpoints_and_options_as_sglang_does(monkeypatch):
     assert sglang_dp.enabled()
     monkeypatch.setenv(sglang_dp.OPTIONS_ENV, '{"balance_rel": 2.0, "pending_ttl_s": 1}')
     opts = sglang_dp.options()
-    assert opts == {"load": "tokens", "balance_abs": 32768, "balance_rel": 2.0, "pending_ttl_s": 1}
+    assert opts == {**sglang_dp.DEFAULT_OPTIONS, "balance_rel": 2.0, "pending_ttl_s": 1}
     radixkv.DpRouter(2, 16, **opts)
     monkeypatch.setenv(sglang_dp.OPTIONS_ENV, "[1]")
     with pytest.raises(ValueError, match="RADIXKV_DP_OPTIONS"):

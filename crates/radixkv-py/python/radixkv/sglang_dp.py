@@ -41,6 +41,7 @@ from typing import Any, Optional
 __all__ = [
     "ENV",
     "OPTIONS_ENV",
+    "DEFAULT_OPTIONS",
     "Dispatcher",
     "attach",
     "enabled",
@@ -54,9 +55,18 @@ logger = logging.getLogger(__name__)
 #: The switch.
 ENV = "RADIXKV_DP_DISPATCH"
 #: The router's options, a JSON object of :class:`radixkv.DpRouter`'s
-#: keyword arguments (default ``{"load": "tokens", "balance_abs": 32768}``:
-#: the thresholds weigh the tokens SGLang's ``DPBudget`` counts).
+#: keyword arguments, laid over :data:`DEFAULT_OPTIONS`.
 OPTIONS_ENV = "RADIXKV_DP_OPTIONS"
+#: The dispatcher's default options: the thresholds weigh the requests
+#: SGLang's ``DPBudget`` counts, and a rank steps aside only when it runs
+#: more than 6 of them and more than 1.2 times the mean (the rule and the
+#: figures that chose them: docs/dp-router.md and BENCHMARKS.md).
+DEFAULT_OPTIONS: dict[str, Any] = {
+    "load": "requests",
+    "balance": "above_mean",
+    "balance_abs": 6,
+    "balance_rel": 1.2,
+}
 
 _TARGET = "sglang.srt.managers.data_parallel_controller.DataParallelController.__init__"
 
@@ -90,7 +100,7 @@ def options() -> dict[str, Any]:
     """The router's keyword arguments: the defaults, updated by
     ``RADIXKV_DP_OPTIONS``. Raises ``ValueError`` naming the variable for
     anything but a JSON object."""
-    out: dict[str, Any] = {"load": "tokens", "balance_abs": 32 * 1024}
+    out: dict[str, Any] = dict(DEFAULT_OPTIONS)
     raw = os.environ.get(OPTIONS_ENV, "").strip()
     if raw:
         try:

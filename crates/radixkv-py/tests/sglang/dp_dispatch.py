@@ -19,7 +19,10 @@ caches (`match_prefix`), the prompts sent to each rank and the same loads,
 by the rule the docs state; a `routed_dp_rank` is honoured; a rank whose
 publisher restarts is cleared and followed again; a rank whose batch is
 lost with no replay makes the dispatcher fall back to `total_tokens`
-until that rank clears; the switch off leaves SGLang's dispatch alone;
+until that rank clears; a rank whose publisher lags (its events held
+back) still gets the follow-ups of what was sent to it, where a router
+that forgets what it sent sends them elsewhere, and its late batch
+applies without a gap; the switch off leaves SGLang's dispatch alone;
 events off refuse the start, naming the flag. The negative control, a
 router that forgets what it sent, must differ from the oracle on a burst
 of one prefix. Exits 1 on the first failure.
@@ -39,8 +42,9 @@ from array import array
 warnings.filterwarnings("ignore")
 os.environ["RADIXKV_DP_DISPATCH"] = "1"
 os.environ["SGLANG_PLUGINS"] = "radixkv"
-# Prompts sent count as sent for the whole run (the oracle's model).
-os.environ["RADIXKV_DP_OPTIONS"] = '{"load": "tokens", "balance_abs": 32768, "pending_ttl_s": 3600}'
+# The plug-in's default rule; prompts sent count as sent for the whole run
+# (the oracle's model).
+os.environ["RADIXKV_DP_OPTIONS"] = '{"pending_ttl_s": 3600}'
 
 import torch  # noqa: E402
 import zmq  # noqa: E402
@@ -58,12 +62,13 @@ from sglang.srt.runtime_context import publish  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 import radixkv  # noqa: E402
+from radixkv import sglang_dp  # noqa: E402
 from radixkv.sglang import RadixKVCache  # noqa: E402
 
 RANKS = 4
 PAGE = 2
 CAPACITY = 400  # tokens per rank's pool
-BALANCE_ABS = 32 * 1024  # the dispatcher's token threshold
+OPTIONS = sglang_dp.options()  # the dispatcher's rule and thresholds
 failures: list[str] = []
 
 
@@ -140,6 +145,13 @@ class Rank:
                 time.sleep(0.05)
         self.next_value = 1
         self.lose_next = False
+        self.held: list = []
+
+    def release_held(self) -> None:
+        """Publishes what a lagging publisher held back, in one batch."""
+        events, self.held = self.held, []
+        self.pub.publish(KVEventBatch(ts=time.time(), events=events))
+        self.pub._event_queue.join()
 
     def restart(self) -> None:
         """The rank's process restarts: an empty cache, a new publisher
@@ -151,9 +163,10 @@ class Rank:
         m = self.cache.match_prefix(MatchPrefixParams(key=rc.RadixKey(array("q", tokens))))
         return int(m.device_prefix_len)
 
-    def serve(self, tokens: list[int]) -> None:
+    def serve(self, tokens: list[int], hold: bool = False) -> None:
         """Caches the request's prompt (evicting past the pool) and
-        publishes the events."""
+        publishes the events, or with `hold` keeps them for `release_held`
+        (a publisher that lags)."""
         n = len(tokens) // PAGE * PAGE
         values = torch.arange(self.next_value, self.next_value + n, dtype=torch.int64)
         self.next_value += n
@@ -162,6 +175,9 @@ class Rank:
         if over > 0:
             self.cache.evict(EvictParams(num_tokens=over))
         events = self.cache.take_events()
+        if hold:
+            self.held.extend(events)
+            return
         if not events:
             return
         lost = self.lose_next
@@ -223,15 +239,42 @@ def build_controller(config: str | None):
     return dpc.DataParallelController(sa, PortArgs(), lambda *a: None)
 
 
-def oracle(ranks, sent, tokens, loads, active):
-    """The rank the docs' rule picks, and its prefix: imbalanced tokens ->
-    the least loaded active rank; otherwise the longest prefix cached on
-    the rank or sent to it (whole pages), then the lighter load, then the
-    lower index."""
+def forgetful_router():
+    """The negative control: the dispatcher's router with no memory of
+    what it sent (prompts sent count for 0 s)."""
+    return radixkv.DpRouter(RANKS, PAGE, **{**OPTIONS, "pending_ttl_s": 0.0})
+
+
+def measure(load: tuple[int, int]) -> int:
+    """The part of a rank's (requests, tokens) the thresholds weigh."""
+    return load[1] if OPTIONS["load"] == "tokens" else load[0]
+
+
+def overloaded(loads, active) -> list[int]:
+    """The active ranks the rule keeps from the longest prefix: under
+    "global", all but the least loaded when the busiest is above
+    balance_abs and balance_rel times the least busy; under "above_mean",
+    those above balance_abs and balance_rel times the active ranks' mean."""
     idx = [r for r in range(RANKS) if active[r]]
-    tok = [loads[r][1] for r in idx]
-    if max(tok) > BALANCE_ABS and max(tok) > min(tok) * 1.5:
-        return min(idx, key=lambda r: (loads[r][1], r)), 0
+    load = {r: measure(loads[r]) for r in idx}
+    rel, abs_ = OPTIONS["balance_rel"], OPTIONS["balance_abs"]
+    if OPTIONS["balance"] == "global":
+        hi, lo = max(load.values()), min(load.values())
+        if hi > abs_ and hi > lo * rel:
+            least = min(idx, key=lambda r: (load[r], r))
+            return [r for r in idx if r != least]
+        return []
+    bound = max(float(abs_), sum(load.values()) / len(idx) * rel)
+    return [r for r in idx if load[r] > bound]
+
+
+def oracle(ranks, sent, tokens, loads, active):
+    """The rank the docs' rule picks, and its prefix: among the active
+    ranks the rule does not keep away (see `overloaded`), the longest
+    prefix cached on the rank or sent to it (whole pages), then the lighter
+    load, then the lower index."""
+    out = overloaded(loads, active)
+    idx = [r for r in range(RANKS) if active[r] and r not in out]
     whole = len(tokens) // PAGE * PAGE
 
     def common(a, b):
@@ -247,7 +290,7 @@ def oracle(ranks, sent, tokens, loads, active):
         was_sent = max((common(tokens, p) for p, q in sent if q == r), default=0)
         return max(cached, was_sent)
 
-    best = max(idx, key=lambda r: (prefix(r), -loads[r][1], -r))
+    best = max(idx, key=lambda r: (prefix(r), -measure(loads[r]), -r))
     return best, prefix(best)
 
 
@@ -365,7 +408,7 @@ def check(kind: str) -> None:
         c.dispatching(Req(tokens))
         got = sent_frames[0][0] if sent_frames else None
         decisions += 1
-        balanced += int(max(t for _, t in loads) > BALANCE_ABS)
+        balanced += int(bool(overloaded(loads, active)))
         if got != want:
             mismatches += 1
             print(
@@ -432,6 +475,31 @@ def check(kind: str) -> None:
         time.sleep(0.005)
     expect(True, "the rank followed again after its AllBlocksCleared")
 
+    print("-- a lagging rank: its events late, its requests still follow it")
+    c.dp_budget.total_tokens = [0] * RANKS
+    head = [rng.randrange(3000, 4000) for _ in range(24)]
+    c.dp_budget.total_requests = [0] * RANKS
+    sent_frames.clear()
+    c.dispatching(Req(head))
+    laggard = sent_frames[0][0]
+    ranks[laggard].serve(head, hold=True)
+    # The laggard is busier than the others but not overloaded (2 of a
+    # bound of 6): only what the router sent it says it has the prefix.
+    c.dp_budget.total_requests = [2 if r == laggard else 0 for r in range(RANKS)]
+    expect(router.scores(head)[laggard] == 0, "the laggard's events not in yet")
+    sent_frames.clear()
+    c.dispatching(Req(head + [9, 9]))
+    expect(sent_frames[0][0] == laggard, f"the follow-up sent to rank {laggard}, where its prefix was sent")
+    loads = [(2 if r == laggard else 0, 0) for r in range(RANKS)]
+    expect(
+        forgetful_router().route(head + [9, 9], None, loads) != laggard,
+        "the negative control (no memory of what it sent) sends it elsewhere",
+    )
+    ranks[laggard].release_held()
+    wait_applied(router, ranks, head)
+    expect(router.scores(head)[laggard] == len(head), "the late events applied: the prefix is cached there")
+    expect(laggard not in router.stale_ranks(), "lag is not a gap: the rank is not stale")
+
     print("-- a burst of one prefix, dispatched before any rank caches it")
 
     def burst(dispatcher_router) -> list[int]:
@@ -448,10 +516,7 @@ def check(kind: str) -> None:
 
     real = burst(router)
     expect(len(set(real)) == 1, f"radixkv sends the burst to one rank: {real}")
-    forgetful = radixkv.DpRouter(
-        RANKS, PAGE, load="tokens", balance_abs=BALANCE_ABS, pending_ttl_s=0.0
-    )
-    blind = burst(forgetful)
+    blind = burst(forgetful_router())
     expect(
         len(set(blind)) > 1,
         f"the negative control (no memory of what it sent) spreads it: {blind}",
