@@ -15,6 +15,10 @@
 //! * `radix-tree`: Dynamo's single-threaded `RadixTree`;
 //! * `mutex` / `rwlock`: radixkv's sequential model behind a lock.
 //!
+//! And SMG's chain-native index (`smg-radix-tree` 0.1.0, see `smg.rs`):
+//! `smg`, fed the blocks CRTC gets; directly on one thread, behind a
+//! `std::sync::RwLock` (as SMG's own index service holds it) on two.
+//!
 //! Queries: radixkv's `peek` (the resident prefix on every device, from
 //! tokens) against `find_matches` (blocks matched per worker) with block
 //! hashes precomputed (`pre`) or computed from the tokens inside the timed
@@ -29,6 +33,7 @@ mod measure;
 mod mixed;
 mod phases;
 mod setup;
+mod smg;
 mod workload;
 
 use args::Args;
@@ -190,6 +195,15 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
         pools.push(Figures::throughput(w.stored.len(), t.elapsed()));
     }
 
+    let mut smg = smg::Smg::new(w.devices);
+    let mut pairs = Vec::new();
+    let mut h = hist();
+    let t = Instant::now();
+    for r in &w.stored {
+        timed(&mut h, || smg.store(r, &mut pairs));
+    }
+    let smg_f = Figures::of(&h, w.stored.len(), t.elapsed());
+
     let mutex = Mutex::new(SequentialCache::new(PAGE, w.devices, EvictionPolicy::Lru));
     let mut h = hist();
     let t = Instant::now();
@@ -214,10 +228,12 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
             ("crtc-pool-2", pools[1]),
             ("positional", pos_f),
             ("radix-tree", tree_f),
+            ("smg", smg_f),
             ("mutex", mutex_f),
         ],
     );
     check_agree(&w, &cache, &crtc, "after the store phase");
+    check_agree_smg(&w, &cache, &smg, "after the store phase");
 
     // ---- routing query, one thread, cold input (random stored keys)
     let mut rng = StdRng::seed_from_u64(11);
@@ -249,6 +265,12 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
     });
     let q_tree_pre = one(&mut |r| {
         std::hint::black_box(tree.find_matches(r.local.clone(), false));
+    });
+    let q_smg_tok = one(&mut |r| {
+        std::hint::black_box(smg.query_tokens(&r.tokens, PAGE as u32));
+    });
+    let q_smg_pre = one(&mut |r| {
+        std::hint::black_box(smg.query(&r.content));
     });
     let q_rw = one(&mut |r| {
         std::hint::black_box(rwlock.read().expect("model lock").peek(None, &r.tokens));
@@ -292,6 +314,8 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
             ("positional-tokens", q_pos_tok),
             ("positional-pre", q_pos_pre),
             ("radix-tree-pre", q_tree_pre),
+            ("smg-tokens", q_smg_tok),
+            ("smg-pre", q_smg_pre),
             ("rwlock", q_rw),
             ("floor-read-tokens", q_floor),
         ],
@@ -313,6 +337,14 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
     let q2_pos = two(&|r| {
         std::hint::black_box(positional.find_matches(&r.local, false));
     });
+    let smg = RwLock::new(smg);
+    let q2_smg = two(&|r| {
+        std::hint::black_box(smg.read().expect("smg lock").query(&r.content));
+    });
+    let q2_smg_tok = two(&|r| {
+        let hs = smg::contents(&dynamo::local_hashes(&r.tokens, PAGE as u32));
+        std::hint::black_box(smg.read().expect("smg lock").query(&hs));
+    });
     let q2_rw = two(&|r| {
         std::hint::black_box(rwlock.read().expect("model lock").peek(None, &r.tokens));
     });
@@ -327,6 +359,8 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
             ("crtc-pre", q2_crtc),
             ("crtc-tokens", q2_crtc_tok),
             ("positional-pre", q2_pos),
+            ("smg-pre", q2_smg),
+            ("smg-tokens", q2_smg_tok),
             ("rwlock", q2_rw),
             ("floor-read-tokens", q2_floor),
         ],
@@ -357,9 +391,11 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
     let ours_ms = t.elapsed().as_secs_f64() * 1e3;
     let evicted_pages: usize = evicted.iter().map(|v| v.len() / w.page).sum();
     let mut id = 1_000_000_000u64;
+    let mut smg_removals = Vec::new();
     for (dev, values) in evicted.iter().enumerate() {
         for hashes in removed_blocks(&w, values) {
             id += 1;
+            smg_removals.push((dev, hashes.clone()));
             removals.push(dynamo::removed(dev, id, hashes));
         }
     }
@@ -368,6 +404,13 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
     let crtc_ms = b.wall.as_secs_f64() * 1e3;
     let b = pos_lanes[0].run(removals.clone(), Box::new(|_, _| {}));
     let pos_ms = b.wall.as_secs_f64() * 1e3;
+    let mut smg = smg.into_inner().expect("smg lock");
+    settle_allocator();
+    let t = Instant::now();
+    for (dev, hashes) in &smg_removals {
+        smg.remove(*dev, hashes);
+    }
+    let smg_ms = t.elapsed().as_secs_f64() * 1e3;
     let note = format!("{evicted_pages} blocks in {} events", removals.len());
     rep.timing(
         &wl,
@@ -376,10 +419,12 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
             ("radixkv", ours_ms),
             ("crtc", crtc_ms),
             ("positional", pos_ms),
+            ("smg", smg_ms),
         ],
         &note,
     );
     check_agree(&w, &cache, &crtc, "after the removal");
+    check_agree_smg(&w, &cache, &smg, "after the removal");
 
     // ---- mixed 50/50 on 2 threads: query a stored key, store a fresh one
     // (thread t stores the fresh requests of devices t, t + 2, ...).
@@ -387,6 +432,9 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
     let mixed_ours = mixed_radixkv(&cache, &w, threads, 21);
     let mixed_crtc = mixed_dynamo(&crtc, &crtc_lanes, &w, 21);
     let mixed_pos = mixed_dynamo(&positional, &pos_lanes, &w, 21);
+    let smg = RwLock::new(smg);
+    let mixed_smg = mixed_smg(&smg, &w, threads, 21);
+    let smg = smg.into_inner().expect("smg lock");
     rep.phase(
         &wl,
         "mixed_50_2t",
@@ -394,9 +442,12 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
             ("radixkv", mixed_ours),
             ("crtc-pre", mixed_crtc),
             ("positional-pre", mixed_pos),
+            ("smg-pre", mixed_smg),
         ],
     );
     check_agree(&w, &cache, &crtc, "after the mixed phase");
+    check_agree_smg(&w, &cache, &smg, "after the mixed phase");
+    drop(smg);
     drop((crtc_lanes, pos_lanes));
     drop((cache, crtc, positional));
 
@@ -434,6 +485,11 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
         }
         live() - before
     };
+    let (smg_b, smg_own) = {
+        let before = live();
+        let s = smg::built(w.devices, &w.stored);
+        (live() - before, s.bytes_estimate())
+    };
     println!("    ({blocks} distinct blocks over {} devices)", w.devices);
     let per = |b: isize| b as f64 / blocks as f64;
     rep.memory(
@@ -444,6 +500,8 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
             ("crtc", per(crtc_b)),
             ("positional", per(pos_b)),
             ("radix-tree", per(tree_b)),
+            ("smg", per(smg_b)),
+            ("smg-own-estimate", per(smg_own as isize)),
         ],
     );
     // One device: bytes per cached token (distinct tokens on it).

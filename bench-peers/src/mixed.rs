@@ -2,7 +2,7 @@
 //! once, on radixkv and on Dynamo's indexes.
 
 use crate::measure::{hist, timed, Figures};
-use crate::workload::Workload;
+use crate::workload::{Request, Workload};
 use dynamo_kv_router::indexer::SyncIndexer;
 use hdrhistogram::Histogram;
 use radixkv::{DeviceId, RadixCache, TokenKey};
@@ -35,7 +35,36 @@ pub(crate) fn mixed_radixkv(
     threads: usize,
     seed: u64,
 ) -> Figures {
+    mixed_threads(
+        w,
+        threads,
+        seed,
+        |q| {
+            std::hint::black_box(cache.peek(TokenKey::new(&q.tokens)));
+        },
+        |r, vals: &mut Vec<u32>| r.values_into(vals),
+        |r, vals: &mut Vec<u32>| {
+            cache
+                .insert(TokenKey::new(&r.tokens), DeviceId(r.device as u32), vals, 0)
+                .expect("insert");
+        },
+    )
+}
+
+/// Mixed 50/50 on `threads` threads that start together: each thread
+/// alternates a timed `query` of a stored request and a timed `store` of
+/// one of its fresh ones, with a scratch of its own that `prepare` fills
+/// for the store before the clock starts; one histogram for all.
+fn mixed_threads<S: Default>(
+    w: &Workload,
+    threads: usize,
+    seed: u64,
+    query: impl Fn(&Request) + Sync,
+    prepare: impl Fn(&Request, &mut S) + Sync,
+    store: impl Fn(&Request, &mut S) + Sync,
+) -> Figures {
     let barrier = Barrier::new(threads);
+    let (query, prepare, store) = (&query, &prepare, &store);
     let out: Vec<(Histogram<u64>, Duration)> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
@@ -43,26 +72,14 @@ pub(crate) fn mixed_radixkv(
                 s.spawn(move || {
                     let (stores, queries) = mixed_plan(w, threads, t, seed);
                     let mut h = hist();
-                    let mut vals = Vec::new();
+                    let mut scratch = S::default();
                     barrier.wait();
                     let start = Instant::now();
                     for (&si, &qi) in stores.iter().zip(&queries) {
-                        let q = &w.stored[qi];
-                        timed(&mut h, || {
-                            std::hint::black_box(cache.peek(TokenKey::new(&q.tokens)));
-                        });
+                        timed(&mut h, || query(&w.stored[qi]));
                         let r = &w.fresh[si];
-                        r.values_into(&mut vals);
-                        timed(&mut h, || {
-                            cache
-                                .insert(
-                                    TokenKey::new(&r.tokens),
-                                    DeviceId(r.device as u32),
-                                    &vals,
-                                    0,
-                                )
-                                .expect("insert")
-                        });
+                        prepare(r, &mut scratch);
+                        timed(&mut h, || store(r, &mut scratch));
                     }
                     (h, start.elapsed())
                 })
@@ -126,4 +143,27 @@ pub(crate) fn mixed_dynamo<I: SyncIndexer>(
     });
     let ops = out.iter().map(|(h, _)| h.len() as usize).sum();
     merge(&out, ops)
+}
+
+/// Mixed 50/50 on SMG's index behind the `RwLock` its service uses: each
+/// thread queries a stored key on the read side, then stores a fresh one
+/// on the write side.
+pub(crate) fn mixed_smg(
+    smg: &crate::smg::Shared,
+    w: &Workload,
+    threads: usize,
+    seed: u64,
+) -> Figures {
+    mixed_threads(
+        w,
+        threads,
+        seed,
+        |q| {
+            std::hint::black_box(smg.read().expect("smg lock").query(&q.content));
+        },
+        // Its block pairs are built inside the store, under the lock, as
+        // its service builds them.
+        |_, _: &mut Vec<(u64, u64)>| {},
+        |r, pairs: &mut Vec<(u64, u64)>| smg.write().expect("smg lock").store(r, pairs),
+    )
 }

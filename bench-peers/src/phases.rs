@@ -60,18 +60,48 @@ pub(crate) fn mooncake_phase(rep: &mut Report, w: Arc<Workload>) {
     let mut cboth = cs.clone();
     cboth.add(&cq).expect("histogram add");
     let crtc_both = Figures::of(&cboth, 2 * n, d.wall);
+    // SMG's index, directly on this thread (no lock: one writer).
+    let mut smg = crate::smg::Smg::new(w.devices);
+    let (mut gq, mut gs) = (hist(), hist());
+    let mut pairs = Vec::new();
+    let t = Instant::now();
+    for r in &w.stored {
+        timed(&mut gq, || {
+            std::hint::black_box(smg.query_tokens(&r.tokens, PAGE as u32));
+        });
+        timed(&mut gs, || smg.store(r, &mut pairs));
+    }
+    let smg_wall = t.elapsed();
+    let smg_q = Figures::of(&gq, n, smg_wall);
+    let smg_s = Figures::of(&gs, n, smg_wall);
+    let mut gboth = gq.clone();
+    gboth.add(&gs).expect("histogram add");
+    let smg_both = Figures::of(&gboth, 2 * n, smg_wall);
     rep.phase(
         &wl,
         "route_then_store",
-        &[("radixkv", ours), ("crtc-tokens", crtc_both)],
+        &[
+            ("radixkv", ours),
+            ("crtc-tokens", crtc_both),
+            ("smg-tokens", smg_both),
+        ],
     );
     rep.phase(
         &wl,
         "its_queries",
-        &[("radixkv", ours_q), ("crtc-tokens", crtc_q)],
+        &[
+            ("radixkv", ours_q),
+            ("crtc-tokens", crtc_q),
+            ("smg-tokens", smg_q),
+        ],
     );
-    rep.phase(&wl, "its_stores", &[("radixkv", ours_s), ("crtc", crtc_s)]);
+    rep.phase(
+        &wl,
+        "its_stores",
+        &[("radixkv", ours_s), ("crtc", crtc_s), ("smg", smg_s)],
+    );
     check_agree(&w, &cache, &crtc, "after the trace");
+    check_agree_smg(&w, &cache, &smg, "after the trace");
 }
 
 /// Queries and mixed 50/50 at each thread count, on W1 with 16 devices

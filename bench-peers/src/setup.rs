@@ -96,6 +96,28 @@ pub(crate) fn check_agree(
     crtc: &ConcurrentRadixTreeCompressed,
     what: &str,
 ) {
+    check_answers(w, cache, "CRTC", what, |r| {
+        dynamo::per_worker(&crtc.find_matches(&r.local, false), w.devices)
+    });
+}
+
+/// Answers of radixkv and SMG's index agree (in blocks per device) on the
+/// same probe as [`check_agree`].
+pub(crate) fn check_agree_smg(w: &Workload, cache: &RadixCache, smg: &crate::smg::Smg, what: &str) {
+    check_answers(w, cache, "SMG's index", what, |r| {
+        smg.per_device(&r.content)
+    });
+}
+
+/// radixkv's answer (blocks per device) equals `theirs` on 500 stored
+/// requests drawn at random (the same ones every time).
+fn check_answers(
+    w: &Workload,
+    cache: &RadixCache,
+    peer: &str,
+    what: &str,
+    theirs: impl Fn(&workload::Request) -> Vec<usize>,
+) {
     let mut rng = StdRng::seed_from_u64(7);
     for i in sample(&mut rng, 500, w.stored.len()) {
         let r = &w.stored[i];
@@ -104,10 +126,10 @@ pub(crate) fn check_agree(
             .iter()
             .map(|t| t / w.page)
             .collect();
-        let theirs = dynamo::per_worker(&crtc.find_matches(&r.local, false), w.devices);
         assert_eq!(
-            ours, theirs,
-            "{}: radixkv and CRTC disagree on request {i} ({what})",
+            ours,
+            theirs(r),
+            "{}: radixkv and {peer} disagree on request {i} ({what})",
             w.name
         );
     }

@@ -20,6 +20,8 @@ pub struct Request {
     pub local: Vec<LocalBlockHash>,
     /// Dynamo's sequence hashes (external block ids).
     pub seq: Vec<u64>,
+    /// The local hashes as SMG's index takes its content hashes.
+    pub content: Vec<u64>,
 }
 
 impl Request {
@@ -58,12 +60,14 @@ fn random_tokens(rng: &mut StdRng, n: usize) -> Vec<u32> {
 pub fn request(tokens: Vec<u32>, device: usize, base: u32, page: usize) -> Request {
     let local = dynamo::local_hashes(&tokens, page as u32);
     let seq = dynamo::sequence_hashes(&local);
+    let content = crate::smg::contents(&local);
     Request {
         tokens,
         device,
         base,
         local,
         seq,
+        content,
     }
 }
 
