@@ -20,6 +20,13 @@ threads sharing one cache of each kind, each thread matching its share of
 the synthetic requests (radixkv's tree walk releases the GIL). Prints one
 line per measurement and writes JSON.
 
+With `--gil-sweep`, instead: where radixkv's GIL release pays. For keys
+of 16 to 262,144 tokens (64 keys, page size 16, all inserted), the match
+p50 on one thread and the match throughput of 1, 2 and 4 threads, with
+the GIL released on every call (`radixkv.set_gil_release_tokens(0)`) and
+on none; the threshold (`radixkv.gil_release_tokens()`) is the length
+from which releasing gives more throughput to several threads.
+
 Opt-in (not run by CI): `bash scripts/sglang-bench.sh`.
 """
 
@@ -170,6 +177,46 @@ def threads_throughput(kind: str, requests: list[list[int]], ps: int, threads: i
     return rounds * len(keys) / (time.perf_counter() - start)
 
 
+def gil_sweep(out: str) -> None:
+    """See the module docs (`--gil-sweep`)."""
+    import radixkv
+
+    rng = random.Random(11)
+    rows = []
+    default = radixkv.gil_release_tokens()
+    print("key tokens | release | 1-thread match p50 us | matches/s with 1 / 2 / 4 threads", flush=True)
+    for n in (16, 64, 256, 1024, 4096, 16384, 65536, 262144):
+        reqs = [[rng.randrange(1, 50_000) for _ in range(n)] for _ in range(64)]
+        # About 0.2 s of matches per cell (1 us a call plus 3 ns a token).
+        rounds = max(4, int(0.2 / (1e-6 + n * 3e-9) / 64))
+        for release in ("always", "never"):
+            radixkv.set_gil_release_tokens(0 if release == "always" else 1 << 62)
+            cache = make_cache("radixkv", 16)
+            for op, params in plan("synthetic", reqs, 16):
+                if op == "i":
+                    cache.insert(params)
+            keys = [MatchPrefixParams(key=RadixKey(array("q", t))) for t in reqs]
+            lat = []
+            clock = time.perf_counter_ns
+            for _ in range(rounds):
+                for k in keys:
+                    t = clock()
+                    cache.match_prefix(k)
+                    lat.append(clock() - t)
+            del cache
+            rates = [threads_throughput("radixkv", reqs, 16, t, rounds) for t in (1, 2, 4)]
+            rows.append({"tokens": n, "release": release, "match_p50_us": pct(lat, 0.5), "per_s": rates})
+            print(
+                f"{n:10d} | {release:7s} | {pct(lat, 0.5):8.2f} | "
+                + " / ".join(f"{r:,.0f}" for r in rates),
+                flush=True,
+            )
+    radixkv.set_gil_release_tokens(default)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps({"gil_sweep": rows}, indent=1))
+    print(f"wrote {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mooncake-requests", type=int, default=1000)
@@ -179,7 +226,12 @@ def main() -> None:
         "--repeats", type=int, default=3, help="fresh caches per (workload, page size, cache); best p50 kept"
     )
     ap.add_argument("--out", default="target/sglang-bench.json")
+    ap.add_argument("--gil-sweep", action="store_true", help="where the GIL release pays (see the docs)")
     a = ap.parse_args()
+    if a.gil_sweep:
+        with get_context().override_server_args():
+            gil_sweep(a.out)
+        return
     workloads = {"synthetic": synthetic()}
     if Path(a.trace).exists():
         workloads["mooncake"] = mooncake(Path(a.trace), a.mooncake_requests)

@@ -94,6 +94,11 @@ impl Key {
     pub(crate) fn key(&self) -> TokenKey<'_> {
         TokenKey::new(self.ids.as_slice()).in_namespace(self.namespace.as_deref())
     }
+
+    /// Tokens in the key.
+    pub(crate) fn len(&self) -> usize {
+        self.ids.as_slice().len()
+    }
 }
 
 /// An event as Python gets it: a tuple whose first item names its kind.
@@ -196,7 +201,7 @@ macro_rules! shared_methods {
             fn peek(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>, namespace: Option<String>) -> PyResult<Vec<usize>> {
                 let k = Key::read(tokens, namespace)?;
                 let inner = Arc::clone(&self.inner);
-                Ok(py.detach(|| inner.peek(k.key())))
+                Ok(crate::gil::walk(py, k.len(), || inner.peek(k.key())))
             }
 
             /// Resident prefix lengths of `tokens` on every device and on the
@@ -205,7 +210,7 @@ macro_rules! shared_methods {
             fn peek_tiers(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>, namespace: Option<String>) -> PyResult<(Vec<usize>, usize)> {
                 let k = Key::read(tokens, namespace)?;
                 let inner = Arc::clone(&self.inner);
-                let t = py.detach(|| inner.peek_tiers(k.key()));
+                let t = crate::gil::walk(py, k.len(), || inner.peek_tiers(k.key()));
                 Ok((t.devices, t.host))
             }
 
@@ -218,7 +223,7 @@ macro_rules! shared_methods {
                 let t = tier_or_zero(tier)?;
                 let k = Key::read(tokens, namespace)?;
                 let inner = Arc::clone(&slf.get().inner);
-                let m = py.detach(|| inner.match_prefix(k.key(), t)).map_err(|e| cache_error(py, e))?;
+                let m = crate::gil::walk(py, k.len(), || inner.match_prefix(k.key(), t)).map_err(|e| cache_error(py, e))?;
                 MatchResult::new(py, m, slf.clone().into_any().unbind())
             }
 
@@ -230,7 +235,7 @@ macro_rules! shared_methods {
                 let t = tier_or_zero(tier)?;
                 let k = Key::read(tokens, namespace)?;
                 let inner = Arc::clone(&slf.get().inner);
-                let m = py.detach(|| inner.match_and_pin(k.key(), t)).map_err(|e| cache_error(py, e))?;
+                let m = crate::gil::walk(py, k.len(), || inner.match_and_pin(k.key(), t)).map_err(|e| cache_error(py, e))?;
                 MatchResult::new(py, m, slf.clone().into_any().unbind())
             }
 
@@ -342,10 +347,12 @@ macro_rules! shared_methods {
             }
 
             /// Test hook: the next store parks its thread inside the insert
-            /// (events on).
+            /// (events on), until released or for `timeout_s` at most.
             #[cfg(feature = "test-hooks")]
-            fn _hold_next_store(&self, py: Python<'_>) -> PyResult<()> {
-                self.log(py)?.gate.hold_next_store();
+            #[pyo3(signature = (timeout_s=30.0))]
+            fn _hold_next_store(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
+                let limit = std::time::Duration::try_from_secs_f64(timeout_s).unwrap_or_default();
+                self.log(py)?.gate.hold_next_store(limit);
                 Ok(())
             }
 
@@ -454,7 +461,7 @@ shared_methods!(RadixCache, {
         let k = Key::read(tokens, namespace)?;
         let v = ids(values, "values")?;
         let inner = Arc::clone(&self.inner);
-        let r = crate::gil::released(py, || {
+        let r = crate::gil::walk(py, k.len(), || {
             inner.insert_counting(k.key(), t, v.as_slice(), priority, inserted_len)
         })
         .map_err(|e| cache_error(py, e))?;

@@ -14,11 +14,10 @@ struct GateState {
     parked: bool,
     released: bool,
     timed_out: bool,
+    /// How long a parked store waits before it gives up (a test that never
+    /// releases it fails instead of hanging).
+    limit: Duration,
 }
-
-/// How long a parked store waits before it gives up (a test that never
-/// releases it fails instead of hanging).
-const PARK_LIMIT: Duration = Duration::from_secs(30);
 
 /// The gate of one event log.
 #[derive(Debug, Default)]
@@ -32,10 +31,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl StoreGate {
-    /// Arms the gate: the next store parks its thread.
-    pub(crate) fn hold_next_store(&self) {
+    /// Arms the gate: the next store parks its thread, for `limit` at most.
+    pub(crate) fn hold_next_store(&self, limit: Duration) {
         *lock(&self.state) = GateState {
             armed: true,
+            limit,
             ..GateState::default()
         };
     }
@@ -82,7 +82,7 @@ impl StoreGate {
         g.armed = false;
         g.parked = true;
         self.wake.notify_all();
-        let deadline = Instant::now() + PARK_LIMIT;
+        let deadline = Instant::now() + g.limit;
         while !g.released {
             let now = Instant::now();
             if now >= deadline {

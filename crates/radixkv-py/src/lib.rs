@@ -100,6 +100,8 @@ fn _radixkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_class::<sglang::SglangNode>()?;
         m.add_function(wrap_pyfunction!(namespace_for, m)?)?;
         m.add_function(wrap_pyfunction!(reads_without_copy, m)?)?;
+        m.add_function(wrap_pyfunction!(gil::gil_release_tokens, m)?)?;
+        m.add_function(wrap_pyfunction!(gil::set_gil_release_tokens, m)?)?;
         #[cfg(feature = "test-hooks")]
         {
             m.add_function(wrap_pyfunction!(_panic_inside, m)?)?;

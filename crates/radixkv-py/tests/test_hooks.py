@@ -210,6 +210,8 @@ CALLS = {
 FUNCTIONS = {
     "namespace_for": lambda: radixkv.namespace_for("a"),
     "reads_without_copy": lambda: radixkv.reads_without_copy([1]),
+    "gil_release_tokens": lambda: radixkv.gil_release_tokens(),
+    "set_gil_release_tokens": lambda: radixkv.set_gil_release_tokens(radixkv.gil_release_tokens()),
     "_panic_inside": lambda: ext._panic_inside("x"),
     "_panic_at_next_entry": lambda: ext._panic_at_next_entry(),
 }
@@ -299,11 +301,13 @@ def test_the_gil_is_released_while_an_insert_is_inside_the_tree():
     # The insert's store parks its thread inside Rust (the tree's lock
     # held) until another Python thread lets it go: which that thread can
     # do only if the insert released the GIL. Without it, the park gives up
-    # after 30 s and the test fails (nothing here depends on timing).
+    # after 30 s and the test fails (nothing here depends on timing). The
+    # key is as long as the threshold from which calls release the GIL.
     cache = radixkv.RadixCache(events=True)
+    n = radixkv.gil_release_tokens()
     cache._hold_next_store()
     done = []
-    inserter = threading.Thread(target=lambda: done.append(cache.insert([1, 2], [3, 4])))
+    inserter = threading.Thread(target=lambda: done.append(cache.insert(list(range(n)), list(range(n)))))
     inserter.start()
     assert cache._wait_store_parked(60.0), "the insert never reached its store"
     assert cache._release_store(), "no store was parked"
@@ -312,3 +316,40 @@ def test_the_gil_is_released_while_an_insert_is_inside_the_tree():
     assert not cache._store_timed_out(), "the GIL was held inside the insert"
     assert done[0].prefix_len == 0
     cache.audit()
+
+
+def test_a_key_shorter_than_the_threshold_keeps_the_gil():
+    # The same park, for a key one token short of the threshold: the insert
+    # keeps the GIL, so this thread cannot run (and let the store go) until
+    # the park gives up after 2 s. Had the insert released the GIL, this
+    # thread would let it go at once (it polls without blocking).
+    cache = radixkv.RadixCache(events=True)
+    n = radixkv.gil_release_tokens() - 1
+    cache._hold_next_store(2.0)
+    inserter = threading.Thread(target=lambda: cache.insert(list(range(n)), list(range(n))))
+    inserter.start()
+    while inserter.is_alive():
+        if cache._wait_store_parked(0.0):
+            cache._release_store()
+            break
+    inserter.join(60)
+    assert cache._store_timed_out(), "the insert released the GIL for a short key"
+    cache.audit()
+
+
+def test_the_threshold_is_a_process_setting():
+    before = radixkv.gil_release_tokens()
+    try:
+        radixkv.set_gil_release_tokens(0)
+        assert radixkv.gil_release_tokens() == 0
+        # Now even a 2-token insert releases it.
+        cache = radixkv.RadixCache(events=True)
+        cache._hold_next_store()
+        inserter = threading.Thread(target=lambda: cache.insert([1, 2], [3, 4]))
+        inserter.start()
+        assert cache._wait_store_parked(60.0)
+        assert cache._release_store()
+        inserter.join(60)
+        assert not cache._store_timed_out()
+    finally:
+        radixkv.set_gil_release_tokens(before)

@@ -12,7 +12,9 @@ Two kinds of cache, as in the Rust core:
 Tiers are device indices ``0, 1, …`` and ``"host"`` (the host tier, with
 ``host_pages``). Token ids and values come from ``array('q')``, numpy
 arrays, torch tensors or lists; results are ``numpy.uint32`` arrays.
-Every call that walks the tree releases the GIL. Errors are
+A call that walks the tree with a key of at least
+:func:`gil_release_tokens` tokens releases the GIL while it walks
+(evictions, audits and copies always do). Errors are
 :mod:`radixkv.errors` exceptions with the core's message.
 
 :class:`DpRouter` is a data-parallel dispatcher's view of its ranks'
@@ -47,8 +49,10 @@ from ._radixkv import (
     SglangNode,
     SglangTree,
     Sizes,
+    gil_release_tokens,
     namespace_for,
     reads_without_copy,
+    set_gil_release_tokens,
 )
 from .errors import CacheError
 
@@ -74,8 +78,10 @@ __all__ = [
     "SglangTree",
     "Sizes",
     "errors",
+    "gil_release_tokens",
     "namespace_for",
     "reads_without_copy",
+    "set_gil_release_tokens",
 ]
 
 __version__ = "0.1.0"

@@ -20,6 +20,15 @@ MAX_DEVICES: int
 
 def namespace_for(lora_name: Optional[str] = None, cache_salt: Optional[str] = None) -> Optional[str]: ...
 def reads_without_copy(tokens: Ids) -> bool: ...
+def gil_release_tokens() -> int:
+    """The key length (tokens) from which a call that walks the tree with
+    a key (match, peek, insert, SGLang's match_prefix/insert/checkpoint)
+    releases the GIL while it walks; shorter keys keep it (a release costs
+    more than a short walk when another thread waits for the GIL)."""
+    ...
+def set_gil_release_tokens(tokens: int) -> None:
+    """Sets :func:`gil_release_tokens` for the process (0: always release)."""
+    ...
 
 class Lease:
     @property
@@ -272,7 +281,10 @@ class SglangTree:
 class DpRouter:
     """What each data-parallel rank has cached, from the ranks' own KV
     events, and the rank a request should go to (the longest prefix cached
-    or already sent there, unless the loads are imbalanced)."""
+    or already sent there, unless the load keeps that rank away: under
+    ``balance="global"`` any imbalance sends it to the least loaded, under
+    ``"above_mean"`` a rank above ``balance_abs`` and ``balance_rel`` times
+    the mean steps aside)."""
 
     def __init__(
         self,
@@ -284,6 +296,7 @@ class DpRouter:
         load: Literal["requests", "tokens"] = "requests",
         pending_ttl_s: float = 10.0,
         pending_tokens: int = 1 << 20,
+        balance: Literal["global", "above_mean"] = "global",
     ) -> None: ...
     @property
     def ranks(self) -> int: ...

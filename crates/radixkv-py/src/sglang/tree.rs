@@ -264,8 +264,7 @@ impl SglangTree {
             return Ok((0, self.root.clone_ref(py)));
         }
         let cache = Arc::clone(&self.cache);
-        let m = py
-            .detach(|| cache.match_prefix(k.key(), DEVICE))
+        let m = crate::gil::walk(py, k.len, || cache.match_prefix(k.key(), DEVICE))
             .map_err(|e| cache_error(py, e))?;
         // A match may split a node.
         self.check_usable(py)?;
@@ -300,18 +299,17 @@ impl SglangTree {
             return Ok(0);
         }
         let cache = Arc::clone(&self.cache);
-        let prefix_len = py
-            .detach(|| {
-                cache.insert_counting(
-                    k.key(),
-                    DEVICE,
-                    &v.as_slice()[..k.len],
-                    priority,
-                    inserted_len,
-                )
-            })
-            .map(|r| r.prefix_len)
-            .map_err(|e| cache_error(py, e))?;
+        let prefix_len = crate::gil::walk(py, k.len, || {
+            cache.insert_counting(
+                k.key(),
+                DEVICE,
+                &v.as_slice()[..k.len],
+                priority,
+                inserted_len,
+            )
+        })
+        .map(|r| r.prefix_len)
+        .map_err(|e| cache_error(py, e))?;
         self.check_usable(py)?;
         Ok(prefix_len)
     }
@@ -365,26 +363,25 @@ impl SglangTree {
         let vals = v.as_slice();
         let prompt = prompt_len.min(key_len) / ps * ps;
         let cache = Arc::clone(&self.cache);
-        let (prefix_len, m) = py
-            .detach(|| -> Result<_, CacheError> {
-                let key = TokenKey::new(tokens).in_namespace(ns.as_deref());
-                let r = cache.insert_counting(key, DEVICE, vals, priority, inserted_len)?;
-                if prompt > 0 && prompt < key_len {
-                    let pk = TokenKey::new(&tokens[..prompt]).in_namespace(ns.as_deref());
-                    cache.insert_counting(
-                        pk,
-                        DEVICE,
-                        &vals[..prompt],
-                        priority.saturating_add(1),
-                        prompt,
-                    )?;
-                }
-                // Matched and pinned in one walk: the pin holds the node
-                // until the mirror's lock takes it over below.
-                let m = cache.match_and_pin(key, DEVICE)?;
-                Ok((r.prefix_len, m))
-            })
-            .map_err(|e| cache_error(py, e))?;
+        let (prefix_len, m) = crate::gil::walk(py, key_len, || -> Result<_, CacheError> {
+            let key = TokenKey::new(tokens).in_namespace(ns.as_deref());
+            let r = cache.insert_counting(key, DEVICE, vals, priority, inserted_len)?;
+            if prompt > 0 && prompt < key_len {
+                let pk = TokenKey::new(&tokens[..prompt]).in_namespace(ns.as_deref());
+                cache.insert_counting(
+                    pk,
+                    DEVICE,
+                    &vals[..prompt],
+                    priority.saturating_add(1),
+                    prompt,
+                )?;
+            }
+            // Matched and pinned in one walk: the pin holds the node
+            // until the mirror's lock takes it over below.
+            let m = cache.match_and_pin(key, DEVICE)?;
+            Ok((r.prefix_len, m))
+        })
+        .map_err(|e| cache_error(py, e))?;
         if m.values.len() != key_len {
             return Err(failed(
                 py,
