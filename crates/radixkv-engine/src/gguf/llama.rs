@@ -107,7 +107,7 @@ struct Block {
 pub struct LlamaModel {
     cfg: LlamaConfig,
     path: PathBuf,
-    embed: Tensor,
+    embed: Embedding,
     blocks: Vec<Block>,
     norm: Vec<f32>,
     output: QWeight,
@@ -124,6 +124,18 @@ impl std::fmt::Debug for LlamaModel {
             .field("path", &self.path)
             .finish()
     }
+}
+
+/// Where a token's embedding row comes from.
+enum Embedding {
+    /// Dequantized from the output layer's blocks on demand (the GGUF has
+    /// no `output.weight`: the two are one matrix).
+    Tied,
+    /// Dequantized from these blocks on demand.
+    Blocks(QWeight),
+    /// A type the block reader does not know: the whole table, dequantized
+    /// at load.
+    Table(Tensor),
 }
 
 fn candle(e: candle_core::Error) -> GgufError {
@@ -182,19 +194,24 @@ impl LlamaModel {
         let dev = Device::Cpu;
         let mut q = |name: &str| content.tensor(&mut r, name, &dev).map_err(candle);
         let embed_q = q("token_embd.weight")?;
-        let embed = embed_q.dequantize(&dev).map_err(candle)?;
-        let (vocab, width) = embed.dims2().map_err(candle)?;
+        let (vocab, width) = embed_q.shape().dims2().map_err(candle)?;
         if width != hidden {
             return Err(GgufError::Format(format!(
                 "token_embd.weight is {vocab} x {width}, the model {hidden} wide"
             )));
         }
         let norm = norm_weights(q("output_norm.weight")?, hidden)?;
-        // No `output.weight`: the output layer is the embedding's.
-        let output = if content.tensor_infos.contains_key("output.weight") {
-            matmul("output.weight", q("output.weight")?)?
+        // Embedding rows are read from the quantized blocks as tokens need
+        // them (a dequantized copy of the table would be vocab x hidden
+        // floats). No `output.weight`: the output layer is the embedding's.
+        let (output, embed) = if content.tensor_infos.contains_key("output.weight") {
+            let embed = match QWeight::new(&embed_q).map_err(candle)? {
+                Some(w) => Embedding::Blocks(w),
+                None => Embedding::Table(embed_q.dequantize(&dev).map_err(candle)?),
+            };
+            (matmul("output.weight", q("output.weight")?)?, embed)
         } else {
-            matmul("token_embd.weight", embed_q)?
+            (matmul("token_embd.weight", embed_q)?, Embedding::Tied)
         };
         let layers = u("llama.block_count")?;
         let mut blocks = Vec::with_capacity(layers);
@@ -249,6 +266,22 @@ impl LlamaModel {
     /// The shape.
     pub fn config(&self) -> &LlamaConfig {
         &self.cfg
+    }
+
+    /// The embedding rows of `ids` (already in the vocabulary), `(rows,
+    /// hidden)`.
+    fn embed_rows(&self, ids: Vec<u32>, dev: &Device) -> candle_core::Result<Tensor> {
+        let rows = ids.len();
+        let blocks = match &self.embed {
+            Embedding::Tied => &self.output,
+            Embedding::Blocks(w) => w,
+            Embedding::Table(t) => return t.index_select(&Tensor::from_vec(ids, rows, dev)?, 0),
+        };
+        let mut x = Vec::with_capacity(rows * self.cfg.hidden);
+        for id in ids {
+            blocks.row_into(id as usize, &mut x);
+        }
+        Tensor::from_vec(x, (rows, self.cfg.hidden), dev)
     }
 
     /// The embedding row of token id `id`: `id % vocab` (workloads' ids
@@ -491,9 +524,7 @@ impl LlamaModel {
             }
         }
         let rows = ids.len();
-        let mut x = self
-            .embed
-            .index_select(&Tensor::from_vec(ids, rows, &dev)?, 0)?;
+        let mut x = self.embed_rows(ids, &dev)?;
         let (cos, sin) = self.rope_tables(&pos)?;
         for (li, b) in self.blocks.iter().enumerate() {
             let h = rms_norm(&x, &b.attn_norm, eps)?;

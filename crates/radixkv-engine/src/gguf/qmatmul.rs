@@ -3,9 +3,11 @@
 //! activation row is quantized to 8 bits in blocks of 32 (`q8_1`: a scale
 //! `d`, the sum `s = d × Σq`, 32 signed bytes), and a weight block's dot
 //! with it is an exact integer sum scaled by the blocks' scales. candle
-//! computes `Q4_1` with a scalar loop only; here it runs with AVX2 where the
-//! CPU has it (detected at run time) and over rayon's threads, split by
-//! output columns.
+//! computes `Q4_1` with a scalar loop only; here it runs with AVX2 (with FMA
+//! and F16C) where the CPU has it (detected at run time) and over rayon's
+//! threads, split by output columns. The blocks stay as the GGUF stores
+//! them, f16 scales included; a product of several activation rows widens
+//! its weights' scales once, into a copy.
 //!
 //! A row's outputs depend only on that row and the weights, never on the
 //! other rows of the call or on how the columns were split: the paged
@@ -28,19 +30,88 @@ const BLOCK: usize = 32;
 const MACS_PER_TASK: usize = 1 << 15;
 
 /// A `Q4_1` weight block: `w = d × q + m` for the 4-bit `q` (the low
-/// nibbles are elements 0..16, the high ones 16..32).
+/// nibbles are elements 0..16, the high ones 16..32). As the GGUF stores
+/// it (20 bytes), the scales are the bits of f16s (`S = u16`), widened
+/// where a dot uses them; a product of many activation rows widens its
+/// weights' scales once (`S = f32`). Widening is exact: every f16 is an
+/// f32.
 #[derive(Clone, Copy)]
-struct Q41 {
-    d: f32,
-    m: f32,
+struct Q41<S = u16> {
+    d: S,
+    m: S,
     qs: [u8; 16],
 }
 
-/// A `Q8_0` weight block: `w = d × q`.
+/// A `Q8_0` weight block: `w = d × q` (34 bytes as stored), its scale as
+/// in [`Q41`].
 #[derive(Clone, Copy)]
-struct Q80 {
-    d: f32,
+struct Q80<S = u16> {
+    d: S,
     qs: [i8; 32],
+}
+
+/// An f16's bits as an f32 (exact), without F16C.
+fn widen(bits: u16) -> f32 {
+    f16::from_bits(bits).to_f32()
+}
+
+/// A block's scale as stored (f16 bits) or widened (f32).
+trait Scale: Copy + Send + Sync {
+    /// As an f32, by the portable path.
+    fn get(self) -> f32;
+    /// Two scales as f32s, with F16C.
+    ///
+    /// # Safety
+    /// The CPU must support F16C (and AVX2 and FMA, which the kernels
+    /// that call it enable).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn pair_f16c(a: Self, b: Self) -> (f32, f32);
+}
+
+impl Scale for u16 {
+    #[inline(always)]
+    fn get(self) -> f32 {
+        widen(self)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn pair_f16c(a: u16, b: u16) -> (f32, f32) {
+        // SAFETY: the caller's CPU has F16C, AVX2 and FMA.
+        unsafe { avx2::widen2(a, b) }
+    }
+}
+
+impl Scale for f32 {
+    #[inline(always)]
+    fn get(self) -> f32 {
+        self
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn pair_f16c(a: f32, b: f32) -> (f32, f32) {
+        (a, b)
+    }
+}
+
+impl Q41 {
+    fn widened(&self) -> Q41<f32> {
+        Q41 {
+            d: widen(self.d),
+            m: widen(self.m),
+            qs: self.qs,
+        }
+    }
+}
+
+impl Q80 {
+    fn widened(&self) -> Q80<f32> {
+        Q80 {
+            d: widen(self.d),
+            qs: self.qs,
+        }
+    }
 }
 
 /// An activation block (llama.cpp's `q8_1`): `x ≈ d × q`, and
@@ -58,6 +129,14 @@ enum Blocks {
     Q80(Vec<Q80>),
 }
 
+/// Consecutive weight rows (their blocks, row after row), as stored or
+/// with widened scales.
+#[derive(Clone, Copy)]
+enum Rows<'a, S> {
+    Q41(&'a [Q41<S>]),
+    Q80(&'a [Q80<S>]),
+}
+
 /// A `Q4_1` or `Q8_0` weight matrix, `(n, k)` as the GGUF stores it
 /// (`y = x Wᵀ`).
 pub(crate) struct QWeight {
@@ -66,8 +145,8 @@ pub(crate) struct QWeight {
     blocks: Blocks,
 }
 
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+fn f16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
 }
 
 impl QWeight {
@@ -126,6 +205,33 @@ impl QWeight {
         Ok(Some(QWeight { n, k, blocks }))
     }
 
+    /// Row `r` dequantized into `out` (`k` floats appended), as candle
+    /// (and llama.cpp) dequantize it: `q × d + m` (`Q4_1`), `q × d`
+    /// (`Q8_0`), in f32, the same bits as a dequantized copy of the whole
+    /// matrix.
+    pub(crate) fn row_into(&self, r: usize, out: &mut Vec<f32>) {
+        let kb = self.k / BLOCK;
+        match &self.blocks {
+            Blocks::Q41(w) => {
+                for b in &w[r * kb..(r + 1) * kb] {
+                    let (d, m) = (widen(b.d), widen(b.m));
+                    let at = out.len();
+                    out.resize(at + BLOCK, 0.0);
+                    for (j, &q) in b.qs.iter().enumerate() {
+                        out[at + j] = f32::from(q & 0x0F) * d + m;
+                        out[at + j + BLOCK / 2] = f32::from(q >> 4) * d + m;
+                    }
+                }
+            }
+            Blocks::Q80(w) => {
+                for b in &w[r * kb..(r + 1) * kb] {
+                    let d = widen(b.d);
+                    out.extend(b.qs.iter().map(|&q| f32::from(q) * d));
+                }
+            }
+        }
+    }
+
     /// `x Wᵀ` for `x` of `rows × k` (row-major): `rows × n`, row-major.
     pub(crate) fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
         assert_eq!(x.len(), rows * self.k, "activations are not rows x k");
@@ -144,8 +250,29 @@ impl QWeight {
         let piece = |task: usize| {
             let cols = task * per_task..((task + 1) * per_task).min(self.n);
             let mut out = vec![0f32; cols.len() * rows];
-            for (a, out) in acts.chunks_exact(kb).zip(out.chunks_exact_mut(cols.len())) {
-                kernel.columns(&self.blocks, kb, cols.clone(), a, out);
+            let blocks = cols.start * kb..cols.end * kb;
+            // One activation row reads each weight block once: its scales
+            // are widened in the dot. Several reread the task's blocks, so
+            // their scales are widened once, into a copy.
+            macro_rules! each_row {
+                ($w:expr) => {{
+                    let w = $w;
+                    for (a, out) in acts.chunks_exact(kb).zip(out.chunks_exact_mut(cols.len())) {
+                        kernel.columns(w, kb, cols.len(), a, out);
+                    }
+                }};
+            }
+            match (&self.blocks, rows) {
+                (Blocks::Q41(w), 1) => each_row!(Rows::Q41(&w[blocks])),
+                (Blocks::Q80(w), 1) => each_row!(Rows::Q80(&w[blocks])),
+                (Blocks::Q41(w), _) => {
+                    let wide: Vec<Q41<f32>> = w[blocks].iter().map(Q41::widened).collect();
+                    each_row!(Rows::Q41(&wide))
+                }
+                (Blocks::Q80(w), _) => {
+                    let wide: Vec<Q80<f32>> = w[blocks].iter().map(Q80::widened).collect();
+                    each_row!(Rows::Q80(&wide))
+                }
             }
             out
         };
@@ -220,7 +347,9 @@ enum Kernel {
 impl Kernel {
     fn detect() -> Kernel {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
         {
             return Kernel::Avx2;
         }
@@ -241,11 +370,11 @@ impl Kernel {
     /// `Σ_blocks (d_w d_a Σ q_w q_a + m_w s_a)` over each of `N` `Q4_1`
     /// rows with the same activations. Each row's sum is taken as if alone:
     /// several at once only keep more independent work in flight.
-    fn q4_1<const N: usize>(self, w: [&[Q41]; N], a: &[Act]) -> [f32; N] {
+    fn q4_1<S: Scale, const N: usize>(self, w: [&[Q41<S>]; N], a: &[Act]) -> [f32; N] {
         match self {
             Kernel::Portable => w.map(|w| q4_1_portable(w, a)),
             // SAFETY: `Avx2` is only made by `detect` after the CPU
-            // reported both AVX2 and FMA.
+            // reported AVX2, FMA and F16C.
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => unsafe { avx2::q4_1(w, a) },
         }
@@ -253,49 +382,41 @@ impl Kernel {
 
     /// `Σ_blocks d_w d_a Σ q_w q_a` over each of `N` `Q8_0` rows, as
     /// [`q4_1`](Self::q4_1).
-    fn q8_0<const N: usize>(self, w: [&[Q80]; N], a: &[Act]) -> [f32; N] {
+    fn q8_0<S: Scale, const N: usize>(self, w: [&[Q80<S>]; N], a: &[Act]) -> [f32; N] {
         match self {
             Kernel::Portable => w.map(|w| q8_0_portable(w, a)),
-            // SAFETY: as in `q4_1`: the CPU has AVX2 and FMA.
+            // SAFETY: as in `q4_1`: the CPU has AVX2, FMA and F16C.
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => unsafe { avx2::q8_0(w, a) },
         }
     }
 
-    /// One activation row `a` (`kb` blocks) against weight rows `cols` of
-    /// `blocks`, into `out[c - cols.start]`.
-    fn columns(
-        self,
-        blocks: &Blocks,
-        kb: usize,
-        cols: std::ops::Range<usize>,
-        a: &[Act],
-        out: &mut [f32],
-    ) {
-        let first = cols.start;
-        let mut c = first;
+    /// One activation row `a` (`kb` blocks) against the `n` weight rows of
+    /// `rows`, into `out[..n]`.
+    fn columns<S: Scale>(self, rows: Rows<'_, S>, kb: usize, n: usize, a: &[Act], out: &mut [f32]) {
+        let mut c = 0;
         macro_rules! run {
             ($w:expr, $f:ident) => {{
                 let row = |c: usize| &$w[c * kb..(c + 1) * kb];
-                while c + 4 <= cols.end {
+                while c + 4 <= n {
                     let ys = self.$f([row(c), row(c + 1), row(c + 2), row(c + 3)], a);
-                    out[c - first..c - first + 4].copy_from_slice(&ys);
+                    out[c..c + 4].copy_from_slice(&ys);
                     c += 4;
                 }
-                while c < cols.end {
-                    out[c - first] = self.$f([row(c)], a)[0];
+                while c < n {
+                    out[c] = self.$f([row(c)], a)[0];
                     c += 1;
                 }
             }};
         }
-        match blocks {
-            Blocks::Q41(w) => run!(w, q4_1),
-            Blocks::Q80(w) => run!(w, q8_0),
+        match rows {
+            Rows::Q41(w) => run!(w, q4_1),
+            Rows::Q80(w) => run!(w, q8_0),
         }
     }
 }
 
-fn q4_1_portable(w: &[Q41], a: &[Act]) -> f32 {
+fn q4_1_portable<S: Scale>(w: &[Q41<S>], a: &[Act]) -> f32 {
     let mut sum = 0f32;
     for (w, a) in w.iter().zip(a) {
         let mut isum = 0i32;
@@ -303,12 +424,12 @@ fn q4_1_portable(w: &[Q41], a: &[Act]) -> f32 {
             isum += (w.qs[j] & 0x0F) as i32 * a.qs[j] as i32;
             isum += (w.qs[j] >> 4) as i32 * a.qs[j + 16] as i32;
         }
-        sum += w.d * a.d * isum as f32 + w.m * a.s;
+        sum += w.d.get() * a.d * isum as f32 + w.m.get() * a.s;
     }
     sum
 }
 
-fn q8_0_portable(w: &[Q80], a: &[Act]) -> f32 {
+fn q8_0_portable<S: Scale>(w: &[Q80<S>], a: &[Act]) -> f32 {
     let mut sum = 0f32;
     for (w, a) in w.iter().zip(a) {
         let isum: i32 =
@@ -316,7 +437,7 @@ fn q8_0_portable(w: &[Q80], a: &[Act]) -> f32 {
                 .zip(&a.qs)
                 .map(|(&x, &y)| x as i32 * y as i32)
                 .sum();
-        sum += w.d * a.d * isum as f32;
+        sum += w.d.get() * a.d * isum as f32;
     }
     sum
 }
@@ -327,7 +448,7 @@ mod avx2 {
     //! exactly in eight 32-bit lanes, scaled into eight float lanes, and
     //! the lanes added in one fixed order at the end.
     use super::super::lanes::hsum;
-    use super::{Act, Q41, Q80};
+    use super::{Act, Scale, Q41, Q80};
     use std::arch::x86_64::*;
 
     /// Eight lanes of `Σ u × i` over 32 pairs of unsigned `u` (below 128)
@@ -338,13 +459,21 @@ mod avx2 {
         _mm256_madd_epi16(_mm256_maddubs_epi16(u, i), _mm256_set1_epi16(1))
     }
 
+    /// Two f16s' bits (`lo`, `hi`) as f32s (exact), in one conversion.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn widen2(lo: u16, hi: u16) -> (f32, f32) {
+        let both = i32::from(lo) | (i32::from(hi) << 16);
+        let v = _mm_cvtph_ps(_mm_cvtsi32_si128(both));
+        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+    }
+
     /// [`super::Kernel::q4_1`]: per row, one vector accumulator and one
     /// scalar sum of offsets, block by block.
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn q4_1<const N: usize>(w: [&[Q41]; N], a: &[Act]) -> [f32; N] {
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q4_1<S: Scale, const N: usize>(w: [&[Q41<S>]; N], a: &[Act]) -> [f32; N] {
         let low = _mm_set1_epi8(0x0F);
         let mut acc = [_mm256_setzero_ps(); N];
         let mut offsets = [0f32; N];
@@ -360,8 +489,10 @@ mod avx2 {
                 let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
                 let q = _mm256_set_m128i(hi, lo);
                 let dots = _mm256_cvtepi32_ps(dot_u8_i8(q, y));
-                acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(w.d * a.d), dots, acc[i]);
-                offsets[i] += w.m * a.s;
+                // SAFETY: this function's features include F16C.
+                let (d, m) = unsafe { S::pair_f16c(w.d, w.m) };
+                acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), dots, acc[i]);
+                offsets[i] += m * a.s;
             }
         }
         std::array::from_fn(|i| hsum(acc[i]) + offsets[i])
@@ -371,9 +502,9 @@ mod avx2 {
     /// block.
     ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn q8_0<const N: usize>(w: [&[Q80]; N], a: &[Act]) -> [f32; N] {
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q8_0<S: Scale, const N: usize>(w: [&[Q80<S>]; N], a: &[Act]) -> [f32; N] {
         let mut acc = [_mm256_setzero_ps(); N];
         for (b, a) in a.iter().enumerate() {
             // SAFETY: `qs` is 32 bytes; unaligned load.
@@ -385,7 +516,9 @@ mod avx2 {
                 // |x| × (y with x's sign) = x × y, with an unsigned left side.
                 let dots =
                     _mm256_cvtepi32_ps(dot_u8_i8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)));
-                acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(w.d * a.d), dots, acc[i]);
+                // SAFETY: this function's features include F16C.
+                let (d, _) = unsafe { S::pair_f16c(w.d, w.d) };
+                acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), dots, acc[i]);
             }
         }
         std::array::from_fn(|i| hsum(acc[i]))
@@ -415,6 +548,45 @@ mod tests {
         let q = QTensor::quantize(&w, dtype).unwrap();
         let own = QWeight::new(&q).unwrap().unwrap();
         (q, own)
+    }
+
+    #[test]
+    fn several_rows_at_once_give_each_rows_bits_alone() {
+        // Several activation rows read the task's blocks with their scales
+        // widened once into a copy; one row widens them in the dot. The
+        // two must agree to the bit, on whichever kernel this CPU runs.
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            let (_, own) = weight(dtype, 40, 96);
+            let x = random(3 * 96, 5);
+            let all = own.matmul(&x, 3);
+            for r in 0..3 {
+                let one = own.matmul(&x[r * 96..(r + 1) * 96], 1);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&all[r * 40..(r + 1) * 40]),
+                    bits(&one),
+                    "{dtype:?} row {r}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn rows_dequantize_to_candles_bits() {
+        for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
+            let (q, own) = weight(dtype, 6, 64);
+            let all = q
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap();
+            for (r, want) in all.iter().enumerate() {
+                let mut got = Vec::new();
+                own.row_into(r, &mut got);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(want), "{dtype:?} row {r}");
+            }
+        }
     }
 
     /// Each output against candle's quantized matmul of the same tensor
