@@ -182,7 +182,8 @@ pub use cache::{
 pub use cache::{Evictor, EvictorStats};
 pub use device::{DeviceId, Tier};
 
-/// The README's examples, compiled and run as doctests.
+/// The library guide's examples (`docs/library.md`), compiled and run as
+/// doctests.
 #[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-pub struct ReadmeDoctests;
+#[doc = include_str!("../docs/library.md")]
+pub struct LibraryGuideDoctests;
