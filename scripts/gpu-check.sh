@@ -12,7 +12,7 @@
 # loaded from the host tier: logits match a dense reference).
 #
 # The GPU machine needs no Rust toolchain: build the test binaries beforehand
-#   cargo test --release -p radixkv-engine --features cuda --test kvpool --test tiny --no-run
+#   cargo test --release -p radixkv-models --features cuda --test kvpool --test tiny --no-run
 # and run this script from the repository root (or pass the binaries' paths:
 # kvpool's, then tiny's). The GPU tests are `#[ignore]`d in a plain
 # `cargo test` (they need a driver and fail without one); this script runs
@@ -29,7 +29,7 @@ test_binary() {
     b=$(ls -t target/release/deps/"$1"-* 2>/dev/null | grep -v '\.d$' | head -n 1 || true)
   fi
   if [ -z "$b" ] || [ ! -x "$b" ]; then
-    echo "gpu-check: no $1 test binary; build it with: cargo test --release -p radixkv-engine --features cuda --test $1 --no-run" >&2
+    echo "gpu-check: no $1 test binary; build it with: cargo test --release -p radixkv-models --features cuda --test $1 --no-run" >&2
     exit 2
   fi
   echo "$b"
@@ -51,7 +51,7 @@ if [ "$driver" = no ]; then
 fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo "(nvidia-smi not available)"
 if ! "$tiny" --list 2>/dev/null | grep -q '^cuda::'; then
-  echo "gpu-check: $tiny was built without --features cuda; rebuild: cargo test --release -p radixkv-engine --features cuda --test tiny --no-run" >&2
+  echo "gpu-check: $tiny was built without --features cuda; rebuild: cargo test --release -p radixkv-models --features cuda --test tiny --no-run" >&2
   exit 2
 fi
 timeout 120 "$bin" --include-ignored --nocapture --test-threads=1 cuda

@@ -51,7 +51,7 @@ import urllib.error
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKLOADS = os.path.join(HERE, "..", "..", "shared", "workloads")
+WORKLOADS = os.environ.get("RADIXKV_TRACES") or os.path.join(HERE, "..", "..", "shared", "workloads")
 
 
 # --- the worker: SGLang's RadixCache and publisher ---------------------------------
@@ -288,6 +288,8 @@ def trace_prompts(n: int, tokens_per_id: int):
     """Prompts of the Mooncake conversation trace (ids expanded to
     `tokens_per_id` tokens each), or a generated workload without it."""
     path = os.path.join(WORKLOADS, "mooncake_conversation_trace.jsonl.zst")
+    if not os.path.exists(path) and os.environ.get("RADIXKV_REQUIRE_TRACES") == "1":
+        raise SystemExit(f"FAIL: no {path} and RADIXKV_REQUIRE_TRACES=1: the trace workload cannot run")
     if os.path.exists(path):
         out = subprocess.run(["zstd", "-dc", path], capture_output=True, check=True).stdout.decode()
         prompts = []

@@ -6,8 +6,8 @@
 # top-5 and top-2 margin of every position's next-token logits, and a
 # greedy continuation of 32 tokens; and its prefill and decode speed on
 # this CPU with the same thread count. The JSON is committed as test data
-# (crates/radixkv-engine/tests/data/smollm2-llama-cpp.json), and
-# crates/radixkv-engine/tests/llama_cpp.rs checks radixkv against it.
+# (crates/radixkv-models/tests/data/smollm2-llama-cpp.json), and
+# crates/radixkv-models/tests/llama_cpp.rs checks radixkv against it.
 #
 #   bash scripts/llama-reference.sh [OUT.json]
 #   bash scripts/llama-reference.sh --against-flash-attn
@@ -21,7 +21,7 @@
 # ~/.cache/radixkv). THREADS (default 2) sets llama.cpp's threads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-reference=crates/radixkv-engine/tests/data/smollm2-llama-cpp.json
+reference=crates/radixkv-models/tests/data/smollm2-llama-cpp.json
 out="${1:-$reference}"
 cache="${RADIXKV_CACHE:-$HOME/.cache/radixkv}"
 venv="$cache/llama-venv"

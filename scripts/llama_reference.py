@@ -11,7 +11,7 @@ decode speed at the given thread count.
 With --against-flash-attn REF.json it instead measures llama.cpp against
 its own stored reference with one change of summation order (flash
 attention on, everything else equal), by the measures
-crates/radixkv-engine/tests/llama_cpp.rs applies to radixkv: how far a
+crates/radixkv-models/tests/llama_cpp.rs applies to radixkv: how far a
 second computation of the same model moves the logits and the greedy
 tokens.
 """

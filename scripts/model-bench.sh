@@ -33,7 +33,7 @@ if [ ! -x "$llama_py" ]; then
 fi
 model="${RADIXKV_SMOLLM2:-$(bash scripts/fetch-smollm2.sh)}"
 cargo build --release --quiet -p radixkv-cli
-cargo build --release --quiet -p radixkv-engine --features gguf --example gguf_speed
+cargo build --release --quiet -p radixkv-models --features gguf --example gguf_speed
 bin=target/release/radixkv
 text="$out/library.txt"
 "$llama_py" -c 'import sys; sys.path.insert(0, "scripts"); import llama_reference as r; print(r.LIBRARY * 24, end="")' >"$text"

@@ -2,7 +2,7 @@
 # SmolLM2-135M-Instruct behind `radixkv serve --model gguf:PATH`, driven by
 # the official `openai` client (scripts/smollm2_check.py): real text, eos
 # and stop strings honoured, greedy continuations that part from
-# llama.cpp's (crates/radixkv-engine/tests/data/smollm2-llama-cpp.json)
+# llama.cpp's (crates/radixkv-models/tests/data/smollm2-llama-cpp.json)
 # only where its top-2 margin is below 0.5 (how much is equal before each
 # first near tie, margin 0.05, is printed), streaming equal to the whole answer, seeded sampling
 # reproducible, a multi-turn chat whose cached tokens grow turn by turn,
@@ -33,4 +33,4 @@ cleanup() { kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm
 trap cleanup EXIT
 bash scripts/wait-healthy.sh "http://127.0.0.1:$port" "$pid" "$log"
 "$venv/bin/python" scripts/smollm2_check.py "http://127.0.0.1:$port" \
-  crates/radixkv-engine/tests/data/smollm2-llama-cpp.json
+  crates/radixkv-models/tests/data/smollm2-llama-cpp.json

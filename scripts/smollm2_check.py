@@ -52,7 +52,7 @@ def _():
 
 @check("greedy continuations follow llama.cpp's wherever it is sure (margin >= 0.5)")
 def _():
-    # As crates/radixkv-engine/tests/llama_cpp.rs: the served text may part
+    # As crates/radixkv-models/tests/llama_cpp.rs: the served text may part
     # from llama.cpp's only at a step whose top-2 margin is below 0.5 (two
     # implementations' logits differ by 0.15 on average); how much is equal
     # before each first near tie (margin < 0.05) is reported.

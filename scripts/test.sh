@@ -8,6 +8,8 @@
 #   RADIXKV_SOAK_SECS=N        soak duration (default 10)
 #   LOOM_MAX_PREEMPTIONS=N     loom preemption bound (default 3)
 #   RADIXKV_TRACES=DIR         the shipped request traces (default ../shared/workloads)
+#   RADIXKV_REQUIRE_TRACES=1   a missing trace fails every check that reads one
+#                              (.ci/run sets it) instead of skipping it
 #   RADIXKV_SMOLLM2=FILE       SmolLM2's GGUF (default: fetched by scripts/fetch-smollm2.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +30,7 @@ bash scripts/check-doc-links.sh
 bash scripts/check-doc-links.sh --self-test
 
 echo "== the serving runtime carries no tools: radixkv-engine and radixkv-server depend on neither ruzstd nor indicatif (cargo tree -e normal)"
-for crate in radixkv-engine radixkv-server; do
+for crate in radixkv-engine radixkv-models radixkv-server; do
   if cargo tree -e normal -p "$crate" --prefix none | grep -E '^(ruzstd|indicatif) '; then
     echo "FAIL: $crate depends on a tool's dependency (above); it belongs in radixkv-tools"
     exit 1
@@ -39,6 +41,10 @@ traces="${RADIXKV_TRACES:-$(pwd)/../shared/workloads}"
 if [ -f "$traces/mooncake_synthetic_trace.jsonl.zst" ]; then
   echo "== shipped traces found in $traces: the trace tests read them"
 else
+  if [ "${RADIXKV_REQUIRE_TRACES:-}" = 1 ]; then
+    echo "FAIL: no $traces/mooncake_synthetic_trace.jsonl.zst, and RADIXKV_REQUIRE_TRACES=1 (as .ci/run sets it): the trace checks cannot run; set RADIXKV_TRACES"
+    exit 1
+  fi
   echo "SKIPPED: shipped-trace checks (no $traces/mooncake_synthetic_trace.jsonl.zst; set RADIXKV_TRACES)"
 fi
 export RADIXKV_TRACES="$traces"
@@ -87,13 +93,13 @@ echo "== doctests"
 cargo test --workspace --doc
 
 echo "== the engine and CLI without the candle model (feature candle off)"
-cargo clippy -p radixkv-engine -p radixkv-tools -p radixkv-server -p radixkv-cli --no-default-features -- -D warnings
+cargo clippy -p radixkv-engine -p radixkv-models -p radixkv-tools -p radixkv-server -p radixkv-cli --no-default-features -- -D warnings
 
 echo "== --features cuda (cudarc loaded at run time: builds without a toolkit; the GPU tests are #[ignore]d: they need a driver, scripts/gpu-check.sh runs them)"
 # The whole workspace with cuda on (the CLI included) was compiled and linted
 # by .ci/run's clippy --all-features; here the engine's pool and model tests
 # run with it on (no driver: NoCudaDriver, never a panic).
-cargo test --release -p radixkv-engine --features cuda --test kvpool --test tiny
+cargo test --release -p radixkv-models --features cuda --test kvpool --test tiny
 
 echo "== parked-writer negative control (readers that wait must fail the test)"
 bash scripts/parked-writer-control.sh

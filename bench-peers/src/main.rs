@@ -104,6 +104,13 @@ fn main() {
                 "mooncake" => {
                     let path = args.traces.join("mooncake_conversation_trace.jsonl.zst");
                     if !path.exists() {
+                        if std::env::var_os("RADIXKV_REQUIRE_TRACES").is_some_and(|v| v == "1") {
+                            eprintln!(
+                                "no trace at {} and RADIXKV_REQUIRE_TRACES=1: the Mooncake phase cannot run",
+                                path.display()
+                            );
+                            std::process::exit(1);
+                        }
                         println!(
                             "\nSKIPPED: the Mooncake phase (no trace at {}; pass --traces DIR)",
                             path.display()
@@ -342,7 +349,7 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
         std::hint::black_box(smg.read().expect("smg lock").query(&r.content));
     });
     let q2_smg_tok = two(&|r| {
-        let hs = smg::contents(&dynamo::local_hashes(&r.tokens, PAGE as u32));
+        let hs = workload::contents(&dynamo::local_hashes(&r.tokens, PAGE as u32));
         std::hint::black_box(smg.read().expect("smg lock").query(&hs));
     });
     let q2_rw = two(&|r| {

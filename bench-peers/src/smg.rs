@@ -10,8 +10,7 @@
 //! queries on the read side, stores and removals on the write side.
 
 use crate::dynamo;
-use crate::workload::Request;
-use dynamo_kv_router::protocols::LocalBlockHash;
+use crate::workload::{contents, Request};
 use radix_tree::{Config, HolderId, Overlap, OverlapScratch, RadixTree};
 use std::cell::RefCell;
 use std::sync::RwLock;
@@ -26,11 +25,6 @@ thread_local! {
     /// Each querying thread's scratch and answer rows, warm after the
     /// first query (SMG's service keeps them per caller the same way).
     static SCRATCH: RefCell<(OverlapScratch, Vec<Overlap>)> = RefCell::default();
-}
-
-/// The content hashes of `local` as SMG takes them.
-pub(crate) fn contents(local: &[LocalBlockHash]) -> Vec<u64> {
-    local.iter().map(|h| h.0).collect()
 }
 
 impl Smg {

@@ -56,11 +56,17 @@ fn random_tokens(rng: &mut StdRng, n: usize) -> Vec<u32> {
     (0..n).map(|_| rng.random_range(0..128_000)).collect()
 }
 
+/// The content hashes of `local` as SMG's index takes them
+/// (Dynamo's local hashes, as they are).
+pub(crate) fn contents(local: &[LocalBlockHash]) -> Vec<u64> {
+    local.iter().map(|h| h.0).collect()
+}
+
 /// Builds a request, hashing it once with Dynamo's functions.
 pub fn request(tokens: Vec<u32>, device: usize, base: u32, page: usize) -> Request {
     let local = dynamo::local_hashes(&tokens, page as u32);
     let seq = dynamo::sequence_hashes(&local);
-    let content = crate::smg::contents(&local);
+    let content = contents(&local);
     Request {
         tokens,
         device,

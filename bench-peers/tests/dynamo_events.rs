@@ -19,7 +19,7 @@ use dynamo_kv_router::protocols::{
 use dynamo_kv_router::zmq_wire::{decode_event_batch, ZmqEventNormalizer};
 use dynamo_kv_router::RadixTree;
 use radixkv::TokenKey;
-use radixkv_engine::backend::{CostModel, SimulatedBackend};
+use radixkv_engine::simulator::{CostModel, SimulatedBackend};
 use radixkv_engine::tiers::TierConfig;
 use radixkv_engine::{CacheListeners, Engine, EngineConfig, EngineRequest};
 use radixkv_events::subscriber::replay;

@@ -8,6 +8,11 @@
 //! | `ops` | [`ops`] | the SGLang conformance runner |
 //! | `hitrate` | [`hitrate`] | hit rates per eviction policy and capacity, with Belady's bound |
 //! | `stress` | [`stress`] | random request lifecycles under memory pressure, then an audit |
+//!
+//! Shared by several commands: `args.rs` (the engine's and workload's
+//! options, JSON output), `model.rs` (`--model`: which backend, from
+//! `radixkv-models`), `kv_events.rs` (`--kv-events`), `ranges.rs` (the
+//! numeric flags' ranges, checked as clap parses them).
 
 mod args;
 mod hitrate;

@@ -173,7 +173,7 @@ pub fn run(a: ReplayArgs) -> CmdResult {
         #[cfg(feature = "candle")]
         ModelArg::Tiny => {
             cfg.model = radixkv_tools::replay::ReplayModel::Tiny {
-                model: radixkv_engine::tiny::TinyConfig::default(),
+                model: radixkv_models::tiny::TinyConfig::default(),
                 pool: a.kv_pool.parse()?,
                 verify: a.verify,
             }
@@ -193,7 +193,7 @@ pub fn run(a: ReplayArgs) -> CmdResult {
         Some(p) => p,
         #[cfg(feature = "candle")]
         None if small_default && model == ModelArg::Tiny => {
-            radixkv_engine::tiny::default_pages_per_device(ps)
+            radixkv_models::tiny::default_pages_per_device(ps)
         }
         None if small_default => GGUF_DEFAULT_POOL_TOKENS / ps + 1,
         // Every request's prompt and output, once: no eviction needed.

@@ -102,7 +102,8 @@ pub struct ServeArgs {
 /// Starts the engine and the server; returns after a drained shutdown.
 pub fn run(a: ServeArgs) -> CmdResult {
     use crate::model::ModelArg;
-    use radixkv_engine::backend::{CostModel, ModelBackend, SimulatedBackend};
+    use radixkv_engine::sched::batch::ModelBackend;
+    use radixkv_engine::simulator::{CostModel, SimulatedBackend};
     use radixkv_engine::{Engine, EngineConfig};
     use radixkv_server::{shutdown_signals, Server, ServerConfig};
     let e = &a.engine;
@@ -128,8 +129,8 @@ pub fn run(a: ServeArgs) -> CmdResult {
         ),
         #[cfg(feature = "candle")]
         ModelArg::Tiny => {
-            use radixkv_engine::paged::PoolConfig;
-            use radixkv_engine::tiny::{TinyBackend, TinyConfig, TinyModel};
+            use radixkv_models::backend::PoolConfig;
+            use radixkv_models::tiny::{TinyBackend, TinyConfig, TinyModel};
             let model = TinyModel::new(TinyConfig::default())?;
             std::sync::Arc::new(TinyBackend::new(model, PoolConfig::for_engine(&cfg))?)
         }
@@ -137,8 +138,8 @@ pub fn run(a: ServeArgs) -> CmdResult {
         ModelArg::Tiny => return Err(crate::model::NO_CANDLE.into()),
         #[cfg(feature = "gguf")]
         ModelArg::Gguf(path) => {
-            use radixkv_engine::gguf::{GgufBackend, GgufFile};
-            use radixkv_engine::paged::PoolConfig;
+            use radixkv_models::backend::PoolConfig;
+            use radixkv_models::gguf::{GgufBackend, GgufFile};
             let file = GgufFile::open(path)?;
             codec = Some(std::sync::Arc::new(radixkv_server::codec::GgufCodec::new(
                 &file,
@@ -162,7 +163,7 @@ pub fn run(a: ServeArgs) -> CmdResult {
             .unwrap_or_else(|| format!("radixkv-{}", a.model.name())),
         api_key: a.api_key.clone().filter(|k| !k.is_empty()),
         admin_from_anywhere: a.admin_from_anywhere,
-        connections: radixkv_server::connections::ConnectionLimits {
+        connections: radixkv_server::ConnectionLimits {
             header_read_timeout: Duration::from_secs_f64(a.header_read_timeout_s),
             body_read_timeout: Duration::from_secs_f64(a.body_read_timeout_s),
             idle_timeout: Duration::from_secs_f64(a.idle_timeout_s),

@@ -8,7 +8,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use radixkv_engine::backend::{CostModel, SimulatedBackend};
+use radixkv_engine::simulator::{CostModel, SimulatedBackend};
 use radixkv_engine::{Engine, EngineConfig};
 use radixkv_server::{Server, ServerConfig, ServerError, ShutdownReport};
 use serde_json::{json, Value};

@@ -1,12 +1,14 @@
 //! # radixkv-engine
 //!
-//! The multi-device serving engine over the [`radixkv`] core: one scheduler thread per device, all
+//! The multi-device serving runtime over the [`radixkv`] core: one scheduler thread per device, all
 //! sharing one [`RadixCache`](radixkv::RadixCache) (or, for the `private` baseline, one tree per
-//! device), a router in front, and a model backend behind.
+//! device), a router in front, and a model backend behind: the simulator here, or a model of the
+//! crate `radixkv-models` (KV pools, paged models, the tiny transformer, GGUF llamas), which
+//! implements [`ModelBackend`](sched::batch::ModelBackend). The runtime imports no model.
 //!
 //! ```
 //! use radixkv_engine::{Engine, EngineConfig, EngineRequest};
-//! use radixkv_engine::backend::{CostModel, SimulatedBackend};
+//! use radixkv_engine::simulator::{CostModel, SimulatedBackend};
 //! use std::sync::Arc;
 //! let backend = Arc::new(SimulatedBackend::new(CostModel::default(), 1000.0));
 //! let cfg = EngineConfig { devices: 2, pages_per_device: 256, ..EngineConfig::default() };
@@ -31,40 +33,21 @@
 //! | crate root | [`Engine`]: scheduler threads on one shared [`RadixCache`](radixkv::RadixCache), the router, reports and live metrics |
 //! | [`router`] | which device a request goes to (cache-aware, round-robin, least-loaded, private) |
 //! | [`sched`] | per-device scheduling: waiting-queue policies, the scheduler loop, the model interface |
-//! | [`backend`] | model backends: the cost-model simulator |
+//! | [`simulator`] | the default model backend: a cost-model simulator |
 //! | [`tiers`] | the host tier, copy and write policies, and the copy-or-recompute cost model |
-//! | `paged` | models computing for real with their K/V in [`kvpool`] pools at the cache's slots, and the backend that runs any of them (feature `candle`) |
-//! | `tiny` | a tiny random-weights candle transformer, a paged model (feature `candle`) |
-//! | `gguf` | GGUF llamas (SmolLM2-135M): tokenizer, chat template, the paged model and its dense reference (feature `gguf`) |
-//! | [`kvpool`] | KV memory per device: host, or CUDA (feature `cuda`) |
 //! | [`rng`] | the one seeded generator of workloads, policies and weights |
 //!
 //! The tools that drive the engine (traces and their generators, `replay`,
 //! `hitrate`, the conformance runner, the torture run) are the crate
 //! `radixkv-tools`, so the serving runtime carries none of them.
-//!
-//! ## Cargo features
-//!
-//! | feature | default | what it adds |
-//! | --- | --- | --- |
-//! | `candle` | on | paged models (`paged`) and the tiny candle transformer (`tiny`) |
-//! | `gguf` | on | GGUF llamas: tokenizer, chat template, the paged model and its dense reference (`gguf`) |
-//! | `cuda` | off | KV pools in GPU memory through cudarc, loaded at run time (builds without a toolkit) |
 
 mod accounting;
-pub mod backend;
 mod engine;
-#[cfg(feature = "gguf")]
-pub mod gguf;
-pub mod kvpool;
-#[cfg(feature = "candle")]
-pub mod paged;
 pub mod rng;
 pub mod router;
 pub mod sched;
+pub mod simulator;
 pub mod tiers;
-#[cfg(feature = "candle")]
-pub mod tiny;
 
 pub use accounting::{CopiedIn, PromptTokens};
 pub use engine::{

@@ -9,7 +9,7 @@
 //! (Llama-3-8B: 32 · 2 · 8 · 128 · 2 = 128 KiB). A copy is made when the
 //! source holds at least `load_back_threshold` tokens more than the device
 //! and moving them costs less than computing them (the backend's estimate,
-//! [`ModelBackend::prefill_estimate`](crate::backend::ModelBackend::prefill_estimate);
+//! [`ModelBackend::prefill_estimate`](crate::sched::batch::ModelBackend::prefill_estimate);
 //! a backend without one copies whenever the threshold is met).
 //!
 //! In the simulator a pass that waits for copies overlaps them with its

@@ -4,8 +4,8 @@
 //! whatever the threads' interleaving.
 
 use radixkv::DeviceId;
-use radixkv_engine::backend::{CostModel, SimulatedBackend};
 use radixkv_engine::sched::batch::{BackendError, Batch, ModelBackend, StepOutput};
+use radixkv_engine::simulator::{CostModel, SimulatedBackend};
 use radixkv_engine::{Completion, Engine, EngineConfig, EngineRequest, RequestError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -5,12 +5,12 @@
 //! assertion holds whatever the threads' interleaving.
 
 use radixkv::{DeviceId, RadixCache, TokenKey};
-use radixkv_engine::backend::{CostModel, SimulatedBackend};
 use radixkv_engine::router::{PendingIndex, RouterConfig, RouterKind};
 use radixkv_engine::sched::policy::{PolicyConfig, SchedulePolicy};
 use radixkv_engine::sched::scheduler::{
     Completion, Inbox, Job, Scheduler, SchedulerConfig, SchedulerEvents,
 };
+use radixkv_engine::simulator::{CostModel, SimulatedBackend};
 use radixkv_engine::tiers::{CopyPolicy, CopySource, Link, ModelShape, TierConfig, WritePolicy};
 use radixkv_engine::{Engine, EngineConfig, EngineError, EngineRequest};
 use std::sync::atomic::AtomicBool;

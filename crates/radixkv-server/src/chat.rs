@@ -2,21 +2,9 @@
 //! template ([`TextCodec::chat`]), and the `chat.completion` response
 //! shapes. Roles: `system`, `developer`, `user`, `assistant`, `tool`.
 //! Content is a string or an array of `{"type": "text", "text": …}` parts
-//! (concatenated).
-//!
-//! ## The byte codec's chat template
-//!
-//! With the simulated and tiny models ([`ByteCodec`]), each message becomes
-//! `<|ROLE|>\n` + its content + `\n`, in order, and the prompt ends with
-//! `<|assistant|>\n` (the generation prompt); the result is byte-tokenized
-//! ([`crate::tokenizer::encode`]). A GGUF model renders its own template
-//! (ChatML for SmolLM2).
-//!
-//! The template is prefix-stable: the prompt of a conversation's turn `k`
-//! begins with the whole prompt of turn `k - 1` (that prompt ended with
-//! `<|assistant|>\n`, which the next turn's assistant message starts
-//! with), so each turn reuses every earlier turn's cached KV and
-//! `usage.prompt_tokens_details.cached_tokens` grows turn by turn.
+//! (concatenated). The simulated and tiny models' template is
+//! [`crate::codec::byte`]'s; a GGUF model renders its own (ChatML for
+//! SmolLM2).
 //!
 //! ```
 //! use radixkv_server::chat::render_messages;
@@ -32,8 +20,6 @@
 //! assert!(t2.starts_with(&t1));
 //! ```
 
-#[cfg(doc)]
-use super::codec::ByteCodec;
 use super::codec::{TextCodec, Turn};
 use super::error::ApiError;
 use super::wire::{RunInfo, Usage};
@@ -57,20 +43,6 @@ pub(crate) fn render(
 /// The prompt tokens of a `messages` array through `codec`'s template.
 pub fn render_messages(messages: &Value, codec: &dyn TextCodec) -> Result<Vec<u32>, ApiError> {
     codec.chat(&turns(messages)?)
-}
-
-/// The byte codec's template of `turns` (see the module docs).
-pub(crate) fn byte_template(turns: &[Turn]) -> String {
-    let mut text = String::new();
-    for t in turns {
-        text.push_str("<|");
-        text.push_str(&t.role);
-        text.push_str("|>\n");
-        text.push_str(&t.content);
-        text.push('\n');
-    }
-    text.push_str("<|assistant|>\n");
-    text
 }
 
 /// The validated messages of a `messages` array.

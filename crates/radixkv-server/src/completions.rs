@@ -6,7 +6,11 @@
 use super::api::{self, CompletionRequest, Limits};
 use super::error::ApiError;
 use super::wire::{Choice, CompletionResponse, RunInfo, Usage};
-use super::{body_or_error, chat, json_response, stream, unix_now, AppState};
+use crate::chat;
+use crate::handlers::{body_or_error, unix_now};
+use crate::response::json_response;
+use crate::state::AppState;
+use crate::stream;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;

@@ -16,7 +16,7 @@
 //!   body every other error of the API has (its `date` kept).
 
 use super::error::ApiError;
-use super::AppState;
+use crate::state::AppState;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};

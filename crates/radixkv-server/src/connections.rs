@@ -33,7 +33,7 @@
 
 use super::conn_io::{ConnIo, WriteProgress};
 use super::error::ApiError;
-use super::AppState;
+use crate::state::AppState;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::{header, HeaderValue, Request, Response};
@@ -65,39 +65,6 @@ pub const HEALTH_SLOTS: usize = 4;
 /// one may close it to take its slot (a flood of new connections would
 /// otherwise close each health check before its request is read).
 pub const HEALTH_GRACE: Duration = Duration::from_millis(500);
-
-/// The connection limits of a server (part of
-/// [`ServerConfig`](crate::ServerConfig)).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConnectionLimits {
-    /// How long a client may take to send a request head (default 10 s).
-    pub header_read_timeout: Duration,
-    /// How long a client may take to send a request body once its head is
-    /// read (default 30 s); then 408.
-    pub body_read_timeout: Duration,
-    /// How long a connection may stay open with no request (default 60 s).
-    pub idle_timeout: Duration,
-    /// Connections open at once (default 4,096); the server keeps it below
-    /// the process's open-file limit less [`RESERVED_FILES`]. [`HEALTH_SLOTS`]
-    /// more answer `/health` and `/metrics` when it is reached.
-    pub max_connections: usize,
-    /// How long a response may wait for its client to read (no write
-    /// completing) before its connection closes and its request is
-    /// cancelled (default 60 s, nginx's `send_timeout`).
-    pub send_timeout: Duration,
-}
-
-impl Default for ConnectionLimits {
-    fn default() -> Self {
-        ConnectionLimits {
-            header_read_timeout: Duration::from_secs(10),
-            body_read_timeout: Duration::from_secs(30),
-            idle_timeout: Duration::from_secs(60),
-            max_connections: 4096,
-            send_timeout: Duration::from_secs(60),
-        }
-    }
-}
 
 /// Raises the soft limit on open files to the hard limit, where the OS
 /// allows; returns the soft limit in force afterwards (`None` where the

@@ -124,7 +124,7 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut r = super::json_response(self.status(), &self.body());
+        let mut r = crate::response::json_response(self.status(), &self.body());
         if let ApiError::Busy { retry_after_s, .. } = self {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));

@@ -11,7 +11,7 @@
 
 use super::codec::TokenDecoder;
 use super::wire::{Choice, CompletionResponse, Usage};
-use super::AppState;
+use crate::state::AppState;
 use axum::response::sse::Event;
 use radixkv_engine::sched::scheduler::StreamSink;
 use radixkv_engine::StreamEvent;

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{get, limits, start, start_full, until_closed};
-use radixkv_server::connections::ConnectionLimits;
+use radixkv_server::ConnectionLimits;
 use radixkv_server::ServerConfig;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;

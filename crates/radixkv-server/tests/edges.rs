@@ -9,8 +9,8 @@ mod common;
 
 use common::{limits, post, raw, start, PATIENCE};
 use radixkv::DeviceId;
-use radixkv_engine::backend::{CostModel, SimulatedBackend};
 use radixkv_engine::sched::batch::{BackendError, Batch, ModelBackend, StepOutput};
+use radixkv_engine::simulator::{CostModel, SimulatedBackend};
 use radixkv_engine::{Engine, EngineConfig};
 use radixkv_server::{Server, ServerConfig};
 use std::sync::Arc;

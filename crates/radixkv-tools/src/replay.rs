@@ -34,7 +34,7 @@
 
 use crate::trace::Trace;
 use radixkv::metrics::LatencyHistogram;
-use radixkv_engine::backend::{CostModel, SimulatedBackend};
+use radixkv_engine::simulator::{CostModel, SimulatedBackend};
 use radixkv_engine::{Engine, EngineConfig, EngineError, EngineRequest, PromptTokens};
 use serde::Serialize;
 use std::io::IsTerminal;
@@ -81,7 +81,7 @@ pub enum ReplayModel {
     /// model's time / `speedup`).
     #[default]
     Simulated,
-    /// The tiny candle transformer ([`radixkv_engine::tiny::TinyBackend`]):
+    /// The tiny candle transformer ([`radixkv_models::tiny::TinyBackend`]):
     /// real compute with its KV in per-device pools sized like the cache
     /// (the pool, model, device count and slots come from the engine's
     /// configuration). Times are wall time: `speedup` is taken as 1.
@@ -89,13 +89,13 @@ pub enum ReplayModel {
     #[cfg(feature = "candle")]
     Tiny {
         /// The model.
-        model: radixkv_engine::tiny::TinyConfig,
+        model: radixkv_models::tiny::TinyConfig,
         /// Host or GPU pools.
-        pool: radixkv_engine::paged::PoolKind,
+        pool: radixkv_models::backend::PoolKind,
         /// Check every computed position against the dense reference.
         verify: bool,
     },
-    /// A GGUF llama ([`radixkv_engine::gguf::GgufBackend`]) computing for
+    /// A GGUF llama ([`radixkv_models::gguf::GgufBackend`]) computing for
     /// real on the CPU, its KV in per-device pools sized like the cache.
     /// Times are wall time. Feature `gguf`.
     #[cfg(feature = "gguf")]
@@ -103,7 +103,7 @@ pub enum ReplayModel {
         /// The model file.
         path: std::path::PathBuf,
         /// Host or GPU pools.
-        pool: radixkv_engine::paged::PoolKind,
+        pool: radixkv_models::backend::PoolKind,
         /// Check every sampled position against the dense reference.
         verify: bool,
     },
@@ -355,7 +355,7 @@ pub fn replay(
             pool,
             verify,
         } => {
-            use radixkv_engine::paged::{PagedBackend, PoolConfig};
+            use radixkv_models::backend::{PagedBackend, PoolConfig};
             cfg.speedup = 1.0; // real compute: model time is wall time
             let pools = PoolConfig {
                 pool: *pool,
@@ -363,20 +363,20 @@ pub fn replay(
                 ..PoolConfig::for_engine(&cfg.engine)
             };
             let invalid =
-                |e: radixkv_engine::paged::ModelError| EngineError::InvalidConfig(e.to_string());
-            let model = radixkv_engine::tiny::TinyModel::new(model.clone()).map_err(invalid)?;
+                |e: radixkv_models::backend::ModelError| EngineError::InvalidConfig(e.to_string());
+            let model = radixkv_models::tiny::TinyModel::new(model.clone()).map_err(invalid)?;
             Arc::new(PagedBackend::new(model, pools).map_err(invalid)?)
         }
         #[cfg(feature = "gguf")]
         ReplayModel::Gguf { path, pool, verify } => {
-            use radixkv_engine::paged::{PagedBackend, PoolConfig};
+            use radixkv_models::backend::{PagedBackend, PoolConfig};
             cfg.speedup = 1.0; // real compute: model time is wall time
             let pools = PoolConfig {
                 pool: *pool,
                 verify: *verify,
                 ..PoolConfig::for_engine(&cfg.engine)
             };
-            let model = radixkv_engine::gguf::GgufFile::open(path)
+            let model = radixkv_models::gguf::GgufFile::open(path)
                 .and_then(|f| f.llama())
                 .map_err(|e| EngineError::InvalidConfig(e.to_string()))?;
             let backend = PagedBackend::new(model, pools)

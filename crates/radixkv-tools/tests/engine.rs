@@ -1,9 +1,9 @@
 //! The engine end to end on the simulated backend: routing, hit rates,
 //! chunked prefill, retraction, rejection and stopping.
 
-use radixkv_engine::backend::{CostModel, SimulatedBackend};
 use radixkv_engine::router::{RouterConfig, RouterKind};
 use radixkv_engine::sched::scheduler::Completion;
+use radixkv_engine::simulator::{CostModel, SimulatedBackend};
 use radixkv_engine::tiers::{CopyPolicy, TierConfig};
 use radixkv_engine::{Engine, EngineConfig, EngineError, EngineRequest, RequestError};
 use radixkv_tools::replay::{replay, ReplayConfig};

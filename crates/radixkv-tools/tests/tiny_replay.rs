@@ -3,9 +3,9 @@
 //! recomputation, at page sizes 1 and 16, with evictions.
 #![cfg(feature = "candle")]
 
-use radixkv_engine::paged::PoolKind;
-use radixkv_engine::tiny::{default_pages_per_device, TinyConfig};
 use radixkv_engine::EngineConfig;
+use radixkv_models::backend::PoolKind;
+use radixkv_models::tiny::{default_pages_per_device, TinyConfig};
 use radixkv_tools::replay::{replay, tiny_default_workload, ReplayConfig, ReplayModel};
 use std::sync::atomic::AtomicBool;
 

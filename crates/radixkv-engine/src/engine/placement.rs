@@ -91,8 +91,8 @@ impl Placement {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{CostModel, SimulatedBackend};
     use crate::router::{RouterConfig, RouterKind};
+    use crate::simulator::{CostModel, SimulatedBackend};
 
     fn placement(kind: RouterKind) -> Placement {
         let cfg = EngineConfig {

@@ -305,7 +305,7 @@ impl Engine {
     ///
     /// ```
     /// use radixkv_engine::{Engine, EngineConfig, EngineRequest};
-    /// use radixkv_engine::backend::{CostModel, SimulatedBackend};
+    /// use radixkv_engine::simulator::{CostModel, SimulatedBackend};
     /// use radixkv_engine::sched::scheduler::StreamEvent;
     /// use std::sync::Arc;
     /// let backend = Arc::new(SimulatedBackend::new(CostModel::default(), 1000.0));
@@ -333,7 +333,7 @@ impl Engine {
     ///
     /// ```
     /// use radixkv_engine::{Engine, EngineConfig, EngineRequest};
-    /// use radixkv_engine::backend::{CostModel, SimulatedBackend};
+    /// use radixkv_engine::simulator::{CostModel, SimulatedBackend};
     /// use radixkv_engine::sched::scheduler::{StreamEvent, StreamSink};
     /// use std::sync::Arc;
     /// let backend = Arc::new(SimulatedBackend::new(CostModel::default(), 1000.0));
@@ -391,7 +391,7 @@ impl Engine {
     ///
     /// ```
     /// use radixkv_engine::{Engine, EngineConfig, EngineRequest};
-    /// use radixkv_engine::backend::{CostModel, SimulatedBackend};
+    /// use radixkv_engine::simulator::{CostModel, SimulatedBackend};
     /// use std::sync::Arc;
     /// let backend = Arc::new(SimulatedBackend::new(CostModel::default(), 1000.0));
     /// let cfg = EngineConfig { devices: 2, pages_per_device: 64, ..EngineConfig::default() };

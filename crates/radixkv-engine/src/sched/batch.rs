@@ -1,6 +1,6 @@
 //! What a scheduler hands to the model: one forward pass's work, and the
 //! [`ModelBackend`] trait that runs it. The engine provides backends (the
-//! default simulator: `engine::backend::SimulatedBackend`).
+//! default simulator: [`crate::simulator::SimulatedBackend`]).
 
 use super::sampling::Sampling;
 use radixkv::cache::SlotRun;

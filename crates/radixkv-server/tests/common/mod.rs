@@ -3,9 +3,9 @@
 
 #![allow(dead_code)]
 
-use radixkv_engine::backend::{CostModel, SimulatedBackend};
+use radixkv_engine::simulator::{CostModel, SimulatedBackend};
 use radixkv_engine::{Engine, EngineConfig};
-use radixkv_server::connections::ConnectionLimits;
+use radixkv_server::ConnectionLimits;
 use radixkv_server::{Server, ServerConfig};
 use std::net::SocketAddr;
 use std::sync::Arc;

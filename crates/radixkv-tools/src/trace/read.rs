@@ -132,7 +132,7 @@ pub fn read_mooncake(path: &Path) -> Result<Trace, TraceError> {
 }
 
 /// Mean gap between the starts of merged agentic conversations, in seconds
-/// (the README's reference figures use 1 s).
+/// (BENCHMARKS.md's reference figures use 1 s).
 pub const AGENTIC_MEAN_GAP_S: f64 = 1.0;
 
 /// Reads agentic conversations ([`read_agentic_with_gap`]) with a mean gap

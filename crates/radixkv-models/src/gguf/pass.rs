@@ -1,0 +1,173 @@
+//! One pass of the layers over the computed rows of some sequences
+//! ([`Pass::run`]): embeddings, then per block the norm, the Q/K/V
+//! projections (with biases where the architecture has them), RoPE, the
+//! K/V rows handed to the caller to store and read back for attention,
+//! the output projection and the MLP; then the final norm and the logits
+//! of the rows asked for. The paged passes and the dense reference are
+//! this one pass with another [`StoreKv`].
+
+use super::attention::attend_rows;
+use super::config::LlamaConfig;
+use super::kernels::Kernel;
+use super::rope_norm::rms_norm;
+use super::rope_norm::Rope;
+use super::weights::{Block, Weights};
+use crate::backend::ModelError;
+use candle_core::{Device, Tensor};
+
+/// One pass's inputs: a model's weights, shape, RoPE and kernels.
+pub(super) struct Pass<'a> {
+    pub(super) weights: &'a Weights,
+    pub(super) cfg: &'a LlamaConfig,
+    pub(super) rope: &'a Rope,
+    pub(super) kernel: Kernel,
+}
+
+impl Pass<'_> {
+    /// The layers over the computed rows of `parts` (`(tokens, start)`:
+    /// positions `start..` are computed); `kv(layer, part, k, v)` takes the
+    /// part's new K/V rows, stores them, and hands the K/V rows of all its
+    /// positions to attention.
+    /// Returns each part's logits, row-major, of the rows `rows` says.
+    ///
+    /// The pass runs on one of rayon's threads: its parallel parts (a few
+    /// per layer) then fork from inside the pool, where an idle thread is
+    /// still spinning for work, instead of each being queued from outside
+    /// and waited for on a lock. The price, when several devices' passes
+    /// run at once: a thread waiting inside one pass may take up another
+    /// device's whole pass queued meanwhile, so a short decode step can
+    /// finish only after another device's long prefill (the work done is
+    /// the same; which device waits is not).
+    pub(super) fn run(
+        &self,
+        parts: &[(&[u32], usize)],
+        rows_wanted: LogitRows<'_>,
+        kv: &mut StoreKv<'_>,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        rayon::scope(|_| self.run_in_pool(parts, rows_wanted, kv))
+    }
+
+    /// [`run`](Self::run), on the thread it was called on.
+    fn run_in_pool(
+        &self,
+        parts: &[(&[u32], usize)],
+        rows_wanted: LogitRows<'_>,
+        kv: &mut StoreKv<'_>,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        if parts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let dev = Device::Cpu;
+        let c = self.cfg;
+        let eps = c.rms_eps;
+        let width = c.heads * c.head_dim;
+        let mut ids = Vec::new();
+        let mut pos = Vec::new();
+        let mut spans = Vec::with_capacity(parts.len());
+        let mut want = Vec::new();
+        let mut counts = Vec::with_capacity(parts.len());
+        for &(tokens, start) in parts {
+            let n = tokens.len() - start;
+            let first = ids.len();
+            spans.push((first, n));
+            let before = want.len();
+            match rows_wanted {
+                LogitRows::All => want.extend(first as u32..(first + n) as u32),
+                LogitRows::Last => want.push((first + n - 1) as u32),
+                LogitRows::At(at) => want.extend(
+                    at.iter()
+                        .filter(|&&p| p >= start && p < tokens.len())
+                        .map(|&p| (first + p - start) as u32),
+                ),
+            }
+            counts.push(want.len() - before);
+            for (p, &t) in tokens.iter().enumerate().skip(start) {
+                ids.push(c.vocab_index(t));
+                pos.push(p);
+            }
+        }
+        let rows = ids.len();
+        let mut x = self.weights.embed_rows(c.hidden, ids, &dev)?;
+        let (cos, sin) = self.rope.tables(&pos)?;
+        for (li, b) in self.weights.blocks.iter().enumerate() {
+            let h = rms_norm(&x, &b.attn_norm, eps)?;
+            let [q, k, v] = self.project_qkv(b, &h)?;
+            let q = self.rope.apply(&q, c.heads, &cos, &sin)?;
+            let k = self.rope.apply(&k, c.kv_heads, &cos, &sin)?;
+            let mut att = Vec::with_capacity(rows * width);
+            for (pi, (&(_, start), &(o, n))) in parts.iter().zip(&spans).enumerate() {
+                let rows_of = |t: &Tensor| -> candle_core::Result<Vec<f32>> {
+                    t.narrow(0, o, n)?.flatten_all()?.to_vec1()
+                };
+                let qr = rows_of(&q)?;
+                let mut out = Vec::new();
+                kv(li, pi, rows_of(&k)?, rows_of(&v)?, &mut |kr, vr| {
+                    out = attend_rows(self.kernel, c, &qr, kr, vr, start)
+                })?;
+                att.extend(out);
+            }
+            let att = Tensor::from_vec(att, (rows, width), &dev)?;
+            x = (x + b.wo.forward(self.kernel, &att)?)?;
+            let h = rms_norm(&x, &b.ffn_norm, eps)?;
+            let mlp = (candle_nn::ops::silu(&b.gate.forward(self.kernel, &h)?)?
+                * b.up.forward(self.kernel, &h)?)?;
+            x = (x + b.down.forward(self.kernel, &mlp)?)?;
+        }
+        let n = want.len();
+        let sel = x.index_select(&Tensor::from_vec(want, n, &dev)?, 0)?;
+        let h = rms_norm(&sel, &self.weights.norm, eps)?;
+        let data = self
+            .weights
+            .output
+            .forward(self.kernel, &h)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let v = c.vocab;
+        let mut out = Vec::with_capacity(parts.len());
+        let mut at = 0;
+        for rows in counts {
+            out.push(data[at * v..(at + rows) * v].to_vec());
+            at += rows;
+        }
+        Ok(out)
+    }
+
+    /// The Q, K and V projections of `h`, each plus its bias where the
+    /// architecture has them.
+    fn project_qkv(&self, b: &Block, h: &Tensor) -> candle_core::Result<[Tensor; 3]> {
+        let qkv = [&b.wq, &b.wk, &b.wv].map(|w| w.forward(self.kernel, h));
+        let [q, k, v] = qkv;
+        let (q, k, v) = (q?, k?, v?);
+        match &b.bias {
+            None => Ok([q, k, v]),
+            Some([bq, bk, bv]) => {
+                let add = |x: Tensor, bias: &[f32]| -> candle_core::Result<Tensor> {
+                    let bias = Tensor::from_slice(bias, (1, bias.len()), x.device())?;
+                    x.broadcast_add(&bias)
+                };
+                Ok([add(q, bq)?, add(k, bk)?, add(v, bv)?])
+            }
+        }
+    }
+}
+
+/// Stores a part's new K/V rows and hands the K/V rows of all its
+/// positions (one `kv_row_floats` slice each) to attention: given `(layer, part,
+/// new K, new V, attention)`.
+pub(super) type StoreKv<'a> = dyn FnMut(usize, usize, Vec<f32>, Vec<f32>, &mut Attend<'_>) -> Result<(), ModelError>
+    + Send
+    + 'a;
+
+/// Attention over a part's K rows and V rows, one slice per position.
+pub(super) type Attend<'a> = dyn FnMut(&[&[f32]], &[&[f32]]) + 'a;
+
+/// Which rows' logits [`LlamaModel::run`] returns.
+#[derive(Clone, Copy)]
+pub(super) enum LogitRows<'a> {
+    /// Every computed row of every part.
+    All,
+    /// The last row of every part.
+    Last,
+    /// These positions (ascending) of every part.
+    At(&'a [usize]),
+}
