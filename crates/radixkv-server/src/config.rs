@@ -28,7 +28,7 @@ pub struct ServerConfig {
     /// Accept `/admin/*` from any address, not only loopback (default
     /// false).
     pub admin_from_anywhere: bool,
-    /// Timeouts and the cap on open connections ([`connections`]).
+    /// Timeouts and the cap on open connections ([`connections`](crate::connections)).
     pub connections: ConnectionLimits,
 }
 

@@ -1,4 +1,4 @@
-//! `radixkv serve`: an HTTP front end (tokio + axum) over the [`Engine`].
+//! `radixkv serve`: an HTTP front end (tokio + axum) over the [`Engine`](radixkv_engine::Engine).
 //!
 //! Routes:
 //!
