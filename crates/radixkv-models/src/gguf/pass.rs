@@ -4,7 +4,11 @@
 //! K/V rows handed to the caller to store and read back for attention,
 //! the output projection and the MLP; then the final norm and the logits
 //! of the rows asked for. The paged passes and the dense reference are
-//! this one pass with another [`StoreKv`].
+//! this one pass with another [`StoreKv`]. Every step reads and writes
+//! row-major f32 slices (`rows × width`): the matmuls take and return
+//! them, and the element-wise steps are computed as candle's CPU ops
+//! compute them, so the logits are the bits they were when the pass went
+//! through candle tensors.
 
 use super::attention::attend_rows;
 use super::config::LlamaConfig;
@@ -13,7 +17,6 @@ use super::rope_norm::rms_norm;
 use super::rope_norm::Rope;
 use super::weights::{Block, Weights};
 use crate::backend::ModelError;
-use candle_core::{Device, Tensor};
 
 /// One pass's inputs: a model's weights, shape, RoPE and kernels.
 pub(super) struct Pass<'a> {
@@ -57,7 +60,6 @@ impl Pass<'_> {
         if parts.is_empty() {
             return Ok(Vec::new());
         }
-        let dev = Device::Cpu;
         let c = self.cfg;
         let eps = c.rms_eps;
         let width = c.heads * c.head_dim;
@@ -87,41 +89,44 @@ impl Pass<'_> {
             }
         }
         let rows = ids.len();
-        let mut x = self.weights.embed_rows(c.hidden, ids, &dev)?;
-        let (cos, sin) = self.rope.tables(&pos)?;
+        let k_ = self.kernel;
+        let mut x = self.weights.embed_rows(c.hidden, &ids);
+        let (cos, sin) = self.rope.tables(&pos);
+        let kv_width = c.kv_row_floats();
         for (li, b) in self.weights.blocks.iter().enumerate() {
-            let h = rms_norm(&x, &b.attn_norm, eps)?;
-            let [q, k, v] = self.project_qkv(b, &h)?;
-            let q = self.rope.apply(&q, c.heads, &cos, &sin)?;
-            let k = self.rope.apply(&k, c.kv_heads, &cos, &sin)?;
+            let h = rms_norm(&x, &b.attn_norm, eps);
+            let [mut q, mut k, v] = self.project_qkv(b, &h, rows);
+            self.rope.apply(&mut q, c.heads, &cos, &sin);
+            self.rope.apply(&mut k, c.kv_heads, &cos, &sin);
             let mut att = Vec::with_capacity(rows * width);
             for (pi, (&(_, start), &(o, n))) in parts.iter().zip(&spans).enumerate() {
-                let rows_of = |t: &Tensor| -> candle_core::Result<Vec<f32>> {
-                    t.narrow(0, o, n)?.flatten_all()?.to_vec1()
-                };
-                let qr = rows_of(&q)?;
+                let qr = &q[o * width..(o + n) * width];
+                let (kr, vr) = (
+                    k[o * kv_width..(o + n) * kv_width].to_vec(),
+                    v[o * kv_width..(o + n) * kv_width].to_vec(),
+                );
                 let mut out = Vec::new();
-                kv(li, pi, rows_of(&k)?, rows_of(&v)?, &mut |kr, vr| {
-                    out = attend_rows(self.kernel, c, &qr, kr, vr, start)
+                kv(li, pi, kr, vr, &mut |kr, vr| {
+                    out = attend_rows(k_, c, qr, kr, vr, start)
                 })?;
                 att.extend(out);
             }
-            let att = Tensor::from_vec(att, (rows, width), &dev)?;
-            x = (x + b.wo.forward(self.kernel, &att)?)?;
-            let h = rms_norm(&x, &b.ffn_norm, eps)?;
-            let mlp = (candle_nn::ops::silu(&b.gate.forward(self.kernel, &h)?)?
-                * b.up.forward(self.kernel, &h)?)?;
-            x = (x + b.down.forward(self.kernel, &mlp)?)?;
+            add_into(&mut x, &b.wo.matmul(k_, &att, rows));
+            let h = rms_norm(&x, &b.ffn_norm, eps);
+            let mut mlp = b.gate.matmul(k_, &h, rows);
+            let up = b.up.matmul(k_, &h, rows);
+            for (g, u) in mlp.iter_mut().zip(&up) {
+                *g = silu(*g) * u;
+            }
+            add_into(&mut x, &b.down.matmul(k_, &mlp, rows));
         }
-        let n = want.len();
-        let sel = x.index_select(&Tensor::from_vec(want, n, &dev)?, 0)?;
-        let h = rms_norm(&sel, &self.weights.norm, eps)?;
-        let data = self
-            .weights
-            .output
-            .forward(self.kernel, &h)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
+        let hidden = c.hidden;
+        let mut sel = Vec::with_capacity(want.len() * hidden);
+        for &r in &want {
+            sel.extend_from_slice(&x[r as usize * hidden..][..hidden]);
+        }
+        let h = rms_norm(&sel, &self.weights.norm, eps);
+        let data = self.weights.output.matmul(k_, &h, want.len());
         let v = c.vocab;
         let mut out = Vec::with_capacity(parts.len());
         let mut at = 0;
@@ -132,22 +137,18 @@ impl Pass<'_> {
         Ok(out)
     }
 
-    /// The Q, K and V projections of `h`, each plus its bias where the
-    /// architecture has them.
-    fn project_qkv(&self, b: &Block, h: &Tensor) -> candle_core::Result<[Tensor; 3]> {
-        let qkv = [&b.wq, &b.wk, &b.wv].map(|w| w.forward(self.kernel, h));
-        let [q, k, v] = qkv;
-        let (q, k, v) = (q?, k?, v?);
-        match &b.bias {
-            None => Ok([q, k, v]),
-            Some([bq, bk, bv]) => {
-                let add = |x: Tensor, bias: &[f32]| -> candle_core::Result<Tensor> {
-                    let bias = Tensor::from_slice(bias, (1, bias.len()), x.device())?;
-                    x.broadcast_add(&bias)
-                };
-                Ok([add(q, bq)?, add(k, bk)?, add(v, bv)?])
+    /// The Q, K and V projections of `h` (`rows` rows), each plus its
+    /// bias where the architecture has them.
+    fn project_qkv(&self, b: &Block, h: &[f32], rows: usize) -> [Vec<f32>; 3] {
+        let mut qkv = [&b.wq, &b.wk, &b.wv].map(|w| w.matmul(self.kernel, h, rows));
+        if let Some(bias) = &b.bias {
+            for (x, bias) in qkv.iter_mut().zip(bias) {
+                for row in x.chunks_exact_mut(bias.len()) {
+                    add_into(row, bias);
+                }
             }
         }
+        qkv
     }
 }
 
@@ -170,4 +171,16 @@ pub(super) enum LogitRows<'a> {
     Last,
     /// These positions (ascending) of every part.
     At(&'a [usize]),
+}
+
+/// `x += y`, element by element (the residual connections, the biases).
+fn add_into(x: &mut [f32], y: &[f32]) {
+    for (x, y) in x.iter_mut().zip(y) {
+        *x += y;
+    }
+}
+
+/// SiLU, `v / (1 + e^−v)` in f32, as candle's CPU op computes it.
+fn silu(v: f32) -> f32 {
+    v / (1.0 + (-v).exp())
 }

@@ -18,7 +18,6 @@
 use super::kernels::blocks::{widen, Act, Rows, BLOCK, Q41, Q80};
 use super::kernels::Kernel;
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::Tensor;
 use rayon::prelude::*;
 
 /// Multiply-adds per task when a product is split over rayon's threads
@@ -192,16 +191,6 @@ impl QWeight {
             }
         }
         y
-    }
-
-    /// `x Wᵀ` for `x` of shape `(rows, k)`: shape `(rows, n)`.
-    pub(crate) fn forward(&self, kernel: Kernel, x: &Tensor) -> candle_core::Result<Tensor> {
-        let (rows, k) = x.dims2()?;
-        if k != self.k {
-            candle_core::bail!("{k} inputs into a {} x {} weight", self.n, self.k);
-        }
-        let y = self.matmul(kernel, &x.flatten_all()?.to_vec1::<f32>()?, rows);
-        Tensor::from_vec(y, (rows, self.n), x.device())
     }
 }
 

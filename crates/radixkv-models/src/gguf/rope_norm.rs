@@ -6,7 +6,6 @@
 
 use super::arch::RopeStyle;
 use super::config::LlamaConfig;
-use candle_core::{Device, Tensor};
 
 /// A model's RoPE: how far each pair of a head turns at a position, and
 /// which dimensions pair up.
@@ -29,9 +28,9 @@ impl Rope {
         }
     }
 
-    /// `cos` and `sin` of every row's angles, `(rows, 1, head_dim / 2)`:
-    /// one table per row, as candle's rotations take them.
-    pub(super) fn tables(&self, pos: &[usize]) -> candle_core::Result<(Tensor, Tensor)> {
+    /// `cos` and `sin` of every row's angles, `rows × head_dim / 2` each
+    /// (row-major): row `r`'s pair `i` turns by `pos[r] × theta_scale^i`.
+    pub(super) fn tables(&self, pos: &[usize]) -> (Vec<f32>, Vec<f32>) {
         let half = self.head_dim / 2;
         let mut cos = Vec::with_capacity(pos.len() * half);
         let mut sin = Vec::with_capacity(pos.len() * half);
@@ -43,37 +42,40 @@ impl Rope {
                 theta *= self.theta_scale;
             }
         }
-        Ok((
-            Tensor::from_vec(cos, (pos.len(), 1, half), &Device::Cpu)?,
-            Tensor::from_vec(sin, (pos.len(), 1, half), &Device::Cpu)?,
-        ))
+        (cos, sin)
     }
 
-    /// Rotates the pairs of each head of `x` `(rows, heads × head_dim)`
-    /// by the rows' angles ([`tables`](Self::tables)).
-    pub(super) fn apply(
-        &self,
-        x: &Tensor,
-        heads: usize,
-        cos: &Tensor,
-        sin: &Tensor,
-    ) -> candle_core::Result<Tensor> {
-        let (rows, width) = x.dims2()?;
-        let x = x.reshape((rows, heads, 1, self.head_dim))?.contiguous()?;
-        let turned = match self.style {
-            RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(&x, cos, sin)?,
-            RopeStyle::Halves => candle_nn::rotary_emb::rope(&x, cos, sin)?,
-        };
-        turned.reshape((rows, width))
+    /// Rotates, in place, the pairs of each head of `x` (`rows × heads ×
+    /// head_dim`, row-major) by the rows' angles ([`tables`](Self::tables)),
+    /// each pair as candle's `rope_i` (interleaved) or `rope` (halves)
+    /// computes it: `(a cos − b sin, a sin + b cos)` in f32.
+    pub(super) fn apply(&self, x: &mut [f32], heads: usize, cos: &[f32], sin: &[f32]) {
+        let (hd, half) = (self.head_dim, self.head_dim / 2);
+        let width = heads * hd;
+        for (r, row) in x.chunks_exact_mut(width).enumerate() {
+            let (cos, sin) = (&cos[r * half..][..half], &sin[r * half..][..half]);
+            for head in row.chunks_exact_mut(hd) {
+                for i in 0..half {
+                    let (i1, i2) = match self.style {
+                        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                        RopeStyle::Halves => (i, i + half),
+                    };
+                    let (a, b) = (head[i1], head[i2]);
+                    head[i1] = a * cos[i] - b * sin[i];
+                    head[i2] = a * sin[i] + b * cos[i];
+                }
+            }
+        }
     }
 }
 
-/// RMSNorm of each row of `x` `(rows, hidden)`, times `w`, computed as
-/// llama.cpp computes it: the squares summed in f64, `1 / sqrt(mean +
-/// eps)` in f32, each element scaled, then multiplied by its weight.
-pub(super) fn rms_norm(x: &Tensor, w: &[f32], eps: f32) -> candle_core::Result<Tensor> {
-    let (rows, hidden) = x.dims2()?;
-    let mut y = x.flatten_all()?.to_vec1::<f32>()?;
+/// RMSNorm of each row of `x` (`rows × hidden`, row-major), times `w`,
+/// computed as llama.cpp computes it: the squares summed in f64, `1 /
+/// sqrt(mean + eps)` in f32, each element scaled, then multiplied by its
+/// weight.
+pub(super) fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let hidden = w.len();
+    let mut y = x.to_vec();
     for row in y.chunks_exact_mut(hidden) {
         let sum: f64 = row.iter().map(|&v| (v * v) as f64).sum();
         let mean = (sum / hidden as f64) as f32;
@@ -82,5 +84,5 @@ pub(super) fn rms_norm(x: &Tensor, w: &[f32], eps: f32) -> candle_core::Result<T
             *v = (*v * scale) * g;
         }
     }
-    Tensor::from_vec(y, (rows, hidden), x.device())
+    y
 }

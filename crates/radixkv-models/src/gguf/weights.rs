@@ -7,7 +7,7 @@ use super::config::LlamaConfig;
 use super::qmatmul::QWeight;
 use super::{GgufError, GgufFile};
 use candle_core::quantized::QTensor;
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 
 /// Every weight of a model.
 pub(super) struct Weights {
@@ -40,8 +40,8 @@ pub(super) enum Embedding {
     /// Dequantized from these blocks on demand.
     Blocks(QWeight),
     /// A type the block reader does not know: the whole table, dequantized
-    /// at load.
-    Table(Tensor),
+    /// at load (`vocab × hidden`, row-major).
+    Table(Vec<f32>),
 }
 
 fn candle(e: candle_core::Error) -> GgufError {
@@ -72,7 +72,12 @@ impl Weights {
         let (output, embed) = if content.tensor_infos.contains_key("output.weight") {
             let embed = match QWeight::new(&embed_q).map_err(candle)? {
                 Some(w) => Embedding::Blocks(w),
-                None => Embedding::Table(embed_q.dequantize(&dev).map_err(candle)?),
+                None => Embedding::Table(
+                    embed_q
+                        .dequantize(&dev)
+                        .and_then(|t| t.flatten_all()?.to_vec1::<f32>())
+                        .map_err(candle)?,
+                ),
             };
             (matmul("output.weight", q("output.weight")?)?, embed)
         } else if arch.tied_output {
@@ -128,25 +133,24 @@ impl Weights {
         })
     }
 
-    /// The embedding rows of `ids` (already in the vocabulary), `(rows,
-    /// hidden)`.
-    pub(super) fn embed_rows(
-        &self,
-        hidden: usize,
-        ids: Vec<u32>,
-        dev: &Device,
-    ) -> candle_core::Result<Tensor> {
-        let rows = ids.len();
+    /// The embedding rows of `ids` (already in the vocabulary), `rows ×
+    /// hidden` (row-major).
+    pub(super) fn embed_rows(&self, hidden: usize, ids: &[u32]) -> Vec<f32> {
+        let mut x = Vec::with_capacity(ids.len() * hidden);
         let blocks = match &self.embed {
             Embedding::Tied => &self.output,
             Embedding::Blocks(w) => w,
-            Embedding::Table(t) => return t.index_select(&Tensor::from_vec(ids, rows, dev)?, 0),
+            Embedding::Table(t) => {
+                for &id in ids {
+                    x.extend_from_slice(&t[id as usize * hidden..][..hidden]);
+                }
+                return x;
+            }
         };
-        let mut x = Vec::with_capacity(rows * hidden);
-        for id in ids {
+        for &id in ids {
             blocks.row_into(id as usize, &mut x);
         }
-        Tensor::from_vec(x, (rows, hidden), dev)
+        x
     }
 }
 
