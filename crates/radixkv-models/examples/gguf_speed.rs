@@ -1,7 +1,8 @@
 //! Prefill and decode speed of radixkv's paged GGUF model on this CPU:
 //! `PROMPT_TOKENS` tokens (default 1,500) of the text in `--text FILE` (or a
 //! built-in paragraph, repeated) prefilled in chunks of 512 through a KV
-//! pool, then 64 greedy decode steps; printed as JSON. `scripts/model-bench.sh`
+//! pool, then `DECODE_STEPS` greedy decode steps (default 64; more make a
+//! profile of decode alone easy to take); printed as JSON. `scripts/model-bench.sh`
 //! runs it beside llama.cpp on the same GGUF and thread count.
 //!
 //! ```text
@@ -39,7 +40,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     ids.truncate(n);
     let m = f.llama()?;
-    let steps = 64;
+    let steps: usize = std::env::var("DECODE_STEPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
     let slots: Vec<u32> = (0..(n + steps) as u32).collect();
     let mut pool = HostKvPool::new(m.pool_layout(n + steps));
     let t0 = Instant::now();
