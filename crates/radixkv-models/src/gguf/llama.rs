@@ -175,12 +175,12 @@ impl LlamaModel {
         // Each sequence's new K/V rows go to their slots; attention reads
         // every position, the new ones included, back from the pool (in
         // place when the pool is host memory).
-        let mut kv = |li: usize, si: usize, k: Vec<f32>, v: Vec<f32>, attend: &mut Attend<'_>| {
+        let mut kv = |li: usize, si: usize, k: &[f32], v: &[f32], attend: &mut Attend<'_>| {
             let s = &seqs[si];
             let end = s.tokens.len();
             let new = &s.slots[s.start..end];
-            pool.write_rows(li, Kv::K, new, &k)?;
-            pool.write_rows(li, Kv::V, new, &v)?;
+            pool.write_rows(li, Kv::K, new, k)?;
+            pool.write_rows(li, Kv::V, new, v)?;
             with_kv_rows(&*pool, li, &s.slots[..end], |k, v| attend(k, v))?;
             Ok(())
         };
@@ -217,7 +217,7 @@ impl LlamaModel {
             )));
         }
         let row = self.cfg.kv_row_floats();
-        let mut kv = |_: usize, _: usize, k: Vec<f32>, v: Vec<f32>, attend: &mut Attend<'_>| {
+        let mut kv = |_: usize, _: usize, k: &[f32], v: &[f32], attend: &mut Attend<'_>| {
             let kr: Vec<&[f32]> = k.chunks_exact(row).collect();
             let vr: Vec<&[f32]> = v.chunks_exact(row).collect();
             attend(&kr, &vr);

@@ -74,12 +74,12 @@ impl Pass<'_> {
             spans.push((first, n));
             let before = want.len();
             match rows_wanted {
-                LogitRows::All => want.extend(first as u32..(first + n) as u32),
-                LogitRows::Last => want.push((first + n - 1) as u32),
+                LogitRows::All => want.extend(first..first + n),
+                LogitRows::Last => want.push(first + n - 1),
                 LogitRows::At(at) => want.extend(
                     at.iter()
                         .filter(|&&p| p >= start && p < tokens.len())
-                        .map(|&p| (first + p - start) as u32),
+                        .map(|&p| first + p - start),
                 ),
             }
             counts.push(want.len() - before);
@@ -89,7 +89,7 @@ impl Pass<'_> {
             }
         }
         let rows = ids.len();
-        let k_ = self.kernel;
+        let kernel = self.kernel;
         let mut x = self.weights.embed_rows(c.hidden, &ids);
         let (cos, sin) = self.rope.tables(&pos);
         let kv_width = c.kv_row_floats();
@@ -102,31 +102,31 @@ impl Pass<'_> {
             for (pi, (&(_, start), &(o, n))) in parts.iter().zip(&spans).enumerate() {
                 let qr = &q[o * width..(o + n) * width];
                 let (kr, vr) = (
-                    k[o * kv_width..(o + n) * kv_width].to_vec(),
-                    v[o * kv_width..(o + n) * kv_width].to_vec(),
+                    &k[o * kv_width..(o + n) * kv_width],
+                    &v[o * kv_width..(o + n) * kv_width],
                 );
                 let mut out = Vec::new();
                 kv(li, pi, kr, vr, &mut |kr, vr| {
-                    out = attend_rows(k_, c, qr, kr, vr, start)
+                    out = attend_rows(kernel, c, qr, kr, vr, start)
                 })?;
                 att.extend(out);
             }
-            add_into(&mut x, &b.wo.matmul(k_, &att, rows));
+            add_into(&mut x, &b.wo.matmul(kernel, &att, rows));
             let h = rms_norm(&x, &b.ffn_norm, eps);
-            let mut mlp = b.gate.matmul(k_, &h, rows);
-            let up = b.up.matmul(k_, &h, rows);
+            let mut mlp = b.gate.matmul(kernel, &h, rows);
+            let up = b.up.matmul(kernel, &h, rows);
             for (g, u) in mlp.iter_mut().zip(&up) {
                 *g = silu(*g) * u;
             }
-            add_into(&mut x, &b.down.matmul(k_, &mlp, rows));
+            add_into(&mut x, &b.down.matmul(kernel, &mlp, rows));
         }
         let hidden = c.hidden;
         let mut sel = Vec::with_capacity(want.len() * hidden);
         for &r in &want {
-            sel.extend_from_slice(&x[r as usize * hidden..][..hidden]);
+            sel.extend_from_slice(&x[r * hidden..][..hidden]);
         }
         let h = rms_norm(&sel, &self.weights.norm, eps);
-        let data = self.weights.output.matmul(k_, &h, want.len());
+        let data = self.weights.output.matmul(kernel, &h, want.len());
         let v = c.vocab;
         let mut out = Vec::with_capacity(parts.len());
         let mut at = 0;
@@ -155,14 +155,13 @@ impl Pass<'_> {
 /// Stores a part's new K/V rows and hands the K/V rows of all its
 /// positions (one `kv_row_floats` slice each) to attention: given `(layer, part,
 /// new K, new V, attention)`.
-pub(super) type StoreKv<'a> = dyn FnMut(usize, usize, Vec<f32>, Vec<f32>, &mut Attend<'_>) -> Result<(), ModelError>
-    + Send
-    + 'a;
+pub(super) type StoreKv<'a> =
+    dyn FnMut(usize, usize, &[f32], &[f32], &mut Attend<'_>) -> Result<(), ModelError> + Send + 'a;
 
 /// Attention over a part's K rows and V rows, one slice per position.
 pub(super) type Attend<'a> = dyn FnMut(&[&[f32]], &[&[f32]]) + 'a;
 
-/// Which rows' logits [`LlamaModel::run`] returns.
+/// Which rows' logits [`Pass::run`] returns.
 #[derive(Clone, Copy)]
 pub(super) enum LogitRows<'a> {
     /// Every computed row of every part.
