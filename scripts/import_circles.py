@@ -73,12 +73,16 @@ def strip(text: str) -> str:
     return "".join(out)
 
 
-def expand(prefix: str, body: str) -> list[str]:
-    """The paths of a use tree: ``a::{b, c::{d, e}}`` -> a::b, a::c::d, a::c::e."""
+def expand(prefix: str, body: str) -> list[tuple[str, str]]:
+    """The paths of a use tree and the names they bind:
+    ``a::{b, c::{d as e}}`` -> (a::b, b), (a::c::d, e)."""
     body = body.strip()
     if "{" not in body:
-        path = body.split(" as ")[0].strip()
-        return [prefix + path] if path else []
+        path, _, alias = body.partition(" as ")
+        path = re.sub(r"\s+", "", path)
+        if not path:
+            return []
+        return [(prefix + path, alias.strip() or path.rsplit("::", 1)[-1])]
     head, rest = body.split("{", 1)
     inner = rest[: rest.rfind("}")]
     parts, depth, cur = [], 0, ""
@@ -93,7 +97,7 @@ def expand(prefix: str, body: str) -> list[str]:
     parts.append(cur)
     paths = []
     for p in parts:
-        paths += expand(prefix + head.strip(), p)
+        paths += expand(prefix + re.sub(r"\s+", "", head), p)
     return paths
 
 
@@ -121,15 +125,13 @@ class Crate:
         self.reexports = {m: self._reexports(m) for m in self.files}
 
     def _uses(self, mod: tuple):
-        """(is_pub, path, name, scope) for each use line of a file."""
+        """(is_pub, path, name bound, scope) for each path a file's use
+        lines name."""
         code = self.code[mod]
         for m in re.finditer(r"(pub(?:\([^)]*\))?\s+)?use\s+([^;]+);", code):
             scope = self._scope(mod, code, m.start())
-            for p in expand("", m.group(2)):
-                p = re.sub(r"\s+", "", p)
-                name = p.rsplit("::", 1)[-1]
-                alias = re.search(r"\bas\s+(" + IDENT + ")", m.group(2))
-                yield bool(m.group(1)), p, name, scope, alias
+            for path, name in expand("", m.group(2)):
+                yield bool(m.group(1)), path, name, scope
 
     def _scope(self, mod: tuple, code: str, pos: int) -> tuple:
         """The module a position of a file is in (inline `mod x {` blocks)."""
@@ -149,7 +151,7 @@ class Crate:
 
     def _reexports(self, mod: tuple) -> dict[str, str]:
         out = {}
-        for is_pub, path, name, scope, _ in self._uses(mod):
+        for is_pub, path, name, scope in self._uses(mod):
             if is_pub and scope == mod and name not in ("*", "self"):
                 out[name] = path
         return out
@@ -190,7 +192,7 @@ class Crate:
         out: dict[tuple, dict[tuple, set]] = {m: {} for m in self.files}
         for mod, code in self.code.items():
             refs = []
-            for is_pub, path, _, scope, _ in self._uses(mod):
+            for is_pub, path, _, scope in self._uses(mod):
                 if not is_pub:  # a re-export is the module's face, not its use
                     refs.append((scope, path))
             no_use = re.sub(r"(pub(?:\([^)]*\))?\s+)?use\s+[^;]+;", "", code)
