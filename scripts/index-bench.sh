@@ -14,11 +14,9 @@ if [ ! -d "$workloads" ]; then
   echo "SKIPPED: no $workloads (the traces this benchmark reads)"
   exit 1
 fi
-dyn=target/py-venv
-if [ ! -x "$dyn/bin/python" ]; then
-  python3 -m venv "$dyn"
-fi
-"$dyn/bin/python" -m pip install --quiet --disable-pip-version-check "ai-dynamo-runtime==1.6.1"
+# shellcheck source=scripts/client-venv.sh
+source scripts/client-venv.sh
+dyn=$client_venv
 cargo build --release --quiet -p radixkv-cli
 cargo build --release --quiet -p radixkv-index-service --example index_bench
 target/release/examples/index_bench --radixkv target/release/radixkv --dynamo-python "$dyn/bin/python" \

@@ -8,7 +8,7 @@
 # restart of a worker rank and a batch dropped on the wire (with replay:
 # no mismatch; the negative control without replay: mismatches).
 # SGLang runs in scripts/sglang-venv.sh's venv, Dynamo's indexer in
-# python-check's (target/py-venv, ai-dynamo-runtime 1.6.1). Without
+# scripts/client-venv.sh's (ai-dynamo-runtime 1.6.1). Without
 # python3.11 it prints SKIPPED and fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,11 +17,8 @@ root=$(pwd)
 # shellcheck source=scripts/sglang-venv.sh
 source "$root/scripts/sglang-venv.sh"
 
-dyn=target/py-venv
-if [ ! -x "$dyn/bin/python" ]; then
-  python3 -m venv "$dyn"
-fi
-"$dyn/bin/python" -m pip install --quiet --disable-pip-version-check "ai-dynamo-runtime==1.6.1"
+# shellcheck source=scripts/client-venv.sh
+source "$root/scripts/client-venv.sh"
 
 bin="${RADIXKV_BIN:-}"
 if [ -z "$bin" ]; then
@@ -29,4 +26,4 @@ if [ -z "$bin" ]; then
   bin=target/release/radixkv
 fi
 
-"$venv/bin/python" "$root/scripts/index_check.py" --radixkv "$(realpath "$bin")" --dynamo-python "$root/$dyn/bin/python"
+"$venv/bin/python" "$root/scripts/index_check.py" --radixkv "$(realpath "$bin")" --dynamo-python "$client_venv/bin/python"

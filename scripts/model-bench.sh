@@ -60,9 +60,9 @@ fi
 
 if [[ " $parts " == *" 2 "* ]]; then
 echo "== 2. the server: cached vs cold TTFT, a multi-turn chat"
-venv=target/py-venv
-if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv"; fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "openai>=1.40" "httpx>=0.27"
+# shellcheck source=scripts/client-venv.sh
+source scripts/client-venv.sh
+venv=$client_venv
 port="$("$venv/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 log="$out/serve.log"
 "$bin" serve --port "$port" --model "gguf:$model" >"$log" 2>&1 &

@@ -8,22 +8,15 @@
 # subscribed to the server's events; then pyzmq subscribed across three
 # SIGKILL restarts (scripts/kv_restart_check.py: AllBlocksCleared first,
 # within a second) and that check's negative control (no startup hold:
-# it must fail). The packages go into their own virtual environment
-# (target/py-venv), installed by this script. Without python3 it prints
-# SKIPPED and fails: it never passes silently.
+# it must fail). The packages come from scripts/client-venv.sh's venv
+# (cached outside the repository). Without python3 it prints SKIPPED and
+# fails: it never passes silently.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v python3 >/dev/null 2>&1; then
-  echo "SKIPPED: the Python client checks (no python3 on this machine)"
-  exit 1
-fi
-venv=target/py-venv
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-  "openai>=1.40" "httpx>=0.27" "pyzmq>=25" "msgpack>=1.0" "ai-dynamo-runtime==1.6.1"
+# shellcheck source=scripts/client-venv.sh
+source scripts/client-venv.sh
+venv=$client_venv
 
 # RADIXKV_BIN: a radixkv binary already built (test.sh passes the one its
 # release test run built); otherwise build it.

@@ -6,17 +6,15 @@
 # only where its top-2 margin is below 0.5 (how much is equal before each
 # first near tie, margin 0.05, is printed), streaming equal to the whole answer, seeded sampling
 # reproducible, a multi-turn chat whose cached tokens grow turn by turn,
-# and the bad inputs answered 400. The client goes into target/py-venv
-# (shared with scripts/python-check.sh). RADIXKV_BIN: a built binary
+# and the bad inputs answered 400. The client comes from
+# scripts/client-venv.sh's venv. RADIXKV_BIN: a built binary
 # (default: build one); RADIXKV_SMOLLM2: the GGUF (default: fetched).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-venv=target/py-venv
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv "$venv"
-fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "openai>=1.40" "httpx>=0.27"
+# shellcheck source=scripts/client-venv.sh
+source scripts/client-venv.sh
+venv=$client_venv
 
 bin="${RADIXKV_BIN:-}"
 if [ -z "$bin" ]; then

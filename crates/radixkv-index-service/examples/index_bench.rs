@@ -25,7 +25,9 @@
 //! * **queries**: `/query` (Dynamo's shape, prompts of the trace,
 //!   pre-serialized bodies) from 1 and 8 closed-loop clients on
 //!   keep-alive connections for `--seconds` each: p50, p99, queries per
-//!   second. The clients are Rust (hyper), in this process;
+//!   second, and this process's CPU time per query (what the load
+//!   generator cost the two cores it shares with the index). The clients
+//!   are Rust (hyper), tasks on this process's two runtime threads;
 //! * **round trip**: `GET /health` from one such client (up to 3 s): the
 //!   HTTP round trip with no query work, which bounds one client's
 //!   queries per second from above.
@@ -112,7 +114,7 @@ struct Args {
 fn args() -> Args {
     let mut a = Args {
         radixkv: "target/release/radixkv".into(),
-        dynamo_python: "target/py-venv/bin/python".into(),
+        dynamo_python: "python3".into(),
         traces: Vec::new(),
         requests: 12_000,
         workers: 8,
@@ -491,8 +493,8 @@ struct Figures {
     holder_blocks: usize,
     rss_growth_bytes_per_holder_block: f64,
     probes_wrong: usize,
-    /// (clients, p50 µs, p99 µs, queries per second)
-    queries: Vec<(usize, f64, f64, f64)>,
+    /// One per load phase (1 and 8 clients).
+    queries: Vec<Load>,
     /// `GET /health` from one client: (p50 µs, requests per second), the
     /// round trip with no query work, for scale.
     health: (f64, f64),
@@ -518,13 +520,23 @@ async fn health_round_trip(http: &Http, seconds: f64) -> (f64, f64) {
     )
 }
 
-async fn load(
-    http: Arc<Http>,
-    bodies: Arc<Vec<Bytes>>,
+/// One load phase's figures.
+#[derive(Clone, Debug, serde::Serialize)]
+struct Load {
     clients: usize,
-    seconds: f64,
-) -> (f64, f64, f64) {
+    p50_us: f64,
+    p99_us: f64,
+    queries_per_s: f64,
+    /// This process's CPU time over the phase per query: what the load
+    /// generator itself cost the two cores it shares with the index.
+    client_cpu_us_per_query: f64,
+}
+
+/// `/query` from `clients` closed-loop clients (tasks on keep-alive
+/// connections, bodies serialized beforehand) for `seconds`.
+async fn load(http: Arc<Http>, bodies: Arc<Vec<Bytes>>, clients: usize, seconds: f64) -> Load {
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let cpu0 = cpu_seconds();
     let start = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
@@ -553,11 +565,26 @@ async fn load(
         all.add(&h).expect("histograms of one shape");
     }
     let elapsed = start.elapsed().as_secs_f64();
-    (
-        all.value_at_quantile(0.5) as f64,
-        all.value_at_quantile(0.99) as f64,
-        all.len() as f64 / elapsed,
-    )
+    let cpu = cpu_seconds() - cpu0;
+    Load {
+        clients,
+        p50_us: all.value_at_quantile(0.5) as f64,
+        p99_us: all.value_at_quantile(0.99) as f64,
+        queries_per_s: all.len() as f64 / elapsed,
+        client_cpu_us_per_query: cpu * 1e6 / all.len().max(1) as f64,
+    }
+}
+
+/// CPU seconds this process has used (user and system), from
+/// `/proc/self/stat` in clock ticks of 1/100 s (Linux's `USER_HZ`).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name's closing parenthesis; utime and
+    // stime are the 14th and 15th of the line, the 12th and 13th here.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
 }
 
 fn spawn_index(a: &Args, which: &str, port: u16) -> Child {
@@ -660,9 +687,7 @@ async fn run_one(a: &Args, which: &str, w: &Workload, pubs: &mut [FramePublisher
     let probes_wrong = wrong(&http, w, &bodies).await;
     let mut queries = Vec::new();
     for clients in [1, 8] {
-        let (p50, p99, qps) =
-            load(Arc::clone(&http), Arc::clone(&bodies), clients, a.seconds).await;
-        queries.push((clients, p50, p99, qps));
+        queries.push(load(Arc::clone(&http), Arc::clone(&bodies), clients, a.seconds).await);
     }
     let health = health_round_trip(&http, a.seconds.min(3.0)).await;
     let _ = child.kill();
@@ -806,15 +831,16 @@ async fn main() {
             all.push(f);
         }
     }
-    println!("| trace | index | events/s | ingest s | RSS B/holder-block | wrong probes | 1 client p50/p99 µs, q/s | 8 clients p50/p99 µs, q/s | GET /health, 1 client: p50 µs, q/s |");
+    println!("| trace | index | events/s | ingest s | RSS B/holder-block | wrong probes | 1 client p50/p99 µs, q/s (client CPU per query) | 8 clients p50/p99 µs, q/s (client CPU per query) | GET /health, 1 client: p50 µs, q/s |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for f in &all {
         let q = |i: usize| {
-            f.queries
-                .get(i)
-                .map_or(String::new(), |(_, p50, p99, qps)| {
-                    format!("{p50:.0}/{p99:.0}, {qps:.0}")
-                })
+            f.queries.get(i).map_or(String::new(), |l| {
+                format!(
+                    "{:.0}/{:.0}, {:.0} ({:.1} µs)",
+                    l.p50_us, l.p99_us, l.queries_per_s, l.client_cpu_us_per_query
+                )
+            })
         };
         println!(
             "| {} | {} | {:.0} | {:.2} | {:.1} | {} | {} | {} | {:.0}, {:.0} |",
