@@ -36,7 +36,9 @@ use crate::decode::{decode_batch, DecodeError, Event};
 use crate::feed::{Feed, Step};
 use crate::index::{ApplyError, KvIndex, Source};
 use crate::listen::{listen, Feedpoint, ListenOptions, SourceCounters};
-use radixkv::routing::{choose, CacheAwarePolicy, Choice, PendingIndex};
+use radixkv::routing::{
+    choose, CacheAwarePolicy, Choice, PageChain, PageChainBuilder, PendingIndex,
+};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -148,12 +150,13 @@ pub struct Ingested {
     pub gap: bool,
 }
 
-/// A request counted as dispatched: its blocks' hashes (in its
-/// namespace: [`KvIndex::block_hashes`]), as the pending index has them.
+/// A request counted as dispatched: its blocks (their hashes in its
+/// namespace, [`KvIndex::block_hashes`], chained as the pending index
+/// keeps them).
 #[derive(Debug)]
 struct Sent {
     at: Instant,
-    pages: Vec<u64>,
+    chain: PageChain,
     rank: usize,
 }
 
@@ -433,33 +436,52 @@ impl DpRouter {
             })
             .collect();
         // Each block hashed once: the index walks these hashes, and the
-        // prompts sent are chained from them.
-        let pages = self.index.block_hashes(tokens, namespace);
+        // prompts sent are chained from them, once for the lookup and the
+        // record.
+        let (pages, chain) = self.hashed(tokens, namespace);
         let c = choose(
             &self.policy.cache_aware,
             &load,
             || {
                 let cached = self.scores_of(&pages);
-                let sent = self.pending.longest_pages(&pages);
+                let sent = self.pending.longest_chain(&chain);
                 active.iter().map(|&r| cached[r].max(sent[r])).collect()
             },
             |_| 0,
         );
         let rank = active[c.device];
-        self.dispatched(pages, rank);
+        self.dispatched(chain, rank);
         Ok(Some(Choice { device: rank, ..c }))
     }
 
-    fn dispatched(&self, pages: Vec<u64>, rank: usize) {
-        if pages.is_empty() {
+    /// `tokens`' block hashes in `namespace` ([`KvIndex::block_hashes`])
+    /// and their chain as the pending index keeps it, made in one pass
+    /// (the chain's serial multiplies overlap the hashing).
+    fn hashed(&self, tokens: &[u32], namespace: Option<&str>) -> (Vec<u64>, PageChain) {
+        let block = self.block_size();
+        let seed = crate::index::namespace_seed(namespace);
+        let mut chain = PageChainBuilder::with_capacity(tokens.len() / block);
+        let pages = tokens
+            .chunks_exact(block)
+            .map(|b| {
+                let h = crate::local_hash::block_hash(b, seed);
+                chain.push(h);
+                h
+            })
+            .collect();
+        (pages, chain.finish())
+    }
+
+    fn dispatched(&self, chain: PageChain, rank: usize) {
+        if chain.pages() == 0 {
             return;
         }
-        self.pending.add_pages(&pages, rank);
+        self.pending.add_chain(chain.clone(), rank);
         let mut sent = lock(&self.sent);
-        sent.1 += pages.len() * self.block_size();
+        sent.1 += chain.pages() * self.block_size();
         sent.0.push_back(Sent {
             at: Instant::now(),
-            pages,
+            chain,
             rank,
         });
     }
@@ -474,8 +496,8 @@ impl DpRouter {
                 break;
             }
             if let Some(s) = sent.0.pop_front() {
-                sent.1 -= s.pages.len() * self.block_size();
-                self.pending.remove_pages(&s.pages, s.rank);
+                sent.1 -= s.chain.pages() * self.block_size();
+                self.pending.remove_chain(&s.chain, s.rank);
             }
         }
     }
@@ -483,15 +505,15 @@ impl DpRouter {
     /// A request routed to `rank` is cached there (or was aborted): it no
     /// longer counts as dispatched.
     pub fn settled(&self, tokens: &[u32], namespace: Option<&str>, rank: usize) {
-        let pages = self.index.block_hashes(tokens, namespace);
+        let (_, chain) = self.hashed(tokens, namespace);
         let mut sent = lock(&self.sent);
         let at = sent
             .0
             .iter()
-            .position(|s| s.rank == rank && s.pages == pages);
+            .position(|s| s.rank == rank && s.chain == chain);
         if let Some(s) = at.and_then(|i| sent.0.remove(i)) {
-            sent.1 -= s.pages.len() * self.block_size();
-            self.pending.remove_pages(&s.pages, rank);
+            sent.1 -= s.chain.pages() * self.block_size();
+            self.pending.remove_chain(&s.chain, rank);
         }
     }
 

@@ -267,7 +267,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The per-block hash seed of a namespace ([`TokenKey::namespace_for`]'s
 /// form): its LoRA name and cache salt, as [`local_hash::seed`] takes them.
-fn namespace_seed(namespace: Option<&str>) -> u64 {
+pub(crate) fn namespace_seed(namespace: Option<&str>) -> u64 {
     let (lora_name, cache_salt) = namespace.map_or((None, None), TokenKey::namespace_parts);
     local_hash::seed(lora_name, cache_salt)
 }
@@ -610,11 +610,16 @@ impl KvIndex {
     /// [`KvIndex::scores`] of the prompt whose blocks have the per-block
     /// hashes `hashes` ([`crate::local_hash`]: what Dynamo's routers send).
     pub fn scores_by_hash(&self, hashes: &[u64]) -> Vec<Score> {
-        let mut key = Vec::with_capacity(hashes.len() * WORDS);
-        for &h in hashes {
-            push_key(&mut key, h);
+        if cfg!(target_endian = "little") {
+            // A hash's two key words, low first, are its bytes in memory.
+            self.scores_of_key(bytemuck::cast_slice(hashes))
+        } else {
+            let mut key = Vec::with_capacity(hashes.len() * WORDS);
+            for &h in hashes {
+                push_key(&mut key, h);
+            }
+            self.scores_of_key(&key)
         }
-        self.scores_of_key(&key)
     }
 
     fn scores_of_key(&self, key: &[u32]) -> Vec<Score> {
