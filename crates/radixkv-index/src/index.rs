@@ -128,6 +128,8 @@ pub struct SourceBlocks {
     chain: Vec<u64>,
     /// The blocks of a long removal, for membership.
     removing: HashSet<BlockHash, foldhash::fast::RandomState>,
+    /// Blocks visited building paths from the root ([`Self::fill_path`]).
+    path_steps: u64,
 }
 
 /// Tree key words per block: a per-block hash as two `u32`s.
@@ -160,6 +162,7 @@ impl SourceBlocks {
         let mut cur = h;
         loop {
             let b = self.blocks.get(&cur)?;
+            self.path_steps += 1;
             self.chain.push(b.local);
             on_m &= b.media & bit(m) != 0;
             if self.chain.len() > self.blocks.len() {
@@ -520,16 +523,15 @@ impl KvIndex {
                 unknown.get_or_insert(h.0);
                 continue;
             };
-            // A block whose parent this removal also takes (later: removals
-            // list leaves first) goes out of the tree with its parent's
-            // subtree; otherwise it leaves the tier here.
-            let with_parent = b.parent.is_some_and(|p| {
-                removed_here(&p)
-                    && blocks
-                        .blocks
-                        .get(&p)
-                        .is_some_and(|pb| pb.media & bit(m) != 0)
-            });
+            // A block whose parent this removal also takes goes out of the
+            // tree with its parent's subtree: already, where the parent
+            // came first (SGLang lists a node's blocks from the top), or
+            // when it comes (leaves first); and a parent this removal names
+            // but the tier did not hold left the block out of reach there
+            // already. Otherwise it leaves the tier here. (Asking whether
+            // the parent is still held would walk to the root once per
+            // block of a top-down removal: its square.)
+            let with_parent = b.parent.is_some_and(|p| removed_here(&p));
             if !with_parent {
                 // Out of reach on the tier already when a block above it
                 // is not held there: the tree holds nothing of it.
@@ -659,6 +661,16 @@ impl KvIndex {
     /// Blocks source `s` knows (held, or leading to held ones).
     pub fn known_blocks(&self, s: Source) -> usize {
         lock(&self.sources).get(&s).map_or(0, |b| lock(b).len())
+    }
+
+    /// Blocks visited so far walking from a block of source `s` up to its
+    /// root, which a store does once from its parent and a removal once
+    /// per block whose parent it does not also remove: what an event's
+    /// depth costs. For tests and benchmarks.
+    pub fn path_steps(&self, s: Source) -> u64 {
+        lock(&self.sources)
+            .get(&s)
+            .map_or(0, |b| lock(b).path_steps)
     }
 
     /// Checks the tree's invariants (see [`RadixCache::check`]).

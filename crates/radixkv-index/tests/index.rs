@@ -247,3 +247,41 @@ fn per_block_hashes_read_back_into_the_prompt_they_name() {
         vec![(A, 4)]
     );
 }
+
+/// A removal of a long chain walks up to the root once, whichever end it
+/// lists first: SGLang lists an evicted node's blocks from the top, and
+/// asking of each block whether its parent is still held walked to the
+/// root once per block (the chain's length squared).
+#[test]
+fn a_long_removal_walks_to_the_root_once_in_either_order() {
+    const N: u64 = 2_000;
+    for top_down in [true, false] {
+        let ix = KvIndex::new(2, 4).unwrap();
+        let root: Vec<u64> = (1..=N).collect();
+        let tail: Vec<u64> = (N + 1..=2 * N).collect();
+        let tokens = |hs: &[u64]| -> Vec<u32> { hs.iter().flat_map(|&h| [h as u32, 7]).collect() };
+        ix.apply(A, &[stored(&root, None, &tokens(&root), Medium::Gpu)]);
+        ix.apply(A, &[stored(&tail, Some(N), &tokens(&tail), Medium::Gpu)]);
+        let all = tokens(&[root.clone(), tail.clone()].concat());
+        assert_eq!(scores(&ix, &all), vec![(A, Medium::Gpu, all.len())]);
+        let before = ix.path_steps(A);
+        let mut order = tail.clone();
+        if !top_down {
+            order.reverse();
+        }
+        let (done, errors) = ix.apply(A, &[removed(&order, Medium::Gpu)]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(done.removed, N);
+        let walked = ix.path_steps(A) - before;
+        assert!(
+            walked <= 2 * N + 1,
+            "top_down {top_down}: {walked} blocks walked to remove {N} below {N}"
+        );
+        assert_eq!(
+            scores(&ix, &all),
+            vec![(A, Medium::Gpu, tokens(&root).len())]
+        );
+        assert_eq!(ix.known_blocks(A), N as usize);
+        ix.check().unwrap();
+    }
+}
