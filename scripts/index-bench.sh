@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Opt-in: `radixkv index` against NVIDIA Dynamo's standalone indexer
 # (ai-dynamo-runtime 1.6.1), one run, the same event streams and queries
-# (crates/radixkv-index-service/examples/index_bench.rs): the Mooncake
+# (crates/radixkv-index-service/examples/index_bench/): the Mooncake
 # conversation trace and the agentic trace from ../shared/workloads spread
 # over 8 workers x 2 ranks; ingestion (events/s), RSS growth per
 # holder-block, answers against the streams' truth, /query p50/p99 and

@@ -27,7 +27,11 @@
 //!   keep-alive connections for `--seconds` each: p50, p99, queries per
 //!   second, and this process's CPU time per query (what the load
 //!   generator cost the two cores it shares with the index). The clients
-//!   are Rust (hyper), tasks on this process's two runtime threads;
+//!   are threads of [`wire`]'s (one `write` of a request serialized
+//!   beforehand, one `read` of the answer; the default), or with
+//!   `--client hyper` tasks of hyper's pooled client on this process's
+//!   two runtime threads, which cost the machine two to three times more
+//!   CPU per query (BENCHMARKS.md);
 //! * **round trip**: `GET /health` from one such client (up to 3 s): the
 //!   HTTP round trip with no query work, which bounds one client's
 //!   queries per second from above.
@@ -61,6 +65,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod wire;
 
 /// Live heap bytes of this process (the in-process index's accounting).
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -108,6 +114,8 @@ struct Args {
     threads: usize,
     max_tiers: Option<usize>,
     only: Option<String>,
+    /// The load generator's client: `hyper` or `wire`.
+    client: String,
     out: Option<PathBuf>,
 }
 
@@ -125,6 +133,7 @@ fn args() -> Args {
         threads: 2,
         max_tiers: None,
         only: None,
+        client: "wire".into(),
         out: None,
     };
     let mut it = std::env::args().skip(1);
@@ -143,6 +152,7 @@ fn args() -> Args {
             "--threads" => a.threads = v().parse().expect("--threads"),
             "--max-tiers" => a.max_tiers = Some(v().parse().expect("--max-tiers")),
             "--only" => a.only = Some(v()),
+            "--client" => a.client = v(),
             "--out" => a.out = Some(v().into()),
             other => panic!("unknown flag {other}"),
         }
@@ -364,6 +374,7 @@ fn rss_kb(pid: u32) -> u64 {
 struct Http {
     client: Client<HttpConnector, Full<Bytes>>,
     base: String,
+    port: u16,
 }
 
 impl Http {
@@ -371,6 +382,7 @@ impl Http {
         Http {
             client: Client::builder(TokioExecutor::new()).build_http(),
             base: format!("http://127.0.0.1:{port}"),
+            port,
         }
     }
 
@@ -502,9 +514,31 @@ struct Figures {
 
 /// `GET /health` in a closed loop from one client for `seconds`: p50 µs
 /// and requests per second.
-async fn health_round_trip(http: &Http, seconds: f64) -> (f64, f64) {
+async fn health_round_trip(http: &Http, client: &str, seconds: f64) -> (f64, f64) {
     let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
     let start = Instant::now();
+    if client == "wire" {
+        let port = http.port;
+        return tokio::task::spawn_blocking(move || {
+            let request = wire::get(port, "/health");
+            let mut c = wire::Connection::open(port).expect("connect");
+            while start.elapsed().as_secs_f64() < seconds {
+                let t = Instant::now();
+                match c.round_trip(&request) {
+                    Ok((200, _)) => {
+                        let _ = h.record(t.elapsed().as_micros() as u64);
+                    }
+                    other => panic!("/health failed: {other:?}"),
+                }
+            }
+            (
+                h.value_at_quantile(0.5) as f64,
+                h.len() as f64 / start.elapsed().as_secs_f64(),
+            )
+        })
+        .await
+        .expect("the /health loop");
+    }
     while start.elapsed().as_secs_f64() < seconds {
         let t = Instant::now();
         match http.get("/health").await {
@@ -532,9 +566,22 @@ struct Load {
     client_cpu_us_per_query: f64,
 }
 
-/// `/query` from `clients` closed-loop clients (tasks on keep-alive
-/// connections, bodies serialized beforehand) for `seconds`.
-async fn load(http: Arc<Http>, bodies: Arc<Vec<Bytes>>, clients: usize, seconds: f64) -> Load {
+/// `/query` from `clients` closed-loop clients on keep-alive connections
+/// for `seconds`: tasks of hyper's client on this process's runtime
+/// (`client` "hyper"), or threads of [`wire`]'s (requests serialized
+/// beforehand).
+async fn load(
+    http: Arc<Http>,
+    bodies: Arc<Vec<Bytes>>,
+    client: &str,
+    clients: usize,
+    seconds: f64,
+) -> Load {
+    if client == "wire" {
+        return tokio::task::spawn_blocking(move || wire_load(http.port, &bodies, clients, seconds))
+            .await
+            .expect("the load");
+    }
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let cpu0 = cpu_seconds();
     let start = Instant::now();
@@ -566,6 +613,59 @@ async fn load(http: Arc<Http>, bodies: Arc<Vec<Bytes>>, clients: usize, seconds:
     }
     let elapsed = start.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
+    Load {
+        clients,
+        p50_us: all.value_at_quantile(0.5) as f64,
+        p99_us: all.value_at_quantile(0.99) as f64,
+        queries_per_s: all.len() as f64 / elapsed,
+        client_cpu_us_per_query: cpu * 1e6 / all.len().max(1) as f64,
+    }
+}
+
+/// [`load`] from `clients` threads, each a [`wire::Connection`].
+fn wire_load(port: u16, bodies: &[Bytes], clients: usize, seconds: f64) -> Load {
+    let requests: Vec<Vec<u8>> = bodies.iter().map(|b| wire::post(port, "/query", b)).collect();
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let cpu0 = cpu_seconds();
+    let start = Instant::now();
+    let histograms: Vec<hdrhistogram::Histogram<u64>> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..clients)
+            .map(|c| {
+                let requests = &requests;
+                s.spawn(move || {
+                    let mut conn = wire::Connection::open(port).expect("connect");
+                    let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+                    let mut i = c * 7919;
+                    while Instant::now() < deadline {
+                        let r = &requests[i % requests.len()];
+                        i += 1;
+                        let t = Instant::now();
+                        match conn.round_trip(r) {
+                            Ok((200, body)) if !body.is_empty() => {
+                                let _ = h.record(t.elapsed().as_micros() as u64);
+                            }
+                            Ok((status, body)) => panic!(
+                                "a query failed: {status} {}",
+                                String::from_utf8_lossy(body)
+                            ),
+                            Err(e) => panic!("a query failed: {e}"),
+                        }
+                    }
+                    h
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("a client"))
+            .collect()
+    });
+    let elapsed = start.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu0;
+    let mut all = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+    for h in &histograms {
+        all.add(h).expect("histograms of one shape");
+    }
     Load {
         clients,
         p50_us: all.value_at_quantile(0.5) as f64,
@@ -687,9 +787,18 @@ async fn run_one(a: &Args, which: &str, w: &Workload, pubs: &mut [FramePublisher
     let probes_wrong = wrong(&http, w, &bodies).await;
     let mut queries = Vec::new();
     for clients in [1, 8] {
-        queries.push(load(Arc::clone(&http), Arc::clone(&bodies), clients, a.seconds).await);
+        queries.push(
+            load(
+                Arc::clone(&http),
+                Arc::clone(&bodies),
+                &a.client,
+                clients,
+                a.seconds,
+            )
+            .await,
+        );
     }
-    let health = health_round_trip(&http, a.seconds.min(3.0)).await;
+    let health = health_round_trip(&http, &a.client, a.seconds.min(3.0)).await;
     let _ = child.kill();
     let _ = child.wait();
     Figures {
