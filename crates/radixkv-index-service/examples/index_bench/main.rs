@@ -578,9 +578,11 @@ async fn load(
     seconds: f64,
 ) -> Load {
     if client == "wire" {
-        return tokio::task::spawn_blocking(move || wire_load(http.port, &bodies, clients, seconds))
-            .await
-            .expect("the load");
+        return tokio::task::spawn_blocking(move || {
+            wire_load(http.port, &bodies, clients, seconds)
+        })
+        .await
+        .expect("the load");
     }
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let cpu0 = cpu_seconds();
@@ -624,7 +626,10 @@ async fn load(
 
 /// [`load`] from `clients` threads, each a [`wire::Connection`].
 fn wire_load(port: u16, bodies: &[Bytes], clients: usize, seconds: f64) -> Load {
-    let requests: Vec<Vec<u8>> = bodies.iter().map(|b| wire::post(port, "/query", b)).collect();
+    let requests: Vec<Vec<u8>> = bodies
+        .iter()
+        .map(|b| wire::post(port, "/query", b))
+        .collect();
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let cpu0 = cpu_seconds();
     let start = Instant::now();
@@ -644,10 +649,9 @@ fn wire_load(port: u16, bodies: &[Bytes], clients: usize, seconds: f64) -> Load 
                             Ok((200, body)) if !body.is_empty() => {
                                 let _ = h.record(t.elapsed().as_micros() as u64);
                             }
-                            Ok((status, body)) => panic!(
-                                "a query failed: {status} {}",
-                                String::from_utf8_lossy(body)
-                            ),
+                            Ok((status, body)) => {
+                                panic!("a query failed: {status} {}", String::from_utf8_lossy(body))
+                            }
                             Err(e) => panic!("a query failed: {e}"),
                         }
                     }
