@@ -608,13 +608,27 @@ async fn load(
             h
         }));
     }
-    let mut all = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+    let mut histograms = Vec::new();
     for t in tasks {
-        let h = t.await.expect("a client");
-        all.add(&h).expect("histograms of one shape");
+        histograms.push(t.await.expect("a client"));
     }
+    phase(clients, &histograms, start, cpu0)
+}
+
+/// A load phase's figures from its clients' latency histograms, its
+/// start and this process's CPU seconds then.
+fn phase(
+    clients: usize,
+    histograms: &[hdrhistogram::Histogram<u64>],
+    start: Instant,
+    cpu0: f64,
+) -> Load {
     let elapsed = start.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
+    let mut all = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+    for h in histograms {
+        all.add(h).expect("histograms of one shape");
+    }
     Load {
         clients,
         p50_us: all.value_at_quantile(0.5) as f64,
@@ -664,19 +678,7 @@ fn wire_load(port: u16, bodies: &[Bytes], clients: usize, seconds: f64) -> Load 
             .map(|t| t.join().expect("a client"))
             .collect()
     });
-    let elapsed = start.elapsed().as_secs_f64();
-    let cpu = cpu_seconds() - cpu0;
-    let mut all = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
-    for h in &histograms {
-        all.add(h).expect("histograms of one shape");
-    }
-    Load {
-        clients,
-        p50_us: all.value_at_quantile(0.5) as f64,
-        p99_us: all.value_at_quantile(0.99) as f64,
-        queries_per_s: all.len() as f64 / elapsed,
-        client_cpu_us_per_query: cpu * 1e6 / all.len().max(1) as f64,
-    }
+    phase(clients, &histograms, start, cpu0)
 }
 
 /// CPU seconds this process has used (user and system), from
