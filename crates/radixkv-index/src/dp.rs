@@ -458,17 +458,9 @@ impl DpRouter {
     /// and their chain as the pending index keeps it, made in one pass
     /// (the chain's serial multiplies overlap the hashing).
     fn hashed(&self, tokens: &[u32], namespace: Option<&str>) -> (Vec<u64>, PageChain) {
-        let block = self.block_size();
-        let seed = crate::index::namespace_seed(namespace);
-        let mut chain = PageChainBuilder::with_capacity(tokens.len() / block);
-        let pages = tokens
-            .chunks_exact(block)
-            .map(|b| {
-                let h = crate::local_hash::block_hash(b, seed);
-                chain.push(h);
-                h
-            })
-            .collect();
+        let hashes = self.index.block_hashes_iter(tokens, namespace);
+        let mut chain = PageChainBuilder::with_capacity(hashes.len());
+        let pages = hashes.inspect(|&h| chain.push(h)).collect();
         (pages, chain.finish())
     }
 
@@ -505,7 +497,10 @@ impl DpRouter {
     /// A request routed to `rank` is cached there (or was aborted): it no
     /// longer counts as dispatched.
     pub fn settled(&self, tokens: &[u32], namespace: Option<&str>, rank: usize) {
-        let (_, chain) = self.hashed(tokens, namespace);
+        let hashes = self.index.block_hashes_iter(tokens, namespace);
+        let mut chain = PageChainBuilder::with_capacity(hashes.len());
+        hashes.for_each(|h| chain.push(h));
+        let chain = chain.finish();
         let mut sent = lock(&self.sent);
         let at = sent
             .0

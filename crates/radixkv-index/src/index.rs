@@ -270,7 +270,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The per-block hash seed of a namespace ([`TokenKey::namespace_for`]'s
 /// form): its LoRA name and cache salt, as [`local_hash::seed`] takes them.
-pub(crate) fn namespace_seed(namespace: Option<&str>) -> u64 {
+fn namespace_seed(namespace: Option<&str>) -> u64 {
     let (lora_name, cache_salt) = namespace.map_or((None, None), TokenKey::namespace_parts);
     local_hash::seed(lora_name, cache_salt)
 }
@@ -593,10 +593,10 @@ impl KvIndex {
     /// any; a walk of the tree that takes no lock and writes nothing.
     pub fn scores(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<Score> {
         // The key straight from the tokens (no list of hashes between).
-        let seed = namespace_seed(namespace);
-        let mut key = Vec::with_capacity(tokens.len() / self.block_size.max(1) * WORDS);
-        for b in tokens.chunks_exact(self.block_size) {
-            push_key(&mut key, local_hash::block_hash(b, seed));
+        let hashes = self.block_hashes_iter(tokens, namespace);
+        let mut key = Vec::with_capacity(hashes.len() * WORDS);
+        for h in hashes {
+            push_key(&mut key, h);
         }
         self.scores_of_key(&key)
     }
@@ -606,7 +606,20 @@ impl KvIndex {
     /// [`KvIndex::scores`] walks, and what [`KvIndex::scores_by_hash`]
     /// takes.
     pub fn block_hashes(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<u64> {
-        local_hash::block_hashes(tokens, self.block_size, namespace_seed(namespace))
+        self.block_hashes_iter(tokens, namespace).collect()
+    }
+
+    /// [`KvIndex::block_hashes`] one at a time, each made as it is read
+    /// (for a caller that does more with each than collect it).
+    pub fn block_hashes_iter<'a>(
+        &self,
+        tokens: &'a [u32],
+        namespace: Option<&str>,
+    ) -> impl ExactSizeIterator<Item = u64> + 'a {
+        let seed = namespace_seed(namespace);
+        tokens
+            .chunks_exact(self.block_size)
+            .map(move |b| local_hash::block_hash(b, seed))
     }
 
     /// [`KvIndex::scores`] of the prompt whose blocks have the per-block
