@@ -114,8 +114,9 @@ struct Args {
     threads: usize,
     max_tiers: Option<usize>,
     only: Option<String>,
-    /// The load generator's client: `hyper` or `wire`.
-    client: String,
+    /// The load generator's clients: [`wire`]'s (`--client wire`, the
+    /// default) or hyper's (`--client hyper`).
+    wire_client: bool,
     out: Option<PathBuf>,
 }
 
@@ -133,7 +134,7 @@ fn args() -> Args {
         threads: 2,
         max_tiers: None,
         only: None,
-        client: "wire".into(),
+        wire_client: true,
         out: None,
     };
     let mut it = std::env::args().skip(1);
@@ -152,7 +153,13 @@ fn args() -> Args {
             "--threads" => a.threads = v().parse().expect("--threads"),
             "--max-tiers" => a.max_tiers = Some(v().parse().expect("--max-tiers")),
             "--only" => a.only = Some(v()),
-            "--client" => a.client = v(),
+            "--client" => {
+                a.wire_client = match v().as_str() {
+                    "wire" => true,
+                    "hyper" => false,
+                    other => panic!("--client is wire or hyper, not {other}"),
+                }
+            }
             "--out" => a.out = Some(v().into()),
             other => panic!("unknown flag {other}"),
         }
@@ -514,10 +521,10 @@ struct Figures {
 
 /// `GET /health` in a closed loop from one client for `seconds`: p50 µs
 /// and requests per second.
-async fn health_round_trip(http: &Http, client: &str, seconds: f64) -> (f64, f64) {
+async fn health_round_trip(http: &Http, wire_client: bool, seconds: f64) -> (f64, f64) {
     let mut h = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
     let start = Instant::now();
-    if client == "wire" {
+    if wire_client {
         let port = http.port;
         return tokio::task::spawn_blocking(move || {
             let request = wire::get(port, "/health");
@@ -567,17 +574,17 @@ struct Load {
 }
 
 /// `/query` from `clients` closed-loop clients on keep-alive connections
-/// for `seconds`: tasks of hyper's client on this process's runtime
-/// (`client` "hyper"), or threads of [`wire`]'s (requests serialized
-/// beforehand).
+/// for `seconds`: threads of [`wire`]'s (`wire_client`; requests
+/// serialized beforehand), or tasks of hyper's client on this process's
+/// runtime.
 async fn load(
     http: Arc<Http>,
     bodies: Arc<Vec<Bytes>>,
-    client: &str,
+    wire_client: bool,
     clients: usize,
     seconds: f64,
 ) -> Load {
-    if client == "wire" {
+    if wire_client {
         return tokio::task::spawn_blocking(move || {
             wire_load(http.port, &bodies, clients, seconds)
         })
@@ -797,14 +804,14 @@ async fn run_one(a: &Args, which: &str, w: &Workload, pubs: &mut [FramePublisher
             load(
                 Arc::clone(&http),
                 Arc::clone(&bodies),
-                &a.client,
+                a.wire_client,
                 clients,
                 a.seconds,
             )
             .await,
         );
     }
-    let health = health_round_trip(&http, &a.client, a.seconds.min(3.0)).await;
+    let health = health_round_trip(&http, a.wire_client, a.seconds.min(3.0)).await;
     let _ = child.kill();
     let _ = child.wait();
     Figures {
