@@ -5,7 +5,8 @@
 # on the first run), the wheel rebuilt every run. Then, each under
 # crates/radixkv-py/tests/sglang/:
 #   - tree_vs_sglang.py: random operation sequences on radixkv's tree and
-#     SGLang's RadixCache, every result compared (7 policies, 4 page sizes);
+#     SGLang's RadixCache, every result compared (7 policies, 4 page sizes),
+#     and tlru the same way against SGLang's UnifiedRadixCache;
 #   - backend_vs_sglang.py: radixkv.sglang.RadixKVCache and SGLang's
 #     RadixCache each driven as SGLang's scheduler drives them (real
 #     ReqToTokenPool and allocators; admissions, chunked prefill, decode,
@@ -34,8 +35,9 @@
 #   - negative controls, each of which must report a difference:
 #     RADIXKV_DIFF_FAULT=priority (radixkv drops the insert priority),
 #     =hits (radixkv counts hits on match), =slru (radixkv's slru without
-#     the threshold), =free_order (the backend frees an eviction in one
-#     call, not one per node), =old_checkpoint (the backend's checkpoint as
+#     the threshold), =tlru (radixkv's tlru without its threshold),
+#     =free_order (the backend frees an eviction in one call, not one per
+#     node), =old_checkpoint (the backend's checkpoint as
 #     c5b5d3e had it: an up_to below the protected length lowered it).
 # Without python3.11 (SGLang 0.5.23's wheel is cp311) it prints SKIPPED and
 # fails, so the check is never reported done when it was not.
@@ -86,6 +88,8 @@ control tree_vs_sglang.py priority --policies priority
 control tree_vs_sglang.py hits --policies lfu,slru
 # radixkv's slru without SGLang 0.5.23's threshold.
 control tree_vs_sglang.py slru --policies slru
+# radixkv's tlru without its threshold (lru's order).
+control tree_vs_sglang.py tlru --policies tlru
 # A backend that frees an eviction's slots in one call, not one per node.
 control backend_vs_sglang.py free_order --policies lru --page-sizes 2,4
 # The checkpoint of c5b5d3e, which lowered the protected length.

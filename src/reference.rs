@@ -38,6 +38,8 @@ struct SeqNode {
     gens: Vec<u64>,
     pins: Vec<u64>,
     priority: i64,
+    /// The deepest end depth its branch has reached (tlru's `L`).
+    deepest: u64,
 }
 
 /// A handle to the end node of a model match.
@@ -84,6 +86,8 @@ pub struct SequentialCache {
     roots: Vec<(Option<String>, usize)>,
     clock: Vec<u64>,
     next_id: u64,
+    /// Tlru's (threshold, next prompt estimate), in tokens.
+    tlru: (u64, u64),
 }
 
 impl SequentialCache {
@@ -97,7 +101,27 @@ impl SequentialCache {
             roots: Vec::new(),
             clock: vec![1; devices.max(1)],
             next_id: 1,
+            tlru: (0, 0),
         }
+    }
+
+    /// Tlru's budget `T` and next prompt estimate `Q`, in tokens (as
+    /// `RadixCacheBuilder::tlru_threshold` and
+    /// `RadixCacheBuilder::tlru_next_prompt_estimate`).
+    pub fn with_tlru(mut self, threshold: u64, next_prompt_estimate: u64) -> Self {
+        self.tlru = (threshold, next_prompt_estimate);
+        self
+    }
+
+    /// Tokens on node `i`'s path before its key.
+    fn start(&self, i: usize) -> u64 {
+        let mut n = 0;
+        let mut cur = self.nodes[i].parent;
+        while let Some(p) = cur {
+            n += self.nodes[p].key.len() as u64;
+            cur = self.nodes[p].parent;
+        }
+        n
     }
 
     fn tick(&mut self, d: usize) -> u64 {
@@ -131,6 +155,7 @@ impl SequentialCache {
             gens: vec![0; n],
             pins: vec![0; n],
             priority,
+            deepest: 0,
         });
         self.nodes.len() - 1
     }
@@ -172,6 +197,7 @@ impl SequentialCache {
             pn.hits = c.hits.clone();
             pn.hits_base = c.hits_base.clone();
             pn.gens = c.values.iter().map(|v| u64::from(v.is_some())).collect();
+            pn.deepest = c.deepest;
             pn.children.insert(c.key[k..k + self.ps].to_vec(), child);
         }
         if let Some(d) = d {
@@ -344,6 +370,13 @@ impl SequentialCache {
                 ln.last_access[d] = t1;
                 ln.created[d] = t2;
                 self.nodes[cur].children.insert(page, leaf);
+                // Its end depth raises its own and every ancestor's branch.
+                let depth = tokens.len() as u64;
+                let mut up = Some(leaf);
+                while let Some(u) = up {
+                    self.nodes[u].deepest = self.nodes[u].deepest.max(depth);
+                    up = self.nodes[u].parent;
+                }
                 first_adopted.get_or_insert(pos);
                 break;
             };
@@ -399,6 +432,11 @@ impl SequentialCache {
             // ranks sieve in creation order (what the hand does when no leaf
             // was hit); `EvictionPolicy::is_stateless` says so.
             EvictionPolicy::Sieve => (cr, 0),
+            EvictionPolicy::Tlru => {
+                let (threshold, estimate) = self.tlru;
+                let needed = (n.deepest + estimate).saturating_sub(threshold);
+                (i128::from(self.start(i) < needed), la)
+            }
         };
         (a, b, cr, n.id)
     }

@@ -1,4 +1,4 @@
-//! The scan-resistant policies (slru, sieve), replica-aware eviction and
+//! The scan-resistant policies (slru, sieve), tlru, replica-aware eviction and
 //! the eviction metrics.
 
 use radixkv::{DeviceId, EvictionPolicy, RadixCache, TokenKey};
@@ -327,5 +327,92 @@ fn a_cache_built_with_a_scan_policy_switches_to_a_heap_policy() {
     let order: Vec<Vec<u32>> = (0..3).map(|_| c.evict(d, 1).unwrap().values).collect();
     assert_eq!(order, [vec![2, 2], vec![1, 1], vec![3, 3]]);
     assert!(c.evict(d, 1).unwrap().values.is_empty());
+    c.audit();
+}
+
+/// Two conversations of 8 tokens at a budget of 4: `[20; 8]`, older, in
+/// one node (all within its budget), then `[1 ..= 8]`, newer, grown from
+/// `[1 ..= 4]` (its last 4 tokens past its budget). Returns the values of
+/// one-leaf evictions until the cache is empty.
+fn tlru_two_conversations(c: &RadixCache, switch_to_tlru: bool) -> Vec<Vec<u32>> {
+    let key = TokenKey::new;
+    c.insert(key(&[20; 8]), D0, &[30; 8], 0).unwrap();
+    c.insert(key(&[1, 2, 3, 4]), D0, &[10, 11, 12, 13], 0)
+        .unwrap();
+    let v: Vec<u32> = (10..18).collect();
+    c.insert(key(&[1, 2, 3, 4, 5, 6, 7, 8]), D0, &v, 0).unwrap();
+    if switch_to_tlru {
+        c.set_eviction_policy(EvictionPolicy::Tlru);
+    }
+    let mut out = Vec::new();
+    loop {
+        let ev = c.evict(D0, 1).unwrap();
+        if ev.leaves == 0 {
+            return out;
+        }
+        out.push(ev.values);
+    }
+}
+
+#[test]
+fn tlru_trims_conversations_to_their_budget_before_lru_order() {
+    let tlru = RadixCache::builder()
+        .eviction_policy(EvictionPolicy::Tlru)
+        .tlru_threshold(4)
+        .build()
+        .unwrap();
+    // The newer conversation's tail first; trimmed to its budget (its
+    // branch's depth stays 8), the rest go in LRU order.
+    let want = vec![vec![14, 15, 16, 17], vec![30; 8], vec![10, 11, 12, 13]];
+    assert_eq!(tlru_two_conversations(&tlru, false), want);
+    // LRU takes the older conversation first.
+    let lru = cache(EvictionPolicy::Lru);
+    assert_eq!(
+        tlru_two_conversations(&lru, false)[0],
+        vec![30; 8],
+        "lru's order differs"
+    );
+    // A next prompt expected to fill the budget leaves nothing past it.
+    let full = RadixCache::builder()
+        .eviction_policy(EvictionPolicy::Tlru)
+        .tlru_threshold(4)
+        .tlru_next_prompt_estimate(4)
+        .build()
+        .unwrap();
+    assert_eq!(tlru_two_conversations(&full, false)[0], vec![30; 8]);
+    // A cache switched to tlru at run time learns the depths from the tree
+    // as it stands: `[1 ..= 4]` knows its branch reached 8 (without, it
+    // would be past a budget of 0 and go second).
+    let switched = RadixCache::builder().tlru_threshold(4).build().unwrap();
+    assert_eq!(tlru_two_conversations(&switched, true), want);
+    for c in [&tlru, &lru, &full, &switched] {
+        c.audit();
+    }
+}
+
+#[test]
+fn tlru_files_a_leaf_again_when_a_split_moves_its_start() {
+    // At a budget of 2, `[9; 8]` and `[1 2 3 4 5 6]` are both within their
+    // budgets (6 and 4 tokens needed, none before them); `[8 8]` is past
+    // its own (none needed), and an eviction takes it after filing the
+    // other two in the heap under their keys. An insert that parts after 4
+    // tokens splits the second: its leaf `[5 6]` now starts at 4 and lies
+    // past the budget. It goes first, before the new leaf `[7 7]` (past its
+    // budget too, and newer).
+    let c = RadixCache::builder()
+        .eviction_policy(EvictionPolicy::Tlru)
+        .tlru_threshold(2)
+        .build()
+        .unwrap();
+    let key = TokenKey::new;
+    c.insert(key(&[9; 8]), D0, &[90; 8], 0).unwrap();
+    c.insert(key(&[1, 2, 3, 4, 5, 6]), D0, &[1, 2, 3, 4, 5, 6], 0)
+        .unwrap();
+    c.insert(key(&[8, 8]), D0, &[80, 81], 0).unwrap();
+    assert_eq!(c.evict(D0, 1).unwrap().values, vec![80, 81]);
+    c.insert(key(&[1, 2, 3, 4, 7, 7]), D0, &[1, 2, 3, 4, 7, 8], 0)
+        .unwrap();
+    let order: Vec<Vec<u32>> = (0..3).map(|_| c.evict(D0, 1).unwrap().values).collect();
+    assert_eq!(order, [vec![5, 6], vec![7, 8], vec![90; 8]]);
     c.audit();
 }

@@ -6,6 +6,7 @@
 
 use super::eviction::Candidates;
 use super::ownership::{CallerValues, OwnedPages, Ownership};
+use super::policy::TlruBudget;
 use super::{policy_index, CacheError, ClockKind, EvictionPolicy, HitCounts, RadixCache};
 use crate::alloc::{PageAllocator, WatermarkListener};
 use crate::device::{DeviceId, Tier};
@@ -46,6 +47,7 @@ pub struct RadixCacheBuilder<P: Ownership = CallerValues> {
     listener: Option<crate::events::Listener>,
     hit_counts: HitCounts,
     slru_threshold: Option<u64>,
+    tlru: TlruBudget,
     candidate_heap: bool,
     kind: PhantomData<fn() -> P>,
 }
@@ -74,6 +76,7 @@ impl Default for RadixCacheBuilder<CallerValues> {
             listener: None,
             hit_counts: HitCounts::OnMatch,
             slru_threshold: None,
+            tlru: TlruBudget::default(),
             candidate_heap: true,
             kind: PhantomData,
         }
@@ -209,6 +212,54 @@ impl<P: Ownership> RadixCacheBuilder<P> {
         self
     }
 
+    /// Tlru's prefill budget `T` in tokens (default 0; `threshold` in
+    /// SGLang's `--radix-eviction-policy-config`, in tokens too): the tokens
+    /// a conversation's next prefill may recompute. See [`EvictionPolicy`]
+    /// for the order.
+    ///
+    /// ```
+    /// use radixkv::{DeviceId, EvictionPolicy, RadixCache, TokenKey};
+    /// let c = RadixCache::builder()
+    ///     .eviction_policy(EvictionPolicy::Tlru)
+    ///     .tlru_threshold(4)
+    ///     .build()?;
+    /// let d = DeviceId(0);
+    /// // An older conversation of 8 tokens in one node: all within its budget.
+    /// c.insert(TokenKey::new(&[20; 8]), d, &[30; 8], 0)?;
+    /// // A newer one that grew to 8 tokens: its last 4 lie past its budget.
+    /// c.insert(TokenKey::new(&[1, 2, 3, 4]), d, &[10, 11, 12, 13], 0)?;
+    /// c.insert(TokenKey::new(&[1, 2, 3, 4, 5, 6, 7, 8]), d, &[10, 11, 12, 13, 14, 15, 16, 17], 0)?;
+    /// // LRU would take the older conversation; tlru trims the newer one's tail.
+    /// assert_eq!(c.evict(d, 1)?.values, vec![14, 15, 16, 17]);
+    /// // Trimmed to its budget, it now goes in LRU order, after the older one.
+    /// assert_eq!(c.evict(d, 1)?.values, vec![30; 8]);
+    /// # Ok::<(), radixkv::CacheError>(())
+    /// ```
+    pub fn tlru_threshold(mut self, tokens: u64) -> Self {
+        self.tlru.threshold = tokens;
+        self
+    }
+
+    /// Tlru's estimate `Q` of the tokens a conversation's next prompt adds
+    /// (default 0; `next_prompt_estimate` in SGLang's
+    /// `--radix-eviction-policy-config`). A leaf is past
+    /// its conversation's budget when the tokens before it cover
+    /// `L + Q − T`: with `Q` at `T` or more, none is, and tlru ranks as lru.
+    ///
+    /// ```
+    /// use radixkv::{EvictionPolicy, RadixCache};
+    /// let c = RadixCache::builder()
+    ///     .eviction_policy(EvictionPolicy::Tlru)
+    ///     .tlru_threshold(2048)
+    ///     .tlru_next_prompt_estimate(512)
+    ///     .build();
+    /// assert!(c.is_ok());
+    /// ```
+    pub fn tlru_next_prompt_estimate(mut self, tokens: u64) -> Self {
+        self.tlru.next_prompt_estimate = tokens;
+        self
+    }
+
     /// Tells `listener` about every page that becomes resident on a tier or
     /// leaves it (default none): see [`events`](crate::events) for what is
     /// reported, in which order, and what it costs.
@@ -231,6 +282,7 @@ impl<P: Ownership> RadixCacheBuilder<P> {
             listener: self.listener,
             hit_counts: self.hit_counts,
             slru_threshold: self.slru_threshold,
+            tlru: self.tlru,
             candidate_heap: self.candidate_heap,
             kind: PhantomData,
         }
@@ -278,7 +330,7 @@ impl<P: Ownership> RadixCacheBuilder<P> {
         // atomic (not the shim's) because it is a process-wide static, not
         // part of any protocol.
         static NEXT_CACHE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        Ok(RadixCache {
+        let cache = RadixCache {
             pages,
             id: NEXT_CACHE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             tree: Tree::new(
@@ -295,10 +347,16 @@ impl<P: Ownership> RadixCacheBuilder<P> {
             replica_aware: self.replica_aware,
             hits_on_insert: self.hit_counts == HitCounts::OnInsert,
             slru_threshold: self.slru_threshold,
+            tlru: self.tlru,
             leases: (0..tiers)
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
-        })
+        };
+        if self.policy == EvictionPolicy::Tlru {
+            // Tlru's bookkeeping, from the first insert on.
+            cache.tree.track_depths(&crossbeam_epoch::pin());
+        }
+        Ok(cache)
     }
 }
 

@@ -593,6 +593,11 @@ impl<P: Ownership> RadixCache<P> {
             slru_threshold: self.slru_threshold,
             priority: n.priority.load(Ordering::Relaxed),
             id: n.id,
+            // Relaxed: advisory, as the stamps (a split that moves `start`
+            // files the node again: `EvictionPolicy::keys_only_grow`).
+            start: u64::from(n.start.load(Ordering::Relaxed)),
+            deepest: u64::from(n.deepest.load(Ordering::Relaxed)),
+            tlru: self.tlru,
         })
     }
 }

@@ -123,7 +123,7 @@ fn policy_index(p: EvictionPolicy) -> u64 {
 #[derive(Debug)]
 pub struct RadixCache<P: Ownership = CallerValues> {
     pages: P,
-    /// Per tier, the evictor's candidate heap (lru, lfu, fifo, priority).
+    /// Per tier, the evictor's candidate heap (every policy but mru and filo).
     candidates: Box<[crate::sync::Mutex<Candidates>]>,
     id: u64,
     tree: Tree,
@@ -135,6 +135,8 @@ pub struct RadixCache<P: Ownership = CallerValues> {
     hits_on_insert: bool,
     /// See [`RadixCacheBuilder::slru_protected_threshold`].
     slru_threshold: Option<u64>,
+    /// See [`RadixCacheBuilder::tlru_threshold`].
+    tlru: policy::TlruBudget,
     leases: Arc<[CachePadded<AtomicU64>]>,
 }
 
@@ -202,12 +204,15 @@ impl<P: Ownership> RadixCache<P> {
     /// half under one order and half under the other (one ranked by a scan
     /// that started before the switch finishes in its own order). The
     /// policies that rank leaves in a heap (lru, lfu, fifo, priority, slru,
-    /// sieve) keep one per tier, fed by the note each insert leaves of a
+    /// sieve, tlru) keep one per tier, fed by the note each insert leaves of a
     /// new leaf; mru and filo rank by a scan of the tree at each eviction
     /// instead (their keys can fall as well as rise, which a lazily
     /// revalidated heap cannot follow) and drop the notes. A switch into
     /// the heap kind scans each tier's leaves into a new heap; a switch out
-    /// of it drops the heaps.
+    /// of it drops the heaps. A cache built with another policy and switched
+    /// to tlru starts keeping branch depths then, from the tree as it stands
+    /// (what a branch held before and lost is not known); an insert that
+    /// runs through the switch may leave its ancestors' depths as they were.
     ///
     /// ```
     /// use radixkv::{EvictionPolicy, RadixCache};
@@ -224,8 +229,12 @@ impl<P: Ownership> RadixCache<P> {
             .iter()
             .map(|c| crate::sync::lock(c))
             .collect();
-        self.policy.store(policy_index(p), Ordering::SeqCst);
         let guard = crossbeam_epoch::pin();
+        if p == EvictionPolicy::Tlru {
+            // Before the switch: the heap ranks by the depths this raises.
+            self.tree.track_depths(&guard);
+        }
+        self.policy.store(policy_index(p), Ordering::SeqCst);
         for (t, c) in held.iter_mut().enumerate() {
             if p.keys_only_grow() && self.tree.notes_leaves() {
                 self.switch_rescans(c, t, &guard);

@@ -15,10 +15,13 @@ use std::str::FromStr;
 /// | `priority` | (priority, last access) |
 /// | `slru` | (segment, last access): probation (not hit since it became a leaf) before protected |
 /// | `sieve` | (hand round, creation stamp), with one second chance per round for a leaf hit since the hand last passed it |
+/// | `tlru` | (inside the budget, last access): leaves whose tokens lie past their conversation's budget first |
 ///
 /// Ties (possible only with a wall clock) are broken by creation stamp,
 /// then node id. The first six are SGLang's (its conformance vectors pin
-/// their behaviour); `slru` and `sieve` are scan-resistant: a burst of
+/// their behaviour), and so are `slru` (SGLang 0.5.23's with
+/// [`slru_protected_threshold`](crate::RadixCacheBuilder::slru_protected_threshold))
+/// and `tlru`; `slru` and `sieve` are scan-resistant: a burst of
 /// one-off requests cannot flush prefixes that are being reused.
 ///
 /// **How the scan-resistant policies map onto a tree.** Only leaves can
@@ -50,7 +53,21 @@ use std::str::FromStr;
 ///   pinned ones set aside) take their creation position: in the current
 ///   round if the hand has not passed it yet, otherwise in the next. Not modelled by
 ///   `reference::SequentialCache` (feature `testing`) (the hand is
-///   the evictor's state): the differential tests cover the other seven.
+///   the evictor's state): the differential tests cover the other eight.
+/// * `tlru` — Tail-optimized LRU (Zhang et al., arXiv:2510.15152), as
+///   SGLang 0.5.23's `TLRUStrategy` ranks it. A conversation whose history
+///   is `L` tokens and whose next prompt adds about `Q`
+///   ([`tlru_next_prompt_estimate`](crate::RadixCacheBuilder::tlru_next_prompt_estimate))
+///   only needs `L + Q − T` of them cached for its next prefill to fit the
+///   budget of `T` tokens
+///   ([`tlru_threshold`](crate::RadixCacheBuilder::tlru_threshold)); a
+///   leaf whose tokens all lie past that (the tokens before it on its path
+///   cover the budget) goes first, in LRU order, then the rest in LRU
+///   order. `L` is the deepest end depth the leaf's branch has reached
+///   since it was cached, not what is left of it: a conversation trimmed
+///   to its budget stays there instead of being walked down to nothing.
+///   With both at 0 (SGLang's defaults) no leaf is past its budget, and
+///   the order is LRU's.
 ///
 /// ```
 /// use radixkv::EvictionPolicy;
@@ -77,11 +94,13 @@ pub enum EvictionPolicy {
     Slru,
     /// SIEVE over leaves in creation order: a leaf hit since the hand last passed gets one more round.
     Sieve,
+    /// Tail-optimized LRU: leaves past their conversation's budget, then the rest, each in LRU order.
+    Tlru,
 }
 
 impl EvictionPolicy {
     /// Every policy, in documentation order.
-    pub const ALL: [EvictionPolicy; 8] = [
+    pub const ALL: [EvictionPolicy; 9] = [
         EvictionPolicy::Lru,
         EvictionPolicy::Lfu,
         EvictionPolicy::Fifo,
@@ -90,6 +109,7 @@ impl EvictionPolicy {
         EvictionPolicy::Priority,
         EvictionPolicy::Slru,
         EvictionPolicy::Sieve,
+        EvictionPolicy::Tlru,
     ];
 
     /// Whether the eviction order is a function of each leaf's own
@@ -112,6 +132,7 @@ impl EvictionPolicy {
             EvictionPolicy::Priority => "priority",
             EvictionPolicy::Slru => "slru",
             EvictionPolicy::Sieve => "sieve",
+            EvictionPolicy::Tlru => "tlru",
         }
     }
 
@@ -119,7 +140,10 @@ impl EvictionPolicy {
     /// priorities only increase), which makes lazily validated candidate
     /// heaps exact. Not so for mru and filo, which rank by a scan. (For
     /// sieve, the heap holds the hand's order, which only the evictor
-    /// changes.)
+    /// changes. For tlru, a branch growing deeper only raises a key; a
+    /// split lowers the key of the node whose first tokens it moves out,
+    /// and files that node again as a new leaf is filed: its new entry's
+    /// bound is exact.)
     pub(crate) fn keys_only_grow(self) -> bool {
         !matches!(self, EvictionPolicy::Mru | EvictionPolicy::Filo)
     }
@@ -143,9 +167,10 @@ impl EvictionPolicy {
             EvictionPolicy::Lru | EvictionPolicy::Fifo => (last_access, 0),
             // Lfu, Slru and (with the least priority, encoded as 0)
             // Priority rank by a count or class first, then last access.
-            EvictionPolicy::Lfu | EvictionPolicy::Slru | EvictionPolicy::Priority => {
-                (0, last_access)
-            }
+            EvictionPolicy::Lfu
+            | EvictionPolicy::Slru
+            | EvictionPolicy::Priority
+            | EvictionPolicy::Tlru => (0, last_access),
             EvictionPolicy::Mru | EvictionPolicy::Filo | EvictionPolicy::Sieve => return None,
         };
         Some(EvictionKey(a, b, 0, 0))
@@ -167,6 +192,7 @@ impl EvictionPolicy {
                 None => (u64::from(s.hits > s.hits_base), s.last_access),
             },
             EvictionPolicy::Sieve => return EvictionKey(0, s.created, s.created, s.id),
+            EvictionPolicy::Tlru => (u64::from(!s.tlru.past_budget(s)), s.last_access),
         };
         EvictionKey(a, b, s.created, s.id)
     }
@@ -211,6 +237,36 @@ pub(crate) struct LeafStats {
     pub(crate) slru_threshold: Option<u64>,
     pub(crate) priority: i64,
     pub(crate) id: u64,
+    /// Tokens before the node's key on its path.
+    pub(crate) start: u64,
+    /// The deepest end depth its branch has reached.
+    pub(crate) deepest: u64,
+    /// Tlru's budget.
+    pub(crate) tlru: TlruBudget,
+}
+
+/// Tlru's settings, in tokens: the prefill budget `T`
+/// ([`threshold`](Self::threshold)) and the expected length of a
+/// conversation's next prompt `Q`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct TlruBudget {
+    /// `T`: tokens a next prefill may recompute.
+    pub(crate) threshold: u64,
+    /// `Q`: tokens the next prompt is expected to add.
+    pub(crate) next_prompt_estimate: u64,
+}
+
+impl TlruBudget {
+    /// Whether all of a leaf's tokens lie past its conversation's budget:
+    /// the tokens before it cover `max(L + Q − T, 0)`, `L` its branch's
+    /// deepest end depth (SGLang's `TLRUStrategy.get_priority`).
+    pub(crate) fn past_budget(self, s: &LeafStats) -> bool {
+        let needed = s
+            .deepest
+            .saturating_add(self.next_prompt_estimate)
+            .saturating_sub(self.threshold);
+        s.start >= needed
+    }
 }
 
 /// A totally ordered eviction key (smallest evicted first).
@@ -238,7 +294,7 @@ impl EvictionKey {
 /// An unknown policy name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown eviction policy {0:?} (expected one of lru, lfu, fifo, mru, filo, priority, slru, sieve)"
+    "unknown eviction policy {0:?} (expected one of lru, lfu, fifo, mru, filo, priority, slru, sieve, tlru)"
 )]
 pub struct UnknownPolicy(pub String);
 

@@ -9,7 +9,7 @@
 //! | `TierCounters::ids` | Relaxed | ids only need to be unique, which any RMW on one word gives |
 //! | `TierCounters::live`, `resident_tokens` | SeqCst | gauges, exact in quiescent state, read by the audit and `resident_tokens`; they order nothing else, and were not measured to pay at a weaker ordering (each is on its tier's own line) |
 
-use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use crate::tree::clock::Clock;
 use crate::tree::namespaces::{self, Namespaces};
 use crate::tree::node::{arc_of, DeviceValues, Node, NodeImage, NodeLink, NodeParts};
@@ -50,6 +50,9 @@ pub(crate) struct Tree {
     /// Whether changes note new leaves in the inboxes (off: eviction ranks
     /// by a scan, and nothing is noted).
     notes_leaves: bool,
+    /// Whether linking a node raises its ancestors' `deepest` (tlru's
+    /// bookkeeping: `ops::depth`). Only ever turned on.
+    pub(crate) tracks_depths: AtomicBool,
 }
 
 /// Where a store happens, for the listener: the namespace and the path of
@@ -110,6 +113,7 @@ impl Tree {
             listener,
             hits_on_match,
             notes_leaves,
+            tracks_depths: AtomicBool::new(false),
         }
     }
 
@@ -261,6 +265,8 @@ impl Tree {
                     },
                     children: Children::default(),
                     priority: 0,
+                    start: 0,
+                    deepest: 0,
                 })
             },
             guard,

@@ -152,10 +152,15 @@ pub fn run_case_tiers(
     ops: &[Op],
 ) -> Result<(), TestCaseError> {
     let gpus = devices - usize::from(host);
+    // Tlru's budget small enough for the keys drawn here (up to 14
+    // tokens) to cross it both ways; the other policies ignore it.
+    let (threshold, estimate) = (4, 1);
     let mut b = RadixCache::builder()
         .page_size(ps)
         .devices(gpus)
-        .eviction_policy(policy);
+        .eviction_policy(policy)
+        .tlru_threshold(threshold)
+        .tlru_next_prompt_estimate(estimate);
     if host {
         b = b.host_pages(64);
     }
@@ -168,7 +173,7 @@ pub fn run_case_tiers(
             Tier::Device(DeviceId(d as u32))
         }
     };
-    let mut model = SequentialCache::new(ps, devices, policy);
+    let mut model = SequentialCache::new(ps, devices, policy).with_tlru(threshold, estimate);
     let mut handles: Vec<(NodeHandle, SeqHandle)> = Vec::new();
     let mut leases: Vec<(Lease, SeqHandle)> = Vec::new();
     let mut next_value = 1u32;

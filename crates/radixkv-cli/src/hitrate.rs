@@ -4,7 +4,7 @@
 use crate::args::WorkloadArgs;
 use crate::CmdResult;
 use radixkv::EvictionPolicy;
-use radixkv_tools::hitrate::{self, HitRow};
+use radixkv_tools::hitrate::{self, HitRow, PolicySetup};
 use std::path::PathBuf;
 
 /// `radixkv hitrate` options.
@@ -22,10 +22,18 @@ pub struct HitrateArgs {
     /// report the share pages x page size / distinct tokens.
     #[arg(long, value_delimiter = ',')]
     pages: Vec<usize>,
-    /// Eviction policies: lru, lfu, fifo, mru, filo, priority, slru, sieve
-    /// (default: all). Belady's bound is reported at every capacity too.
+    /// Eviction policies: lru, lfu, fifo, mru, filo, priority, slru, sieve,
+    /// tlru (default: all). Belady's bound is reported at every capacity too.
     #[arg(long, value_delimiter = ',')]
     policy: Vec<String>,
+    /// Tlru's prefill budget in tokens (`threshold` in SGLang's
+    /// --radix-eviction-policy-config; the default is SGLang's example).
+    #[arg(long, default_value_t = 4096)]
+    tlru_threshold: u64,
+    /// Tlru's estimate of the tokens a conversation's next prompt adds
+    /// (`next_prompt_estimate` there); below --tlru-threshold.
+    #[arg(long, default_value_t = 512)]
+    tlru_next_prompt_estimate: u64,
     /// Tokens per page.
     #[arg(long, default_value_t = 16)]
     page_size: usize,
@@ -58,6 +66,20 @@ pub fn run(a: HitrateArgs) -> CmdResult {
             .map(|p| p.parse())
             .collect::<Result<_, _>>()?
     };
+    let tlru = policies.contains(&EvictionPolicy::Tlru);
+    if tlru && a.tlru_threshold <= a.tlru_next_prompt_estimate {
+        // SGLang refuses the same at start.
+        return Err(format!(
+            "--tlru-threshold ({}) must be above --tlru-next-prompt-estimate ({}): \
+             otherwise no token is ever past its budget and tlru is lru",
+            a.tlru_threshold, a.tlru_next_prompt_estimate
+        )
+        .into());
+    }
+    let policies: Vec<PolicySetup> = policies
+        .into_iter()
+        .map(|p| PolicySetup::from(p).with_tlru(a.tlru_threshold, a.tlru_next_prompt_estimate))
+        .collect();
     let mut t = a.workload.load()?;
     if let Some(n) = a.workload.max_requests {
         t.requests.truncate(n);
@@ -70,6 +92,12 @@ pub fn run(a: HitrateArgs) -> CmdResult {
         t.requests.len(),
         t.input_tokens()
     );
+    if tlru {
+        println!(
+            "tlru: threshold {} tokens, next prompt estimate {} tokens",
+            a.tlru_threshold, a.tlru_next_prompt_estimate
+        );
+    }
     let capacity = if a.capacity.is_empty() && a.pages.is_empty() {
         vec![0.1, 0.25, 0.5]
     } else {

@@ -25,6 +25,8 @@ pub(crate) struct Options<'a> {
     pub(crate) events: bool,
     pub(crate) hit_counts: &'a str,
     pub(crate) slru_protected_threshold: Option<u64>,
+    pub(crate) tlru_threshold: u64,
+    pub(crate) tlru_next_prompt_estimate: u64,
 }
 
 /// Applies `o` to a builder of either kind; the event log it installs.
@@ -63,7 +65,9 @@ pub(crate) fn configure<P: Ownership>(
         .eviction_policy(policy)
         .clock(clock)
         .replica_aware(o.replica_aware)
-        .hit_counts(hits);
+        .hit_counts(hits)
+        .tlru_threshold(o.tlru_threshold)
+        .tlru_next_prompt_estimate(o.tlru_next_prompt_estimate);
     if let Some(n) = o.slru_protected_threshold {
         b = b.slru_protected_threshold(n);
     }
@@ -407,7 +411,7 @@ shared_methods!(RadixCache, {
     /// A cache of `devices` devices (tiers `0..devices`, plus `"host"`
     /// with `host_pages`), `page_size` tokens a page.
     #[new]
-    #[pyo3(signature = (*, page_size=1, devices=1, eviction_policy="lru", clock="logical", host_pages=None, replica_aware=false, events=false, hit_counts="match", slru_protected_threshold=None))]
+    #[pyo3(signature = (*, page_size=1, devices=1, eviction_policy="lru", clock="logical", host_pages=None, replica_aware=false, events=false, hit_counts="match", slru_protected_threshold=None, tlru_threshold=0, tlru_next_prompt_estimate=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -420,6 +424,8 @@ shared_methods!(RadixCache, {
         events: bool,
         hit_counts: &str,
         slru_protected_threshold: Option<u64>,
+        tlru_threshold: u64,
+        tlru_next_prompt_estimate: u64,
     ) -> PyResult<Self> {
         let o = Options {
             page_size,
@@ -431,6 +437,8 @@ shared_methods!(RadixCache, {
             events,
             hit_counts,
             slru_protected_threshold,
+            tlru_threshold,
+            tlru_next_prompt_estimate,
         };
         let (b, events) = configure(py, radixkv::RadixCache::builder(), &o)?;
         let inner = b.build().map_err(|e| cache_error(py, e))?;
@@ -484,7 +492,7 @@ shared_methods!(PagedCache, {
     /// tier with its own allocator; `watermarks=(low, high)` in free pages
     /// drive the background evictor.
     #[new]
-    #[pyo3(signature = (*, pages_per_device, page_size=1, devices=1, eviction_policy="lru", clock="logical", host_pages=None, replica_aware=false, watermarks=None, events=false, hit_counts="match", slru_protected_threshold=None))]
+    #[pyo3(signature = (*, pages_per_device, page_size=1, devices=1, eviction_policy="lru", clock="logical", host_pages=None, replica_aware=false, watermarks=None, events=false, hit_counts="match", slru_protected_threshold=None, tlru_threshold=0, tlru_next_prompt_estimate=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -499,6 +507,8 @@ shared_methods!(PagedCache, {
         events: bool,
         hit_counts: &str,
         slru_protected_threshold: Option<u64>,
+        tlru_threshold: u64,
+        tlru_next_prompt_estimate: u64,
     ) -> PyResult<Self> {
         let o = Options {
             page_size,
@@ -510,6 +520,8 @@ shared_methods!(PagedCache, {
             events,
             hit_counts,
             slru_protected_threshold,
+            tlru_threshold,
+            tlru_next_prompt_estimate,
         };
         let (b, events) = configure(py, radixkv::RadixCache::builder(), &o)?;
         let mut b = b.pages_per_device(pages_per_device);

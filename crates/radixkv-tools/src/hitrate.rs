@@ -56,11 +56,56 @@ pub struct HitRow {
     pub host_rate_tokens: f64,
 }
 
+/// An eviction policy with the settings the evaluation builds its cache
+/// with; an [`EvictionPolicy`] alone converts with the defaults.
+///
+/// ```
+/// use radixkv::EvictionPolicy;
+/// use radixkv_tools::hitrate::PolicySetup;
+/// let lru = PolicySetup::from(EvictionPolicy::Lru);
+/// assert_eq!(lru.tlru_threshold, 0);
+/// let tlru = PolicySetup { policy: EvictionPolicy::Tlru, ..lru }.with_tlru(4096, 512);
+/// assert_eq!((tlru.tlru_threshold, tlru.tlru_next_prompt_estimate), (4096, 512));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicySetup {
+    /// The order.
+    pub policy: EvictionPolicy,
+    /// Tlru's prefill budget in tokens
+    /// ([`RadixCacheBuilder::tlru_threshold`](radixkv::RadixCacheBuilder::tlru_threshold)).
+    pub tlru_threshold: u64,
+    /// Tlru's next prompt estimate in tokens
+    /// ([`RadixCacheBuilder::tlru_next_prompt_estimate`](radixkv::RadixCacheBuilder::tlru_next_prompt_estimate)).
+    pub tlru_next_prompt_estimate: u64,
+}
+
+impl PolicySetup {
+    /// The same policy with tlru's budget `threshold` and estimate
+    /// `next_prompt_estimate`, in tokens (other policies ignore them).
+    pub fn with_tlru(self, threshold: u64, next_prompt_estimate: u64) -> Self {
+        PolicySetup {
+            tlru_threshold: threshold,
+            tlru_next_prompt_estimate: next_prompt_estimate,
+            ..self
+        }
+    }
+}
+
+impl From<EvictionPolicy> for PolicySetup {
+    fn from(policy: EvictionPolicy) -> Self {
+        PolicySetup {
+            policy,
+            tlru_threshold: 0,
+            tlru_next_prompt_estimate: 0,
+        }
+    }
+}
+
 /// Replays `trace` with `policy` through a pool of `pages` pages; returns
 /// the hit rate in tokens and the tokens evicted.
 pub fn replay(
     trace: &Trace,
-    policy: EvictionPolicy,
+    policy: impl Into<PolicySetup>,
     page_size: usize,
     pages: usize,
 ) -> Result<(f64, u64), HitrateError> {
@@ -74,14 +119,17 @@ pub fn replay(
 /// the input tokens) and the tokens the device evicted.
 pub fn replay_with_host(
     trace: &Trace,
-    policy: EvictionPolicy,
+    policy: impl Into<PolicySetup>,
     page_size: usize,
     pages: usize,
     host_pages: Option<usize>,
 ) -> Result<(f64, f64, u64), HitrateError> {
+    let setup = policy.into();
     let mut b = RadixCache::builder()
         .page_size(page_size)
-        .eviction_policy(policy)
+        .eviction_policy(setup.policy)
+        .tlru_threshold(setup.tlru_threshold)
+        .tlru_next_prompt_estimate(setup.tlru_next_prompt_estimate)
         .pages_per_device(pages.saturating_add(1));
     if let Some(h) = host_pages {
         b = b.host_pages(h.saturating_add(1));
@@ -267,7 +315,7 @@ pub fn belady(trace: &Trace, page_size: usize, pages: usize) -> Result<(f64, u64
 /// Runs every (policy, capacity) pair and Belady's bound for each capacity.
 pub fn evaluate(
     trace: &Trace,
-    policies: &[EvictionPolicy],
+    policies: &[impl Into<PolicySetup> + Copy],
     capacities: &[f64],
     page_size: usize,
 ) -> Result<Vec<HitRow>, HitrateError> {
@@ -280,7 +328,7 @@ pub fn evaluate(
 /// [`Trace::distinct_tokens`] at this page size.
 pub fn evaluate_sized(
     trace: &Trace,
-    policies: &[EvictionPolicy],
+    policies: &[impl Into<PolicySetup> + Copy],
     capacities: &[f64],
     page_size: usize,
     distinct: usize,
@@ -348,7 +396,7 @@ fn page_sizes(
 /// stay the device-only bound.
 pub fn evaluate_with_host(
     trace: &Trace,
-    policies: &[EvictionPolicy],
+    policies: &[impl Into<PolicySetup> + Copy],
     capacities: &[f64],
     pages: &[usize],
     page_size: usize,
@@ -369,7 +417,7 @@ pub fn evaluate_with_host(
 /// capacity is `pages · page_size / distinct`.
 pub fn evaluate_pages(
     trace: &Trace,
-    policies: &[EvictionPolicy],
+    policies: &[impl Into<PolicySetup> + Copy],
     pages: &[usize],
     page_size: usize,
     distinct: usize,
@@ -381,7 +429,7 @@ pub fn evaluate_pages(
 /// Rows for every `(capacity share, pages)` and policy, plus Belady's.
 fn evaluate_at(
     trace: &Trace,
-    policies: &[EvictionPolicy],
+    policies: &[impl Into<PolicySetup> + Copy],
     sizes: &[(f64, usize)],
     page_size: usize,
     host: Option<(f64, usize)>,
@@ -407,8 +455,9 @@ fn evaluate_at(
             }
         };
         for &p in policies {
+            let p: PolicySetup = p.into();
             let r = replay_with_host(trace, p, page_size, pages, host.map(|h| h.1))?;
-            rows.push(row(p.to_string(), r, true));
+            rows.push(row(p.policy.to_string(), r, true));
         }
         let (rate, evicted) = belady_with(&plan, page_size, pages);
         rows.push(row("belady".into(), (rate, 0.0, evicted), false));

@@ -2,7 +2,7 @@
 //!
 //! | file | what it holds |
 //! | --- | --- |
-//! | `mod.rs` | [`Node`]: its lock, its unlinked flag, its image and children words, its priority and its tier slots |
+//! | `mod.rs` | [`Node`]: its lock, its unlinked flag, its image and children words, its priority, its depths (`start`, `deepest`) and its tier slots |
 //! | `image.rs` | [`Image`]: parent link, key and values per tier in one immutable allocation |
 //! | `values.rs` | the values codec ([`Values`], [`DeviceValues`]) |
 //! | `children/` | [`Children`]: a flat sorted array, or a table for a wide node |
@@ -31,6 +31,8 @@
 //! | `children` (load) | SeqCst | as `image`: the array's contents were written before the swap that published it |
 //! | `obsolete` | SeqCst | set under the node's and its parent's locks; read under a lock by every validating guard (ordered by the lock), and unlocked by `is_leaf_on` as a hint that eviction re-checks |
 //! | `priority` | SeqCst | a `fetch_max` short-cut by a load; read for eviction keys |
+//! | `start` | SeqCst | stored only by a split, under the node's and its parent's locks, before the split publishes the node's shorter image; read unlocked as an advisory eviction key (tlru), which the split then files again (see `ops::split`) |
+//! | `deepest` | SeqCst | raised by `fetch_max` (short-cut by a load) on every ancestor of a new node while depths are tracked; the split's re-read of it after publishing is a store→load edge against the raising walk's image load (see `ops::split`), which needs the total order |
 
 mod children;
 mod image;
@@ -44,7 +46,7 @@ pub(crate) use ptr::{arc_of, Link, ParentPtr};
 pub(crate) use slot::{Slots, TierSlot};
 pub(crate) use values::{DeviceValues, Values};
 
-use crate::sync::{AtomicBool, AtomicI64, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicI64, AtomicU32, Mutex, Ordering};
 use crate::tree::protocol::residency::ResidencyState;
 use crossbeam_epoch::{Atomic, Guard, Shared};
 
@@ -76,7 +78,23 @@ pub(crate) struct Node {
     pub(crate) children: Atomic<NodeChildren>,
     /// SGLang's node priority (per node, not per tier).
     pub(crate) priority: AtomicI64,
+    /// Tokens on the path from the namespace root before this node's key
+    /// (its parent's depth). Grows when a split moves the node's first
+    /// tokens into a new parent; saturates at `u32::MAX`.
+    pub(crate) start: AtomicU32,
+    /// The deepest end depth (tokens from the namespace root) any node of
+    /// this subtree has had since it was made, this node's own included;
+    /// never lowered (tlru's conversation length, SGLang's
+    /// `_tlru_history_len`). Ancestors are raised only while the tree
+    /// tracks depths (`Tree::tracks_depths`); saturates at `u32::MAX`.
+    pub(crate) deepest: AtomicU32,
     slots: Slots,
+}
+
+/// A depth in tokens as a node keeps it (saturating: a path past 4 G
+/// tokens only compares as the longest).
+pub(crate) fn depth_u32(tokens: usize) -> u32 {
+    u32::try_from(tokens).unwrap_or(u32::MAX)
 }
 
 /// What a new node is made of.
@@ -94,6 +112,11 @@ pub(crate) struct NodeParts<'k> {
     pub(crate) children: NodeChildren,
     /// Its priority.
     pub(crate) priority: i64,
+    /// Tokens before its key on its path ([`Node::start`]).
+    pub(crate) start: u32,
+    /// Its subtree's deepest end depth so far ([`Node::deepest`]): its own
+    /// end depth for a new leaf.
+    pub(crate) deepest: u32,
 }
 
 impl Node {
@@ -113,6 +136,8 @@ impl Node {
                 Atomic::new(p.children)
             },
             priority: AtomicI64::new(p.priority),
+            start: AtomicU32::new(p.start),
+            deepest: AtomicU32::new(p.deepest),
             slots,
         }
     }
@@ -196,6 +221,18 @@ impl Node {
         if self.priority.load(Ordering::SeqCst) < p {
             self.priority.fetch_max(p, Ordering::SeqCst);
         }
+    }
+
+    /// Raises [`deepest`](Self::deepest) to at least `depth`; whether it
+    /// was lower. Writes only when it was (as `raise_priority`: the nodes
+    /// near the root are on every reader's path).
+    pub(crate) fn raise_deepest(&self, depth: u32) -> bool {
+        // SeqCst: see the module's table (the split's re-read).
+        if self.deepest.load(Ordering::SeqCst) < depth {
+            self.deepest.fetch_max(depth, Ordering::SeqCst);
+            return true;
+        }
+        false
     }
 
     /// Moves the access stamp of `t` forward to `stamp`.

@@ -10,7 +10,8 @@
 //! (in `protocol::lock`).
 
 use crate::sync::Ordering;
-use crate::tree::node::{page_hash, Children, DeviceValues, ImageParts, Link, Node, NodeParts};
+use crate::tree::node::NodeParts;
+use crate::tree::node::{depth_u32, page_hash, Children, DeviceValues, ImageParts, Link, Node};
 use crate::tree::node::{ParentPtr, Values};
 use crate::tree::protocol::lock::{Expect, Locking, ParentLocked};
 use crate::tree::protocol::pin::HeldPin;
@@ -79,6 +80,8 @@ impl Tree {
             },
             children: Children::default(),
             priority: a.writer.priority,
+            start: depth_u32(a.at.start),
+            deepest: depth_u32(a.at.path.len()),
         });
         leaf.slot(t)
             .last_access
@@ -130,6 +133,9 @@ impl Tree {
                 self.count_node(t, true);
                 // SAFETY: just linked under `guard`.
                 let leaf = unsafe { leaf.node_in(guard) };
+                if self.tracks_depths() {
+                    self.raise_ancestors(a.parent, depth_u32(a.at.path.len()), guard);
+                }
                 self.note_leaf(leaf, t);
                 leaf
             },

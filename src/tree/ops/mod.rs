@@ -10,8 +10,10 @@
 //! | `split.rs` | splitting a node ([`Split`](split::Split)) |
 //! | `evict.rs` | evicting one leaf from one tier, unlinking what is left of nothing |
 //! | `scan.rs` | whole-tree scans: nodes, leaves of a tier, values, sizes |
+//! | `depth.rs` | branch depths for tlru: raising a new node's ancestors, turning tracking on |
 
 pub(crate) mod attach;
+pub(crate) mod depth;
 pub(crate) mod evict;
 pub(crate) mod insert;
 pub(crate) mod scan;

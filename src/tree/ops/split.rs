@@ -15,8 +15,10 @@
 //! `protocol::lock`).
 
 use crate::sync::Ordering;
+use crate::tree::node::NodeParts;
 use crate::tree::node::ParentPtr;
-use crate::tree::node::{page_hash, Children, ImageParts, Link, Node, NodeImage, NodeParts};
+use crate::tree::node::{depth_u32, page_hash, Children, ImageParts, Link, Node, NodeImage};
+use crate::tree::ops::evict::is_leaf_on;
 use crate::tree::protocol::lock::{Expect, LockFailed, Locking, ParentLocked};
 use crate::tree::protocol::reclaim::Retired;
 use crate::tree::state::Tree;
@@ -61,6 +63,15 @@ impl Tree {
         }
         let prefix = self.prefix_node(&s, img, k);
         split_moves_no_pin(&prefix, s.child);
+        // The child's key now starts `k` tokens later on its path (stored
+        // under both locks, before its new image is published).
+        s.child.start.store(
+            prefix
+                .start
+                .load(Ordering::SeqCst)
+                .saturating_add(depth_u32(k)),
+            Ordering::SeqCst,
+        );
         let (child_id, prefix_id) = (s.child.id, prefix.id);
         let prefix = split_event_in_lock(
             || self.report_split(img, child_id, prefix_id, k),
@@ -76,6 +87,14 @@ impl Tree {
                     guard,
                     &mut retired,
                 );
+                // The child's `deepest` again, now that its image names the
+                // prefix: a walk raising it from below either climbs
+                // through the new image (and raises the prefix itself) or
+                // raised it before this load (`ops::depth`).
+                // SAFETY: allocated just above; the tree's reference is
+                // held by `prefix` until it is filed below, under `guard`.
+                unsafe { prefix.node_in(guard) }
+                    .raise_deepest(s.child.deepest.load(Ordering::SeqCst));
                 // A writer parked here (the test-only pause point) holds
                 // both locks with the child's new image published and the
                 // parent's children not yet: readers must still finish
@@ -85,6 +104,16 @@ impl Tree {
                 drop(locked);
                 self.count_node(s.tier.unwrap_or(0), true);
                 self.retire(retired, guard);
+                if self.tracks_depths() {
+                    // Its key starting later can only lower its tlru key:
+                    // filed again, the candidate heap sees it (see
+                    // `EvictionPolicy::keys_only_grow`).
+                    for (t, _) in s.child.slots() {
+                        if is_leaf_on(s.child, t) {
+                            self.note_leaf(s.child, t);
+                        }
+                    }
+                }
                 prefix
             },
         );
@@ -114,6 +143,8 @@ impl Tree {
                 Link::to_linked(s.child)
             })]),
             priority: s.child.priority.load(Ordering::SeqCst),
+            start: s.child.start.load(Ordering::SeqCst),
+            deepest: s.child.deepest.load(Ordering::SeqCst),
         });
         // The child's tiers that have a slot (a sparse node's others are
         // absent with zero stamps, as the prefix's are).

@@ -123,6 +123,8 @@ class RadixCache(_Cache):
         events: bool = False,
         hit_counts: Literal["match", "insert"] = "match",
         slru_protected_threshold: Optional[int] = None,
+        tlru_threshold: int = 0,
+        tlru_next_prompt_estimate: int = 0,
     ) -> None: ...
     def insert(
         self,
@@ -203,6 +205,8 @@ class PagedCache(_Cache):
         events: bool = False,
         hit_counts: Literal["match", "insert"] = "match",
         slru_protected_threshold: Optional[int] = None,
+        tlru_threshold: int = 0,
+        tlru_next_prompt_estimate: int = 0,
     ) -> None: ...
     def alloc(self, num_tokens: int, *, tier: Optional[Tier] = None) -> PageSpan: ...
     def insert_pages(

@@ -1,0 +1,68 @@
+//! Branch depths, for tlru (see `EvictionPolicy::Tlru`): every node knows
+//! how many tokens come before its key on its path ([`Node::start`]) and
+//! the deepest end depth its subtree has reached ([`Node::deepest`],
+//! never lowered: a conversation's length, which stays what it was when
+//! its tail is evicted).
+//!
+//! A new node's `deepest` is its own end depth; while the tree tracks
+//! depths, linking it raises its ancestors up to the first one that had
+//! already reached that depth (that one's ancestors have too, or the walk
+//! that raised it is raising them). A split's new prefix node takes the
+//! child's `deepest`, and reads it again once the child's new image is
+//! published, so a walk that raised the child and then climbed through its
+//! old image (to the old parent, past the prefix) is not lost (the
+//! `Node` module's atomics table). Tracking is off unless the cache ranks
+//! by tlru, whose bookkeeping it is: a conversation that keeps setting a
+//! new depth raises its whole path on every turn.
+
+use crate::sync::Ordering;
+use crate::tree::node::Node;
+use crate::tree::state::Tree;
+use crossbeam_epoch::Guard;
+
+impl Tree {
+    /// Whether linking a node raises its ancestors' `deepest`.
+    pub(crate) fn tracks_depths(&self) -> bool {
+        // Relaxed: a switch of policy is not ordered with the inserts
+        // running through it (see `track_depths`).
+        self.tracks_depths.load(Ordering::Relaxed)
+    }
+
+    /// Raises `deepest` on `parent` and its ancestors to at least `depth`
+    /// (the end depth of a node just linked below `parent`), up to the
+    /// first that had already reached it.
+    pub(crate) fn raise_ancestors(&self, parent: &Node, depth: u32, guard: &Guard) {
+        let mut n = parent;
+        while !n.is_root && n.raise_deepest(depth) {
+            let img = n.image_ref(guard);
+            if img.parent.is_null() {
+                return; // unlinked meanwhile: its old path is not the tree's
+            }
+            // SAFETY: `n` was reached under `guard`, so its image's parent
+            // was linked during the guard's life and is not freed before it
+            // (see `ParentPtr`).
+            n = unsafe { &*img.parent.0 };
+        }
+    }
+
+    /// Starts raising ancestors on every link (a switch to tlru), and
+    /// raises every node of the tree as it stands to its subtree's deepest
+    /// end depth. A node linked while this runs, by an insert that read the
+    /// switch as not made yet, may leave its ancestors unraised: depths are
+    /// exact for every branch that grows after the switch.
+    pub(crate) fn track_depths(&self, guard: &Guard) {
+        // SeqCst, with the nodes loaded after it: the scan below sees every
+        // node linked before the switch was seen.
+        if self.tracks_depths.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let nodes = self.nodes(guard);
+        // Pre-order: a child comes after its parent, so going backwards
+        // raises every node after all of its subtree.
+        for &(n, parent) in nodes.iter().rev() {
+            if let Some(p) = parent {
+                nodes[p].0.raise_deepest(n.deepest.load(Ordering::SeqCst));
+            }
+        }
+    }
+}
