@@ -98,6 +98,11 @@ pub fn run(a: HitrateArgs) -> CmdResult {
             a.tlru_threshold, a.tlru_next_prompt_estimate
         );
     }
+    println!(
+        "over budget: requests that computed more than {} tokens (--tlru-threshold); \
+         excess: the tokens past it, as a share of the input",
+        a.tlru_threshold
+    );
     let capacity = if a.capacity.is_empty() && a.pages.is_empty() {
         vec![0.1, 0.25, 0.5]
     } else {
@@ -123,21 +128,24 @@ pub fn run(a: HitrateArgs) -> CmdResult {
 fn table(rows: &[HitRow]) -> String {
     let host = rows.iter().any(|r| r.host_pages > 0);
     let mut s = format!(
-        "{:<10} {:>9} {:>12} {:>10} {:>16}",
-        "policy", "capacity", "pages", "hit rate", "evicted tokens"
+        "{:<10} {:>9} {:>12} {:>10} {:>16} {:>12} {:>8}",
+        "policy", "capacity", "pages", "hit rate", "evicted tokens", "over budget", "excess"
     );
     if host {
         s += &format!(" {:>9} {:>11} {:>8}", "host cap", "host loads", "reuse");
     }
     s += "\n";
     for r in rows {
+        let share = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}%", v * 100.0));
         s += &format!(
-            "{:<10} {:>8.1}% {:>12} {:>9.1}% {:>16}",
+            "{:<10} {:>8.1}% {:>12} {:>9.1}% {:>16} {:>12} {:>8}",
             r.policy,
             r.capacity * 100.0,
             r.pages,
             r.hit_rate_tokens * 100.0,
-            r.evicted_tokens
+            r.evicted_tokens,
+            share(r.over_budget_requests),
+            share(r.excess_tokens)
         );
         if host {
             s += &format!(

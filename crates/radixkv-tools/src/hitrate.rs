@@ -54,6 +54,32 @@ pub struct HitRow {
     /// Input tokens loaded from the host tier (written back there before
     /// the device evicted them) / all input tokens.
     pub host_rate_tokens: f64,
+    /// The prefill budget the next two fields count against, in tokens
+    /// (the setup's tlru threshold, for every policy alike).
+    pub budget_tokens: u64,
+    /// Requests that had to compute more than the budget (input tokens
+    /// neither cached nor loaded from the host) / all requests: those
+    /// whose first token is late (tlru's aim). `None` for Belady's row.
+    pub over_budget_requests: Option<f64>,
+    /// Tokens computed past the budget, summed over requests, / all input
+    /// tokens (how late, in tokens). `None` for Belady's row.
+    pub excess_tokens: Option<f64>,
+}
+
+/// What a replay measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Replayed {
+    /// Input tokens served from the device's cache / all input tokens.
+    pub hit_rate: f64,
+    /// Input tokens loaded from the host tier / all input tokens.
+    pub host_rate: f64,
+    /// Tokens the device evicted.
+    pub evicted_tokens: u64,
+    /// Requests that computed more than the budget / all requests (see
+    /// [`HitRow::over_budget_requests`]).
+    pub over_budget_requests: f64,
+    /// Tokens computed past the budget / all input tokens.
+    pub excess_tokens: f64,
 }
 
 /// An eviction policy with the settings the evaluation builds its cache
@@ -109,21 +135,22 @@ pub fn replay(
     page_size: usize,
     pages: usize,
 ) -> Result<(f64, u64), HitrateError> {
-    replay_with_host(trace, policy, page_size, pages, None).map(|(hit, _, ev)| (hit, ev))
+    replay_with_host(trace, policy, page_size, pages, None).map(|r| (r.hit_rate, r.evicted_tokens))
 }
 
 /// [`replay`] with a host tier of `host_pages` pages behind the device
 /// (write-back: the device's victims are written there before they go, by
 /// the same policy; a request loads from it what the device lacks).
 /// Returns the device's hit rate, the host's load rate (both shares of
-/// the input tokens) and the tokens the device evicted.
+/// the input tokens), the tokens the device evicted, and what requests
+/// computed past a budget of the setup's tlru threshold.
 pub fn replay_with_host(
     trace: &Trace,
     policy: impl Into<PolicySetup>,
     page_size: usize,
     pages: usize,
     host_pages: Option<usize>,
-) -> Result<(f64, f64, u64), HitrateError> {
+) -> Result<Replayed, HitrateError> {
     let setup = policy.into();
     let mut b = RadixCache::builder()
         .page_size(page_size)
@@ -138,6 +165,7 @@ pub fn replay_with_host(
     let d = DeviceId(0);
     let host = cache.has_host_tier().then_some(radixkv::Tier::Host);
     let (mut hit, mut loaded, mut total, mut adopted) = (0u64, 0u64, 0u64, 0u64);
+    let (mut over, mut excess) = (0u64, 0u64);
     let mut tokens = Vec::new();
     let ps = page_size as u64;
     let free = |c: &PagedCache| c.allocator(d).map_or(0, |a| a.free_pages() as u64 * ps);
@@ -146,6 +174,7 @@ pub fn replay_with_host(
         let mut req = cache.begin(TokenKey::new(&tokens), d)?;
         hit += req.cached_len() as u64;
         total += tokens.len() as u64;
+        let mut computed = (tokens.len() - req.cached_len()) as u64;
         if let Some(h) = host {
             // Room for the load and the rest first, writing victims back.
             let need = (tokens.len() - req.cached_len()) as u64;
@@ -157,8 +186,13 @@ pub fn replay_with_host(
                 let n = copy.range().len() as u64;
                 if copy.complete().is_ok() {
                     loaded += n;
+                    computed = computed.saturating_sub(n);
                 }
             }
+        }
+        if computed > setup.tlru_threshold {
+            over += 1;
+            excess += computed - setup.tlru_threshold;
         }
         // The request computes the rest; with no room even after eviction
         // (a request larger than the pool), nothing of it is cached.
@@ -169,11 +203,14 @@ pub fn replay_with_host(
     }
     // Every adopted token is either still cached or was evicted.
     let cached = cache.sizes(d)?.total as u64;
-    Ok((
-        hit as f64 / total.max(1) as f64,
-        loaded as f64 / total.max(1) as f64,
-        adopted.saturating_sub(cached),
-    ))
+    let share = |n: u64| n as f64 / total.max(1) as f64;
+    Ok(Replayed {
+        hit_rate: share(hit),
+        host_rate: share(loaded),
+        evicted_tokens: adopted.saturating_sub(cached),
+        over_budget_requests: over as f64 / trace.requests.len().max(1) as f64,
+        excess_tokens: share(excess),
+    })
 }
 
 /// Not used again.
@@ -437,9 +474,9 @@ fn evaluate_at(
     let plan = next_uses(trace, page_size)?;
     let mut rows = Vec::new();
     for &(capacity, pages) in sizes {
-        let row = |policy: String, (rate, host_rate, evicted): (f64, f64, u64), with_host: bool| {
+        let row = |policy: String, r: Replayed, budget: Option<u64>| {
             let (host_capacity, host_pages) = match host {
-                Some(h) if with_host => h,
+                Some(h) if budget.is_some() => h,
                 _ => (0.0, 0),
             };
             HitRow {
@@ -447,20 +484,30 @@ fn evaluate_at(
                 policy,
                 capacity,
                 pages,
-                hit_rate_tokens: rate,
-                evicted_tokens: evicted,
+                hit_rate_tokens: r.hit_rate,
+                evicted_tokens: r.evicted_tokens,
                 host_capacity,
                 host_pages,
-                host_rate_tokens: host_rate,
+                host_rate_tokens: r.host_rate,
+                budget_tokens: budget.unwrap_or(0),
+                over_budget_requests: budget.map(|_| r.over_budget_requests),
+                excess_tokens: budget.map(|_| r.excess_tokens),
             }
         };
         for &p in policies {
             let p: PolicySetup = p.into();
             let r = replay_with_host(trace, p, page_size, pages, host.map(|h| h.1))?;
-            rows.push(row(p.policy.to_string(), r, true));
+            rows.push(row(p.policy.to_string(), r, Some(p.tlru_threshold)));
         }
         let (rate, evicted) = belady_with(&plan, page_size, pages);
-        rows.push(row("belady".into(), (rate, 0.0, evicted), false));
+        let bound = Replayed {
+            hit_rate: rate,
+            host_rate: 0.0,
+            evicted_tokens: evicted,
+            over_budget_requests: 0.0,
+            excess_tokens: 0.0,
+        };
+        rows.push(row("belady".into(), bound, None));
     }
     Ok(rows)
 }
@@ -480,6 +527,47 @@ mod tests {
             ..ChatShape::default()
         };
         chat(&shape, seed)
+    }
+
+    #[test]
+    fn requests_over_the_budget_are_counted_from_what_each_computed() {
+        // With room for everything, a request computes what no earlier
+        // request shares with it, in whole pages: counted here directly.
+        let t = small_chat(5);
+        let ps = 4;
+        let reqs: Vec<Vec<u32>> = (0..t.requests.len())
+            .map(|i| {
+                let mut v = Vec::new();
+                t.tokens_into(i, &mut v);
+                v
+            })
+            .collect();
+        let computed: Vec<u64> = (0..reqs.len())
+            .map(|i| {
+                let shared = (0..i)
+                    .map(|j| {
+                        let n = reqs[i]
+                            .iter()
+                            .zip(&reqs[j])
+                            .take_while(|(a, b)| a == b)
+                            .count();
+                        n / ps * ps
+                    })
+                    .max()
+                    .unwrap_or(0);
+                (reqs[i].len() - shared) as u64
+            })
+            .collect();
+        let input: u64 = reqs.iter().map(|r| r.len() as u64).sum();
+        for budget in [0, 8, 20] {
+            let setup = PolicySetup::from(EvictionPolicy::Lru).with_tlru(budget, 0);
+            let r = replay_with_host(&t, setup, ps, 1 << 16, None).unwrap();
+            let over = computed.iter().filter(|&&c| c > budget).count();
+            let excess: u64 = computed.iter().map(|&c| c.saturating_sub(budget)).sum();
+            assert!(over > 0, "budget {budget}: the trace has requests past it");
+            assert_eq!(r.over_budget_requests, over as f64 / reqs.len() as f64);
+            assert_eq!(r.excess_tokens, excess as f64 / input as f64);
+        }
     }
 
     #[test]
