@@ -593,9 +593,15 @@ impl<P: Ownership> RadixCache<P> {
             slru_threshold: self.slru_threshold,
             priority: n.priority.load(Ordering::Relaxed),
             id: n.id,
-            // Relaxed: advisory, as the stamps (a split that moves `start`
-            // files the node again: `EvictionPolicy::keys_only_grow`).
-            start: u64::from(n.start.load(Ordering::Relaxed)),
+            // Counted up the path for tlru alone, which ranks by it (a
+            // split that moves it files the node again:
+            // `EvictionPolicy::keys_only_grow`).
+            start: if policy == EvictionPolicy::Tlru {
+                self.tree.start_of(n).unwrap_or(0)
+            } else {
+                0
+            },
+            // Relaxed: advisory, as the stamps.
             deepest: u64::from(n.deepest.load(Ordering::Relaxed)),
             tlru: self.tlru,
         })

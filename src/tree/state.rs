@@ -265,7 +265,6 @@ impl Tree {
                     },
                     children: Children::default(),
                     priority: 0,
-                    start: 0,
                     deepest: 0,
                 })
             },

@@ -2,7 +2,7 @@
 //!
 //! | file | what it holds |
 //! | --- | --- |
-//! | `mod.rs` | [`Node`]: its lock, its unlinked flag, its image and children words, its priority, its depths (`start`, `deepest`) and its tier slots |
+//! | `mod.rs` | [`Node`]: its lock, its unlinked flag, its image and children words, its priority, its branch's depth (`deepest`) and its tier slots |
 //! | `image.rs` | [`Image`]: parent link, key and values per tier in one immutable allocation |
 //! | `values.rs` | the values codec ([`Values`], [`DeviceValues`]) |
 //! | `children/` | [`Children`]: a flat sorted array, or a table for a wide node |
@@ -31,7 +31,6 @@
 //! | `children` (load) | SeqCst | as `image`: the array's contents were written before the swap that published it |
 //! | `obsolete` | SeqCst | set under the node's and its parent's locks; read under a lock by every validating guard (ordered by the lock), and unlocked by `is_leaf_on` as a hint that eviction re-checks |
 //! | `priority` | SeqCst | a `fetch_max` short-cut by a load; read for eviction keys |
-//! | `start` | SeqCst | stored only by a split, under the node's and its parent's locks, before the split publishes the node's shorter image; read unlocked as an advisory eviction key (tlru), which the split then files again (see `ops::split`) |
 //! | `deepest` | SeqCst | raised by `fetch_max` (short-cut by a load) on every ancestor of a new node while depths are tracked; the split's re-read of it after publishing is a store→load edge against the raising walk's image load (see `ops::split`), which needs the total order |
 
 mod children;
@@ -78,10 +77,6 @@ pub(crate) struct Node {
     pub(crate) children: Atomic<NodeChildren>,
     /// SGLang's node priority (per node, not per tier).
     pub(crate) priority: AtomicI64,
-    /// Tokens on the path from the namespace root before this node's key
-    /// (its parent's depth). Grows when a split moves the node's first
-    /// tokens into a new parent; saturates at `u32::MAX`.
-    pub(crate) start: AtomicU32,
     /// The deepest end depth (tokens from the namespace root) any node of
     /// this subtree has had since it was made, this node's own included;
     /// never lowered (tlru's conversation length, SGLang's
@@ -90,6 +85,12 @@ pub(crate) struct Node {
     pub(crate) deepest: AtomicU32,
     slots: Slots,
 }
+
+// Every node pays for a field: `deepest` sits in the four bytes the lock
+// and the two flags leave before the next word (one more 4-byte field
+// would cost 8). Checked where the lock's size is known (Linux's futex).
+#[cfg(all(not(loom), target_os = "linux", target_pointer_width = "64"))]
+const _: () = assert!(std::mem::size_of::<Node>() == 104);
 
 /// A depth in tokens as a node keeps it (saturating: a path past 4 G
 /// tokens only compares as the longest).
@@ -112,8 +113,6 @@ pub(crate) struct NodeParts<'k> {
     pub(crate) children: NodeChildren,
     /// Its priority.
     pub(crate) priority: i64,
-    /// Tokens before its key on its path ([`Node::start`]).
-    pub(crate) start: u32,
     /// Its subtree's deepest end depth so far ([`Node::deepest`]): its own
     /// end depth for a new leaf.
     pub(crate) deepest: u32,
@@ -136,7 +135,6 @@ impl Node {
                 Atomic::new(p.children)
             },
             priority: AtomicI64::new(p.priority),
-            start: AtomicU32::new(p.start),
             deepest: AtomicU32::new(p.deepest),
             slots,
         }

@@ -80,7 +80,6 @@ impl Tree {
             },
             children: Children::default(),
             priority: a.writer.priority,
-            start: depth_u32(a.at.start),
             deepest: depth_u32(a.at.path.len()),
         });
         leaf.slot(t)

@@ -1,8 +1,9 @@
 //! Branch depths, for tlru (see `EvictionPolicy::Tlru`): every node knows
-//! how many tokens come before its key on its path ([`Node::start`]) and
-//! the deepest end depth its subtree has reached ([`Node::deepest`],
-//! never lowered: a conversation's length, which stays what it was when
-//! its tail is evicted).
+//! the deepest end depth its subtree has reached ([`Node::deepest`], never
+//! lowered: a conversation's length, which stays what it was when its tail
+//! is evicted), and [`Tree::start_of`] counts the tokens before its key on
+//! its path (kept nowhere: a node's 4 spare bytes hold `deepest`, and a
+//! field more would cost every node 8 bytes for a policy few caches use).
 //!
 //! A new node's `deepest` is its own end depth; while the tree tracks
 //! depths, linking it raises its ancestors up to the first one that had
@@ -43,6 +44,34 @@ impl Tree {
             // (see `ParentPtr`).
             n = unsafe { &*img.parent.0 };
         }
+    }
+
+    /// The tokens on `n`'s path before its key, counted up its parent
+    /// links (`None` once `n` was unlinked). Exact under any split: a split
+    /// moves tokens between a node and its new parent, and a climb reads
+    /// either image of the child, the old one (whose parent holds them all)
+    /// or the new one (whose parent, the prefix, holds the moved ones).
+    pub(crate) fn start_of(&self, n: &Node) -> Option<u64> {
+        let guard = crossbeam_epoch::pin();
+        // A node seen linked after the guard was pinned was linked during
+        // its life: its ancestors are not freed before the guard is
+        // dropped (see `ParentPtr`).
+        if n.is_obsolete() {
+            return None;
+        }
+        let mut img = n.image_ref(&guard);
+        let mut start = 0u64;
+        while !img.parent.is_null() {
+            // SAFETY: as above, and each parent was linked while its child
+            // was, during the guard's life.
+            let p = unsafe { &*img.parent.0 };
+            if p.is_root {
+                break;
+            }
+            img = p.image_ref(&guard);
+            start += img.key.len() as u64;
+        }
+        Some(start)
     }
 
     /// Starts raising ancestors on every link (a switch to tlru), and

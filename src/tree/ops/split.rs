@@ -17,7 +17,7 @@
 use crate::sync::Ordering;
 use crate::tree::node::NodeParts;
 use crate::tree::node::ParentPtr;
-use crate::tree::node::{depth_u32, page_hash, Children, ImageParts, Link, Node, NodeImage};
+use crate::tree::node::{page_hash, Children, ImageParts, Link, Node, NodeImage};
 use crate::tree::ops::evict::is_leaf_on;
 use crate::tree::protocol::lock::{Expect, LockFailed, Locking, ParentLocked};
 use crate::tree::protocol::reclaim::Retired;
@@ -63,15 +63,6 @@ impl Tree {
         }
         let prefix = self.prefix_node(&s, img, k);
         split_moves_no_pin(&prefix, s.child);
-        // The child's key now starts `k` tokens later on its path (stored
-        // under both locks, before its new image is published).
-        s.child.start.store(
-            prefix
-                .start
-                .load(Ordering::SeqCst)
-                .saturating_add(depth_u32(k)),
-            Ordering::SeqCst,
-        );
         let (child_id, prefix_id) = (s.child.id, prefix.id);
         let prefix = split_event_in_lock(
             || self.report_split(img, child_id, prefix_id, k),
@@ -105,9 +96,9 @@ impl Tree {
                 self.count_node(s.tier.unwrap_or(0), true);
                 self.retire(retired, guard);
                 if self.tracks_depths() {
-                    // Its key starting later can only lower its tlru key:
-                    // filed again, the candidate heap sees it (see
-                    // `EvictionPolicy::keys_only_grow`).
+                    // Its key starts later on its path now, which can only
+                    // lower its tlru key: filed again, the candidate heap
+                    // sees it (see `EvictionPolicy::keys_only_grow`).
                     for (t, _) in s.child.slots() {
                         if is_leaf_on(s.child, t) {
                             self.note_leaf(s.child, t);
@@ -143,7 +134,6 @@ impl Tree {
                 Link::to_linked(s.child)
             })]),
             priority: s.child.priority.load(Ordering::SeqCst),
-            start: s.child.start.load(Ordering::SeqCst),
             deepest: s.child.deepest.load(Ordering::SeqCst),
         });
         // The child's tiers that have a slot (a sparse node's others are
