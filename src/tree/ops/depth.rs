@@ -7,12 +7,13 @@
 //!
 //! A new node's `deepest` is its own end depth; while the tree tracks
 //! depths, linking it raises its ancestors up to the first one that had
-//! already reached that depth (that one's ancestors have too, or the walk
-//! that raised it is raising them). A split's new prefix node takes the
-//! child's `deepest`, and reads it again once the child's new image is
-//! published, so a walk that raised the child and then climbed through its
-//! old image (to the old parent, past the prefix) is not lost (the
-//! `Node` module's atomics table). Tracking is off unless the cache ranks
+//! already reached that depth (whoever raised that one raises, or raised,
+//! its ancestors too). A split's new prefix node takes the child's
+//! `deepest`, and reads it again once the child's new image is published,
+//! so a walk that raised the child and then climbed through its old image
+//! (to the old parent, past the prefix) is not lost (the `Node` module's
+//! atomics table); if that read raises the prefix, the split raises the
+//! prefix's ancestors, as a walk would. Tracking is off unless the cache ranks
 //! by tlru, whose bookkeeping it is: a conversation that keeps setting a
 //! new depth raises its whole path on every turn.
 

@@ -81,11 +81,16 @@ impl Tree {
                 // The child's `deepest` again, now that its image names the
                 // prefix: a walk raising it from below either climbs
                 // through the new image (and raises the prefix itself) or
-                // raised it before this load (`ops::depth`).
+                // raised it before this load (`ops::depth`). Whoever raises
+                // a node raises its ancestors too: a walk that finds the
+                // prefix raised here stops there.
+                let deepest = s.child.deepest.load(Ordering::SeqCst);
                 // SAFETY: allocated just above; the tree's reference is
                 // held by `prefix` until it is filed below, under `guard`.
-                unsafe { prefix.node_in(guard) }
-                    .raise_deepest(s.child.deepest.load(Ordering::SeqCst));
+                let raised = unsafe { prefix.node_in(guard) }.raise_deepest(deepest);
+                if raised && self.tracks_depths() {
+                    self.raise_ancestors(s.parent, deepest, guard);
+                }
                 // A writer parked here (the test-only pause point) holds
                 // both locks with the child's new image published and the
                 // parent's children not yet: readers must still finish
