@@ -59,7 +59,7 @@ cargo test --workspace --release --lib --bins --tests --examples
 echo "== benchmarks compile (running them is opt-in: see BENCHMARKS.md)"
 cargo build --workspace --release --benches
 
-echo "== peer bench against Dynamo's and SMG's indexes (bench-peers/, CI size: built and run, not asserted on; it fails only if radixkv disagrees with Dynamo's CRTC or SMG's index on a match)"
+echo "== peer bench against Dynamo's and SMG's indexes (bench-peers/, CI size: built and run, not asserted on; it fails only if radixkv disagrees with Dynamo's CRTC, SMG's index or its own router index on a match)"
 cargo run --release --manifest-path bench-peers/Cargo.toml --target-dir target/peers --quiet -- --quick --traces "$traces"
 QUICK=1 THREADS=1,2 PROCESSES=1 bash scripts/scaling.sh "" target/peers/scaling-smoke.json
 

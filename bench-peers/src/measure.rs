@@ -85,7 +85,14 @@ impl Report {
 
     /// One phase: radixkv first, then its peers, with ratios.
     pub fn phase(&mut self, wl: &str, phase: &str, rows: &[(&str, Figures)]) {
-        let Some((_, ours)) = rows.iter().find(|(n, _)| *n == "radixkv").copied() else {
+        // The baseline: radixkv's row, or (the router index's phases)
+        // the first.
+        let Some((base, ours)) = rows
+            .iter()
+            .find(|(n, _)| *n == "radixkv")
+            .or(rows.first())
+            .copied()
+        else {
             return;
         };
         for (name, f) in rows {
@@ -108,7 +115,7 @@ impl Report {
                     phase, name, f.ops_per_s, "-", "-", "-", "-", "-"
                 );
             }
-            if *name != "radixkv" {
+            if *name != base {
                 let r = ours.ops_per_s / f.ops_per_s;
                 self.json.insert(format!("{wl}.{phase}.ratio_vs_{name}"), r);
                 print!("   x{r:.2}");
@@ -146,10 +153,11 @@ impl Report {
         unit: Option<&str>,
         note: &str,
     ) {
-        let ours = rows
+        let (base, ours) = rows
             .iter()
             .find(|(n, _)| *n == "radixkv")
-            .map_or(f64::NAN, |r| r.1);
+            .or(rows.first())
+            .map_or(("", f64::NAN), |&(n, v)| (n, v));
         for (name, v) in rows {
             print!("{what:<26} {name:<24} {v:>11.2}");
             let key = match unit {
@@ -160,7 +168,7 @@ impl Report {
                 None => format!("{wl}.{what}.{name}"),
             };
             self.json.insert(key, *v);
-            if *name != "radixkv" {
+            if *name != base {
                 let r = v / ours;
                 self.json.insert(format!("{wl}.{what}.ratio_vs_{name}"), r);
                 print!("   x{r:.2}");

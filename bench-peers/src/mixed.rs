@@ -167,3 +167,29 @@ pub(crate) fn mixed_smg(
         |r, pairs: &mut Vec<(u64, u64)>| smg.write().expect("smg lock").store(r, pairs),
     )
 }
+
+/// The mixed phase on radixkv's router index: queries by precomputed
+/// hashes, stores as events (built before the clock starts), both through
+/// `&self` from every thread.
+pub(crate) fn mixed_index(
+    kv: &radixkv_index::KvIndex,
+    w: &Workload,
+    threads: usize,
+    seed: u64,
+) -> Figures {
+    mixed_threads(
+        w,
+        threads,
+        seed,
+        |q| {
+            std::hint::black_box(crate::rkindex::query(kv, &q.content));
+        },
+        |r, ev: &mut Option<radixkv_index::decode::Event>| {
+            *ev = Some(crate::rkindex::stored(r, w.page));
+        },
+        |r, ev: &mut Option<radixkv_index::decode::Event>| {
+            let e = ev.take().expect("prepared");
+            crate::rkindex::apply(kv, r.device, &e);
+        },
+    )
+}

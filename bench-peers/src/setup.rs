@@ -109,6 +109,17 @@ pub(crate) fn check_agree_smg(w: &Workload, cache: &RadixCache, smg: &crate::smg
     });
 }
 
+pub(crate) fn check_agree_index(
+    w: &Workload,
+    cache: &RadixCache,
+    kv: &radixkv_index::KvIndex,
+    what: &str,
+) {
+    check_answers(w, cache, "radixkv's router index", what, |r| {
+        crate::rkindex::per_device(kv, &r.content, w.devices)
+    });
+}
+
 /// radixkv's answer (blocks per device) equals `theirs` on 500 stored
 /// requests drawn at random (the same ones every time).
 fn check_answers(
