@@ -28,6 +28,8 @@ const STEPS: &[&str] = &[
     "event_in_lock",
     "split_event_in_lock",
     "switch_rescans",
+    "split_rereads_deepest",
+    "split_raises_ancestors",
 ];
 
 /// Controls of ordinary (not loom) tests: `tests/parked_writer.rs`.

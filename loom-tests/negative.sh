@@ -13,8 +13,9 @@ target="${LOOM_TARGET_DIR:-target/loom}"
 
 # the models' file | model | control step | the model's own assertion message it must fail with
 # (alternatives separated by ";;": a model with two assertions on the same
-# invariant may trip either first). A panic with any other message, a build
-# failure or an unwrap does not count as failing "as required".
+# invariant may trip either first) [| the preemption bound it needs, when
+# more than the default]. A panic with any other message, a build failure
+# or an unwrap does not count as failing "as required".
 pairs=(
   "pins_and_eviction|match_vs_evict|evict_pin_check|value 10 was evicted while a lease on it was live"
   "structure|insert_below_a_leaf_being_evicted|leaf_check|I1: node 3 is resident on device 0 but its parent 2 is not"
@@ -42,14 +43,16 @@ pairs=(
   "pins_and_eviction|policy_switch_vs_insert|switch_rescans|a leaf inserted during a switch to a heap policy must be a candidate"
   "structure|table_removal_vs_reader_behind_it|table_tomb|a child filed behind a removed one must stay findable"
   "structure|split_below_a_table_vs_reader|reader_parent_check|the whole key stayed cached (below a table)"
+  "structure|split_vs_deepening_insert|split_rereads_deepest|I8: node"
+  "structure|split_vs_deepening_insert|split_raises_ancestors|I8: node|3"
 )
 
 failed_as_expected=0
 held=0
 for pair in "${pairs[@]}"; do
-  IFS='|' read -r file model step want <<<"$pair"
+  IFS='|' read -r file model step want bound <<<"$pair"
   log=$(mktemp)
-  RADIXKV_NEGATIVE="$step" cargo test -q -p loom-tests --release --target-dir "$target" \
+  LOOM_MAX_PREEMPTIONS="${bound:-$LOOM_MAX_PREEMPTIONS}" RADIXKV_NEGATIVE="$step" cargo test -q -p loom-tests --release --target-dir "$target" \
     --test "$file" -- --exact "$model" >"$log" 2>&1
   rc=$?
   # The model's own assertion: the first panic message that is not loom's.

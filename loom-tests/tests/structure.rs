@@ -328,3 +328,36 @@ fn split_below_a_table_vs_reader() {
         c.audit();
     });
 }
+
+/// tlru's branch depths: an insert that makes a branch deeper vs a match
+/// that splits a node on it. `[0]` → `[1 2]` holds 3 tokens; the insert of
+/// `[0 1 2 3]` attaches `[3]` and raises `[1 2]`, then climbs its parent
+/// links raising `[0]`, while the match of `[0 1]` splits `[1 2]` into
+/// `[1]` → `[2]`. Protecting steps: the split reads the child's depth again
+/// once its image names the new prefix (a raise that climbed the old image
+/// passed the prefix by), and raises the prefix's ancestors when that read
+/// raised it (a raise that met the prefix raised stopped there). Controls:
+/// `split_rereads_deepest`, `split_raises_ancestors`.
+#[test]
+fn split_vs_deepening_insert() {
+    model_with_branches(4_000, || {
+        let c = Arc::new(
+            RadixCache::builder()
+                .eviction_policy(radixkv::EvictionPolicy::Tlru)
+                .build()
+                .unwrap(),
+        );
+        c.insert(key(&[0]), D0, &[10], 0).unwrap();
+        c.insert(key(&[0, 1, 2]), D0, &[10, 11, 12], 0).unwrap();
+        let c1 = Arc::clone(&c);
+        let t = thread::spawn(move || {
+            c1.match_prefix(key(&[0, 1]), D0).unwrap();
+        });
+        c.insert(key(&[0, 1, 2, 3]), D0, &[10, 11, 12, 13], 0)
+            .unwrap();
+        t.join().unwrap();
+        if let Err(e) = c.check() {
+            panic!("radixkv audit failed: {e}");
+        }
+    });
+}

@@ -2,8 +2,9 @@
 //! state and verifies the invariants I1 (prefix-closed residency), I4
 //! (shape: page-aligned keys, children filed under their first page,
 //! values matching keys, resident-children counts), I5 (every node
-//! reachable once, one root per namespace) and the tree's own gauges. It
-//! takes no part in the concurrent protocol.
+//! reachable once, one root per namespace), I8 (while depths are tracked
+//! for tlru, no node records a shallower branch than a child of it) and
+//! the tree's own gauges. It takes no part in the concurrent protocol.
 
 use crate::sync::Ordering;
 use crate::tree::namespaces;
@@ -12,8 +13,8 @@ use crate::tree::state::Tree;
 use crossbeam_epoch::Guard;
 
 impl Tree {
-    /// Checks I1, I4, I5 and the tree's own counters. `Err` names the first
-    /// violation. Meaningful in quiescent state only.
+    /// Checks I1, I4, I5, I8 and the tree's own counters. `Err` names the
+    /// first violation. Meaningful in quiescent state only.
     pub(crate) fn check(&self, guard: &Guard) -> Result<(), String> {
         let ps = self.page_size();
         let mut seen = std::collections::HashSet::new();
@@ -121,6 +122,16 @@ impl Tree {
                 }
                 if !seen.insert(c.id) {
                     return Err(format!("I5: node {} is reachable twice", c.id));
+                }
+                let (deep, below) = (
+                    n.deepest.load(Ordering::SeqCst),
+                    c.deepest.load(Ordering::SeqCst),
+                );
+                if self.tracks_depths() && !n.is_root && deep < below {
+                    return Err(format!(
+                        "I8: node {} records a branch {deep} tokens deep, its child {} one of {below}",
+                        n.id, c.id
+                    ));
                 }
                 for (e, r) in resident_children.iter_mut().enumerate() {
                     if c.residency_on(e).resident() {

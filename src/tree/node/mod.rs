@@ -31,7 +31,7 @@
 //! | `children` (load) | SeqCst | as `image`: the array's contents were written before the swap that published it |
 //! | `obsolete` | SeqCst | set under the node's and its parent's locks; read under a lock by every validating guard (ordered by the lock), and unlocked by `is_leaf_on` as a hint that eviction re-checks |
 //! | `priority` | SeqCst | a `fetch_max` short-cut by a load; read for eviction keys |
-//! | `deepest` | SeqCst | raised by `fetch_max` (short-cut by a load) on every ancestor of a new node while depths are tracked; the split's re-read of it after publishing is a store→load edge against the raising walk's image load (see `ops::split`), which needs the total order |
+//! | `deepest` | SeqCst | raised by `fetch_max` (short-cut by a load) on every ancestor of a new node while depths are tracked, the walk reading the node's image after it; a split re-reads the child's by an RMW after publishing the child's image (see `ops::split`), so that a raise later in the child's order synchronizes with it and sees that image (AcqRel would do; SeqCst as the other words of the split) |
 
 mod children;
 mod image;

@@ -12,8 +12,9 @@
 //! `deepest`, and reads it again once the child's new image is published,
 //! so a walk that raised the child and then climbed through its old image
 //! (to the old parent, past the prefix) is not lost (the `Node` module's
-//! atomics table); if that read raises the prefix, the split raises the
-//! prefix's ancestors, as a walk would. Tracking is off unless the cache ranks
+//! atomics table); then the split raises the prefix's ancestors to the
+//! prefix's depth, as a walk would (a walk that raised the child before
+//! the split read it may climb to the prefix and stop there). Tracking is off unless the cache ranks
 //! by tlru, whose bookkeeping it is: a conversation that keeps setting a
 //! new depth raises its whole path on every turn.
 

@@ -84,13 +84,9 @@ impl Tree {
                 // raised it before this load (`ops::depth`). Whoever raises
                 // a node raises its ancestors too: a walk that finds the
                 // prefix raised here stops there.
-                let deepest = s.child.deepest.load(Ordering::SeqCst);
                 // SAFETY: allocated just above; the tree's reference is
                 // held by `prefix` until it is filed below, under `guard`.
-                let raised = unsafe { prefix.node_in(guard) }.raise_deepest(deepest);
-                if raised && self.tracks_depths() {
-                    self.raise_ancestors(s.parent, deepest, guard);
-                }
+                split_rereads_deepest(self, unsafe { prefix.node_in(guard) }, &s, guard);
                 // A writer parked here (the test-only pause point) holds
                 // both locks with the child's new image published and the
                 // parent's children not yet: readers must still finish
@@ -186,6 +182,42 @@ fn split_moves_no_pin(prefix: &Node, child: &Node) {
                 let _ = slot.residency.try_pin(None);
             }
         }
+    }
+}
+
+/// The protecting step `split_rereads_deepest` (model
+/// `split_vs_deepening_insert`): once the child's image names `prefix`, the
+/// child's `deepest` is read again into the prefix (a raise that climbed
+/// through the child's old image passed the prefix by); then its
+/// ancestors are raised to it (`split_raises_ancestors`). Its control
+/// leaves the prefix with the depth it was built with.
+fn split_rereads_deepest(tree: &Tree, prefix: &Node, s: &Split<'_>, guard: &Guard) {
+    if cfg!(radixkv_negative = "split_rereads_deepest") {
+        return;
+    }
+    // A read-modify-write that changes nothing, not a load: an RMW reads
+    // the latest value, so either it reads a raise of the child (made by
+    // an RMW too), or that raise comes after it in the child's order, reads
+    // from it and so sees the image published before it (release, then
+    // acquire). A load would need the two sides' store-then-load orders to
+    // be one total order.
+    let deepest = s.child.deepest.fetch_max(0, Ordering::SeqCst);
+    prefix.raise_deepest(deepest);
+    split_raises_ancestors(tree, prefix, s.parent, guard);
+}
+
+/// The protecting step `split_raises_ancestors` (model
+/// `split_vs_deepening_insert`): the prefix's ancestors are raised to its
+/// depth, as a raising walk would, whether the prefix got it when it was
+/// built or from the re-read: a walk that raised the child before the
+/// split read it climbs to the prefix and stops there, finding it raised.
+/// Its control raises the prefix alone.
+fn split_raises_ancestors(tree: &Tree, prefix: &Node, parent: &Node, guard: &Guard) {
+    if cfg!(radixkv_negative = "split_raises_ancestors") {
+        return;
+    }
+    if tree.tracks_depths() {
+        tree.raise_ancestors(parent, prefix.deepest.load(Ordering::SeqCst), guard);
     }
 }
 
