@@ -33,9 +33,18 @@ pub struct EngineArgs {
     #[arg(long, default_value = "lpm")]
     pub schedule_policy: String,
     /// Eviction policy of the tree: lru, lfu, fifo, mru, filo, priority,
-    /// slru or sieve.
+    /// slru, sieve or tlru.
     #[arg(long, default_value = "lru")]
     pub eviction: String,
+    /// Tlru's prefill budget in tokens (`threshold` in SGLang's
+    /// --radix-eviction-policy-config); with --eviction tlru, above
+    /// --tlru-next-prompt-estimate.
+    #[arg(long, default_value_t = 4096)]
+    pub tlru_threshold: u64,
+    /// Tlru's estimate of the tokens a conversation's next prompt adds
+    /// (`next_prompt_estimate` there).
+    #[arg(long, default_value_t = 512)]
+    pub tlru_next_prompt_estimate: u64,
     /// Pages of the host tier shared by all devices (default: 4 × a
     /// device's pool, host memory being typically 4–10× a GPU's KV pool;
     /// 0: no host tier; otherwise 2 to 2³²−1). With --router private each
@@ -83,6 +92,18 @@ impl EngineArgs {
         cfg.devices = self.devices.unwrap_or(if real { 2 } else { 4 });
         cfg.page_size = self.page_size;
         cfg.eviction_policy = self.eviction.parse()?;
+        if cfg.eviction_policy == radixkv::EvictionPolicy::Tlru
+            && self.tlru_threshold <= self.tlru_next_prompt_estimate
+        {
+            // SGLang refuses the same at start.
+            return Err(format!(
+                "--tlru-threshold ({}) must be above --tlru-next-prompt-estimate ({}): \
+                 otherwise no token is ever past its budget and tlru is lru",
+                self.tlru_threshold, self.tlru_next_prompt_estimate
+            )
+            .into());
+        }
+        cfg.tlru = (self.tlru_threshold, self.tlru_next_prompt_estimate);
         cfg.router.kind = self.router.parse()?;
         cfg.scheduler.policy.policy = self.schedule_policy.parse()?;
         Ok(())

@@ -126,6 +126,10 @@ fn pages_option_sizes_the_pool_and_bad_options_are_errors() {
         (&["--gap-s", "NaN"][..], "--gap-s"),
         (&["--capacity", "0"][..], "positive"),
         (&["--policy", "nope"][..], ""),
+        (
+            &["--policy", "tlru", "--tlru-threshold", "512"][..],
+            "--tlru-threshold (512) must be above --tlru-next-prompt-estimate (512)",
+        ),
     ] {
         let mut a = vec!["hitrate", "--trace", f.to_str().unwrap()];
         a.extend_from_slice(args);

@@ -227,6 +227,16 @@ fn the_command_line_names_bad_inputs() {
         (&["replay", "--host-gbps", "0"][..], "bandwidth"),
         (&["replay", "--peer-gbps=-1"][..], "bandwidth"),
         (&["replay", "--max-concurrency", "0"][..], "max-concurrency"),
+        (
+            &[
+                "replay",
+                "--eviction",
+                "tlru",
+                "--tlru-next-prompt-estimate",
+                "4096",
+            ][..],
+            "--tlru-threshold (4096) must be above",
+        ),
     ] {
         let out = Command::new(bin)
             .args(args)

@@ -20,6 +20,11 @@ pub struct EngineConfig {
     pub pages_per_device: usize,
     /// Eviction policy of the tree (default lru).
     pub eviction_policy: EvictionPolicy,
+    /// Tlru's prefill budget and next prompt estimate, in tokens (default
+    /// 0 and 0: tlru's order is then lru's; see
+    /// [`RadixCacheBuilder::tlru_threshold`](radixkv::RadixCacheBuilder::tlru_threshold)).
+    /// The caches keep them whatever the policy, for a switch to tlru later.
+    pub tlru: (u64, u64),
     /// Low and high watermarks in free pages: with them, a background
     /// evictor keeps the high watermark free (default none: eviction is
     /// synchronous, when an allocation needs it).
@@ -91,6 +96,7 @@ impl Default for EngineConfig {
             page_size: 16,
             pages_per_device: 65_536,
             eviction_policy: EvictionPolicy::Lru,
+            tlru: (0, 0),
             watermarks: None,
             router: RouterConfig::default(),
             scheduler: SchedulerConfig::default(),

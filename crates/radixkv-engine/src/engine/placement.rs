@@ -32,6 +32,8 @@ impl Placement {
                 .devices(devices)
                 .page_size(cfg.page_size)
                 .eviction_policy(cfg.eviction_policy)
+                .tlru_threshold(cfg.tlru.0)
+                .tlru_next_prompt_estimate(cfg.tlru.1)
                 .pages_per_device(cfg.pages_per_device);
             if let Some((low, high)) = cfg.watermarks {
                 b = b.watermarks(low, high);
