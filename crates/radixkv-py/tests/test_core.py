@@ -111,7 +111,7 @@ def test_bad_input_is_a_python_exception_naming_the_argument():
     with pytest.raises(errors.InvalidArgument, match="page size 0"):
         radixkv.RadixCache(page_size=0)
     with pytest.raises(errors.InvalidArgument, match="unknown eviction policy"):
-        radixkv.RadixCache(eviction_policy="tlru")
+        radixkv.RadixCache(eviction_policy="nope")
     with pytest.raises(errors.InvalidArgument, match="clock"):
         radixkv.RadixCache(clock="wall")
     cache.audit()
@@ -281,3 +281,18 @@ def test_the_background_evictor_starts_and_stops():
     cache.audit()
     with pytest.raises(errors.InvalidArgument, match="already"):
         cache.start_evictor()
+
+
+def test_tlru_trims_a_conversation_past_its_budget_first():
+    c = radixkv.RadixCache(eviction_policy="tlru", tlru_threshold=4)
+    c.insert([20] * 8, [30] * 8)  # older, all within its budget
+    c.insert([1, 2, 3, 4], [10, 11, 12, 13])
+    c.insert(list(range(1, 9)), list(range(10, 18)))  # its last 4 past it
+    assert c.evict(1).values.tolist() == [14, 15, 16, 17]
+    assert c.evict(1).values.tolist() == [30] * 8
+    lru = radixkv.RadixCache(eviction_policy="lru", tlru_threshold=4)
+    lru.insert([20] * 8, [30] * 8)
+    lru.insert(list(range(1, 9)), list(range(10, 18)))
+    assert lru.evict(1).values.tolist() == [30] * 8
+    with pytest.raises(OverflowError):
+        radixkv.RadixCache(eviction_policy="tlru", tlru_threshold=-1)

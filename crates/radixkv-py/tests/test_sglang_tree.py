@@ -127,6 +127,8 @@ def test_bad_input_is_an_exception_naming_it_and_the_tree_stays_sound():
     with pytest.raises(errors.InvalidArgument, match="page size 0"):
         tree(page_size=0)
     with pytest.raises(errors.InvalidArgument, match="unknown eviction policy"):
+        tree(eviction_policy="nope")
+    with pytest.raises(errors.InvalidArgument, match="does not rank by it"):
         tree(eviction_policy="tlru")
     t.audit()
     other.audit()

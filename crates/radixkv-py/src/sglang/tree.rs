@@ -187,7 +187,8 @@ impl SglangTree {
 impl SglangTree {
     /// An empty tree of `page_size` tokens a page evicting by
     /// `eviction_policy` (SGLang's lru, lfu, fifo, mru, filo, priority,
-    /// slru); slru protects a node with `slru_protected_threshold` hits;
+    /// slru; tlru is refused, as SGLang's `RadixCache` has no such order);
+    /// slru protects a node with `slru_protected_threshold` hits;
     /// with `events`, KV events are kept for `take_events`.
     #[new]
     #[pyo3(signature = (*, page_size, eviction_policy="lru", slru_protected_threshold=None, events=false))]
@@ -201,6 +202,14 @@ impl SglangTree {
         let policy: EvictionPolicy = eviction_policy
             .parse()
             .map_err(|e: radixkv::cache::UnknownPolicy| invalid(py, e.to_string()))?;
+        if policy == EvictionPolicy::Tlru {
+            return Err(invalid(
+                py,
+                "eviction policy \"tlru\": SGLang's RadixCache, which this tree is, does not \
+                 rank by it (SGLang allows it only for its UnifiedRadixCache)"
+                    .to_string(),
+            ));
+        }
         let mirror = Arc::new(Mirror::new(page_size, events));
         let mut b = radixkv::RadixCache::builder()
             .page_size(page_size)
