@@ -219,20 +219,6 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
     }
     let smg_f = Figures::of(&h, w.stored.len(), t.elapsed());
 
-    let kv = rkindex::new(w.devices, w.page);
-    let kv_events: Vec<_> = w
-        .stored
-        .iter()
-        .map(|r| rkindex::stored(r, w.page))
-        .collect();
-    let mut h = hist();
-    let t = Instant::now();
-    for (r, e) in w.stored.iter().zip(&kv_events) {
-        timed(&mut h, || rkindex::apply(&kv, r.device, e));
-    }
-    let kv_f = Figures::of(&h, w.stored.len(), t.elapsed());
-    drop(kv_events);
-
     let mutex = Mutex::new(SequentialCache::new(PAGE, w.devices, EvictionPolicy::Lru));
     let mut h = hist();
     let t = Instant::now();
@@ -261,14 +247,8 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
             ("mutex", mutex_f),
         ],
     );
-    rep.phase(
-        &wl,
-        "store_events",
-        &[("radixkv-index", kv_f), ("crtc", crtc_f), ("smg", smg_f)],
-    );
     check_agree(&w, &cache, &crtc, "after the store phase");
     check_agree_smg(&w, &cache, &smg, "after the store phase");
-    check_agree_index(&w, &cache, &kv, "after the store phase");
 
     // ---- routing query, one thread, cold input (random stored keys)
     let mut rng = StdRng::seed_from_u64(11);
@@ -306,9 +286,6 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
     });
     let q_smg_pre = one(&mut |r| {
         std::hint::black_box(smg.query(&r.content));
-    });
-    let q_kv_pre = one(&mut |r| {
-        std::hint::black_box(rkindex::query(&kv, &r.content));
     });
     let q_rw = one(&mut |r| {
         std::hint::black_box(rwlock.read().expect("model lock").peek(None, &r.tokens));
@@ -358,16 +335,6 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
             ("floor-read-tokens", q_floor),
         ],
     );
-    rep.phase(
-        &wl,
-        "query_hashes_in",
-        &[
-            ("radixkv-index", q_kv_pre),
-            ("crtc-pre", q_crtc_pre),
-            ("positional-pre", q_pos_pre),
-            ("smg-pre", q_smg_pre),
-        ],
-    );
     drop(tree);
 
     // ---- routing query, 2 threads
@@ -393,9 +360,6 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
         let hs = workload::contents(&dynamo::local_hashes(&r.tokens, PAGE as u32));
         std::hint::black_box(smg.read().expect("smg lock").query(&hs));
     });
-    let q2_kv = two(&|r| {
-        std::hint::black_box(rkindex::query(&kv, &r.content));
-    });
     let q2_rw = two(&|r| {
         std::hint::black_box(rwlock.read().expect("model lock").peek(None, &r.tokens));
     });
@@ -414,16 +378,6 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
             ("smg-tokens", q2_smg_tok),
             ("rwlock", q2_rw),
             ("floor-read-tokens", q2_floor),
-        ],
-    );
-    rep.phase(
-        &wl,
-        "query_2t_hashes_in",
-        &[
-            ("radixkv-index", q2_kv),
-            ("crtc-pre", q2_crtc),
-            ("positional-pre", q2_pos),
-            ("smg-pre", q2_smg),
         ],
     );
     drop(rwlock);
@@ -472,17 +426,6 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
         smg.remove(*dev, hashes);
     }
     let smg_ms = t.elapsed().as_secs_f64() * 1e3;
-    let kv_removals: Vec<_> = smg_removals
-        .iter()
-        .map(|(dev, hashes)| (*dev, rkindex::removed(hashes)))
-        .collect();
-    settle_allocator();
-    let t = Instant::now();
-    for (dev, e) in &kv_removals {
-        rkindex::apply(&kv, *dev, e);
-    }
-    let kv_ms = t.elapsed().as_secs_f64() * 1e3;
-    drop(kv_removals);
     let note = format!("{evicted_pages} blocks in {} events", removals.len());
     rep.timing(
         &wl,
@@ -495,15 +438,8 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
         ],
         &note,
     );
-    rep.timing(
-        &wl,
-        "remove_10pct_events",
-        &[("radixkv-index", kv_ms), ("crtc", crtc_ms), ("smg", smg_ms)],
-        &note,
-    );
     check_agree(&w, &cache, &crtc, "after the removal");
     check_agree_smg(&w, &cache, &smg, "after the removal");
-    check_agree_index(&w, &cache, &kv, "after the removal");
 
     // ---- mixed 50/50 on 2 threads: query a stored key, store a fresh one
     // (thread t stores the fresh requests of devices t, t + 2, ...).
@@ -514,7 +450,6 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
     let smg = RwLock::new(smg);
     let mixed_smg = mixed_smg(&smg, &w, threads, 21);
     let smg = smg.into_inner().expect("smg lock");
-    let mixed_kv = mixed_index(&kv, &w, threads, 21);
     rep.phase(
         &wl,
         "mixed_50_2t",
@@ -525,19 +460,32 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
             ("smg-pre", mixed_smg),
         ],
     );
-    rep.phase(
-        &wl,
-        "mixed_50_2t_hashes_in",
-        &[
-            ("radixkv-index", mixed_kv),
+    check_agree(&w, &cache, &crtc, "after the mixed phase");
+    check_agree_smg(&w, &cache, &smg, "after the mixed phase");
+    // radixkv's router index, alone after the phases above (alive beside
+    // them, its tree and block maps slowed radixkv's removal by a third),
+    // through the same steps, beside the peers' figures from above.
+    let peers = rkindex::Peers {
+        store: [("crtc", crtc_f), ("smg", smg_f)],
+        query: [
+            ("crtc-pre", q_crtc_pre),
+            ("positional-pre", q_pos_pre),
+            ("smg-pre", q_smg_pre),
+        ],
+        query_2t: [
+            ("crtc-pre", q2_crtc),
+            ("positional-pre", q2_pos),
+            ("smg-pre", q2_smg),
+        ],
+        remove_ms: [("crtc", crtc_ms), ("smg", smg_ms)],
+        mixed: [
             ("crtc-pre", mixed_crtc),
             ("positional-pre", mixed_pos),
             ("smg-pre", mixed_smg),
         ],
-    );
-    check_agree(&w, &cache, &crtc, "after the mixed phase");
-    check_agree_smg(&w, &cache, &smg, "after the mixed phase");
-    check_agree_index(&w, &cache, &kv, "after the mixed phase");
+    };
+    let kv = rkindex::phases(rep, &w, &picks, &smg_removals, &note, &peers);
+    check_agree_index(&w, &cache, &kv, "after the same steps");
     drop(kv);
     drop(smg);
     drop((crtc_lanes, pos_lanes));
