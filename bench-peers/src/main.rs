@@ -36,6 +36,7 @@
 
 mod args;
 mod dynamo;
+mod index_phases;
 mod measure;
 mod mixed;
 mod phases;
@@ -465,7 +466,7 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
     // radixkv's router index, alone after the phases above (alive beside
     // them, its tree and block maps slowed radixkv's removal by a third),
     // through the same steps, beside the peers' figures from above.
-    let peers = rkindex::Peers {
+    let peers = index_phases::Peers {
         store: [("crtc", crtc_f), ("smg", smg_f)],
         query: [
             ("crtc-pre", q_crtc_pre),
@@ -484,7 +485,7 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
             ("smg-pre", mixed_smg),
         ],
     };
-    let kv = rkindex::phases(rep, &w, &picks, &smg_removals, &note, &peers);
+    let kv = index_phases::phases(rep, &w, &picks, &smg_removals, &note, &peers);
     check_agree_index(&w, &cache, &kv, "after the same steps");
     drop(kv);
     drop(smg);
