@@ -23,8 +23,9 @@ fn hit(c: &RadixCache, k: u32) {
     assert_eq!(c.match_prefix(TokenKey::new(&[k, k]), D0).unwrap().len, 2);
 }
 
-/// The keys evicted, in order, by one-leaf evictions until the cache is empty.
-fn eviction_order(c: &RadixCache) -> Vec<u32> {
+/// The values of each leaf evicted, in order, by one-leaf evictions until
+/// the cache is empty.
+fn evicted_leaves(c: &RadixCache) -> Vec<Vec<u32>> {
     let mut order = Vec::new();
     loop {
         let ev = c.evict(D0, 1).unwrap();
@@ -32,8 +33,13 @@ fn eviction_order(c: &RadixCache) -> Vec<u32> {
             return order;
         }
         assert_eq!(ev.leaves, 1);
-        order.push(ev.values[0] / 10);
+        order.push(ev.values);
     }
+}
+
+/// The keys evicted, in order, by one-leaf evictions until the cache is empty.
+fn eviction_order(c: &RadixCache) -> Vec<u32> {
+    evicted_leaves(c).iter().map(|v| v[0] / 10).collect()
 }
 
 #[test]
@@ -344,14 +350,7 @@ fn tlru_two_conversations(c: &RadixCache, switch_to_tlru: bool) -> Vec<Vec<u32>>
     if switch_to_tlru {
         c.set_eviction_policy(EvictionPolicy::Tlru);
     }
-    let mut out = Vec::new();
-    loop {
-        let ev = c.evict(D0, 1).unwrap();
-        if ev.leaves == 0 {
-            return out;
-        }
-        out.push(ev.values);
-    }
+    evicted_leaves(c)
 }
 
 #[test]

@@ -6,7 +6,7 @@
 use crate::measure::{hist, timed, Figures, Report};
 use crate::mixed::mixed_index;
 use crate::rkindex::{apply, new, per_device, query, removed, stored};
-use crate::setup::{queries_on, settle_allocator};
+use crate::setup::{queries_here, queries_on, settle_allocator};
 use crate::workload::Workload;
 use radixkv_index::KvIndex;
 use std::time::{Duration, Instant};
@@ -60,15 +60,10 @@ pub(crate) fn phases(
         );
     }
 
-    let mut h = hist();
-    let t = Instant::now();
-    for &i in picks {
-        let r = &w.stored[i];
-        timed(&mut h, || {
-            std::hint::black_box(query(&kv, &r.content));
-        });
-    }
-    let mut rows = vec![("radixkv-index", Figures::of(&h, picks.len(), t.elapsed()))];
+    let q1 = queries_here(w, picks, &mut |r| {
+        std::hint::black_box(query(&kv, &r.content));
+    });
+    let mut rows = vec![("radixkv-index", q1)];
     rows.extend(peers.query);
     rep.phase(wl, "query_hashes_in", &rows);
 

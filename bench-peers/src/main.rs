@@ -254,14 +254,7 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
     // ---- routing query, one thread, cold input (random stored keys)
     let mut rng = StdRng::seed_from_u64(11);
     let picks = sample(&mut rng, queries, w.stored.len());
-    let one = |f: &mut dyn FnMut(&workload::Request)| -> Figures {
-        let mut h = hist();
-        let t = Instant::now();
-        for &i in &picks {
-            timed(&mut h, || f(&w.stored[i]));
-        }
-        Figures::of(&h, picks.len(), t.elapsed())
-    };
+    let one = |f: &mut dyn FnMut(&workload::Request)| queries_here(&w, &picks, f);
     let q_ours = one(&mut |r| {
         std::hint::black_box(cache.peek(TokenKey::new(&r.tokens)));
     });

@@ -54,6 +54,21 @@ pub(crate) fn store_events(
         .collect()
 }
 
+/// Runs `f` on each of `picks` (indexes of stored requests) on the calling
+/// thread, each call timed.
+pub(crate) fn queries_here(
+    w: &Workload,
+    picks: &[usize],
+    f: &mut dyn FnMut(&workload::Request),
+) -> Figures {
+    let mut h = hist();
+    let t = Instant::now();
+    for &i in picks {
+        timed(&mut h, || f(&w.stored[i]));
+    }
+    Figures::of(&h, picks.len(), t.elapsed())
+}
+
 /// Runs `f` on each of `picks` (indexes of stored requests), split evenly
 /// over `threads` threads that start together; one histogram for all.
 pub(crate) fn queries_on(

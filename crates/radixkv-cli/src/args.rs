@@ -6,6 +6,36 @@ use radixkv_engine::EngineConfig;
 use radixkv_tools::trace::{self, ChatShape, Trace, TreeShape};
 use std::path::{Path, PathBuf};
 
+/// Tlru's budget, shared by `serve`, `replay` and `hitrate`.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct TlruArgs {
+    /// Tlru's prefill budget in tokens (`threshold` in SGLang's
+    /// --radix-eviction-policy-config; the default is SGLang's example);
+    /// above --tlru-next-prompt-estimate when tlru is used.
+    #[arg(long, default_value_t = 4096)]
+    pub tlru_threshold: u64,
+    /// Tlru's estimate of the tokens a conversation's next prompt adds
+    /// (`next_prompt_estimate` there).
+    #[arg(long, default_value_t = 512)]
+    pub tlru_next_prompt_estimate: u64,
+}
+
+impl TlruArgs {
+    /// (threshold, next prompt estimate); with `used` (a tlru cache will be
+    /// built), refused when the threshold is not above the estimate, as
+    /// SGLang refuses it at start: no token would ever be past its budget.
+    pub fn checked(&self, used: bool) -> Result<(u64, u64), String> {
+        let (t, q) = (self.tlru_threshold, self.tlru_next_prompt_estimate);
+        if used && t <= q {
+            return Err(format!(
+                "--tlru-threshold ({t}) must be above --tlru-next-prompt-estimate ({q}): \
+                 otherwise no token is ever past its budget and tlru is lru"
+            ));
+        }
+        Ok((t, q))
+    }
+}
+
 /// The engine's options, shared by `serve` and `replay`.
 #[derive(clap::Args, Debug)]
 pub struct EngineArgs {
@@ -36,15 +66,9 @@ pub struct EngineArgs {
     /// slru, sieve or tlru.
     #[arg(long, default_value = "lru")]
     pub eviction: String,
-    /// Tlru's prefill budget in tokens (`threshold` in SGLang's
-    /// --radix-eviction-policy-config); with --eviction tlru, above
-    /// --tlru-next-prompt-estimate.
-    #[arg(long, default_value_t = 4096)]
-    pub tlru_threshold: u64,
-    /// Tlru's estimate of the tokens a conversation's next prompt adds
-    /// (`next_prompt_estimate` there).
-    #[arg(long, default_value_t = 512)]
-    pub tlru_next_prompt_estimate: u64,
+    /// Tlru's budget (with --eviction tlru).
+    #[command(flatten)]
+    pub tlru: TlruArgs,
     /// Pages of the host tier shared by all devices (default: 4 × a
     /// device's pool, host memory being typically 4–10× a GPU's KV pool;
     /// 0: no host tier; otherwise 2 to 2³²−1). With --router private each
@@ -92,18 +116,9 @@ impl EngineArgs {
         cfg.devices = self.devices.unwrap_or(if real { 2 } else { 4 });
         cfg.page_size = self.page_size;
         cfg.eviction_policy = self.eviction.parse()?;
-        if cfg.eviction_policy == radixkv::EvictionPolicy::Tlru
-            && self.tlru_threshold <= self.tlru_next_prompt_estimate
-        {
-            // SGLang refuses the same at start.
-            return Err(format!(
-                "--tlru-threshold ({}) must be above --tlru-next-prompt-estimate ({}): \
-                 otherwise no token is ever past its budget and tlru is lru",
-                self.tlru_threshold, self.tlru_next_prompt_estimate
-            )
-            .into());
-        }
-        cfg.tlru = (self.tlru_threshold, self.tlru_next_prompt_estimate);
+        cfg.tlru = self
+            .tlru
+            .checked(cfg.eviction_policy == radixkv::EvictionPolicy::Tlru)?;
         cfg.router.kind = self.router.parse()?;
         cfg.scheduler.policy.policy = self.schedule_policy.parse()?;
         Ok(())

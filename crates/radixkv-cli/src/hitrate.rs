@@ -1,7 +1,7 @@
 //! `radixkv hitrate`: hit rates of a workload per eviction policy and
 //! capacity, with Belady's bound, as a table (and JSON rows).
 
-use crate::args::WorkloadArgs;
+use crate::args::{TlruArgs, WorkloadArgs};
 use crate::CmdResult;
 use radixkv::EvictionPolicy;
 use radixkv_tools::hitrate::{self, HitRow, PolicySetup};
@@ -26,14 +26,10 @@ pub struct HitrateArgs {
     /// tlru (default: all). Belady's bound is reported at every capacity too.
     #[arg(long, value_delimiter = ',')]
     policy: Vec<String>,
-    /// Tlru's prefill budget in tokens (`threshold` in SGLang's
-    /// --radix-eviction-policy-config; the default is SGLang's example).
-    #[arg(long, default_value_t = 4096)]
-    tlru_threshold: u64,
-    /// Tlru's estimate of the tokens a conversation's next prompt adds
-    /// (`next_prompt_estimate` there); below --tlru-threshold.
-    #[arg(long, default_value_t = 512)]
-    tlru_next_prompt_estimate: u64,
+    /// Tlru's budget, and the budget every policy's row is counted
+    /// against.
+    #[command(flatten)]
+    tlru: TlruArgs,
     /// Tokens per page.
     #[arg(long, default_value_t = 16)]
     page_size: usize,
@@ -67,18 +63,10 @@ pub fn run(a: HitrateArgs) -> CmdResult {
             .collect::<Result<_, _>>()?
     };
     let tlru = policies.contains(&EvictionPolicy::Tlru);
-    if tlru && a.tlru_threshold <= a.tlru_next_prompt_estimate {
-        // SGLang refuses the same at start.
-        return Err(format!(
-            "--tlru-threshold ({}) must be above --tlru-next-prompt-estimate ({}): \
-             otherwise no token is ever past its budget and tlru is lru",
-            a.tlru_threshold, a.tlru_next_prompt_estimate
-        )
-        .into());
-    }
+    let (threshold, estimate) = a.tlru.checked(tlru)?;
     let policies: Vec<PolicySetup> = policies
         .into_iter()
-        .map(|p| PolicySetup::from(p).with_tlru(a.tlru_threshold, a.tlru_next_prompt_estimate))
+        .map(|p| PolicySetup::from(p).with_tlru(threshold, estimate))
         .collect();
     let mut t = a.workload.load()?;
     if let Some(n) = a.workload.max_requests {
@@ -93,15 +81,11 @@ pub fn run(a: HitrateArgs) -> CmdResult {
         t.input_tokens()
     );
     if tlru {
-        println!(
-            "tlru: threshold {} tokens, next prompt estimate {} tokens",
-            a.tlru_threshold, a.tlru_next_prompt_estimate
-        );
+        println!("tlru: threshold {threshold} tokens, next prompt estimate {estimate} tokens");
     }
     println!(
-        "over budget: requests that computed more than {} tokens (--tlru-threshold); \
-         excess: the tokens past it, as a share of the input",
-        a.tlru_threshold
+        "over budget: requests that computed more than {threshold} tokens (--tlru-threshold); \
+         excess: the tokens past it, as a share of the input"
     );
     let capacity = if a.capacity.is_empty() && a.pages.is_empty() {
         vec![0.1, 0.25, 0.5]

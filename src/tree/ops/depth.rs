@@ -20,6 +20,7 @@
 
 use crate::sync::Ordering;
 use crate::tree::node::Node;
+use crate::tree::ops::walk::climb_to_root;
 use crate::tree::state::Tree;
 use crossbeam_epoch::Guard;
 
@@ -49,31 +50,26 @@ impl Tree {
     }
 
     /// The tokens on `n`'s path before its key, counted up its parent
-    /// links (`None` once `n` was unlinked). Exact under any split: a split
+    /// links (`None` once `n` or its path was unlinked). Exact under any split: a split
     /// moves tokens between a node and its new parent, and a climb reads
     /// either image of the child, the old one (whose parent holds them all)
     /// or the new one (whose parent, the prefix, holds the moved ones).
     pub(crate) fn start_of(&self, n: &Node) -> Option<u64> {
         let guard = crossbeam_epoch::pin();
         // A node seen linked after the guard was pinned was linked during
-        // its life: its ancestors are not freed before the guard is
-        // dropped (see `ParentPtr`).
+        // its life: it was reached under the guard, as the climb needs.
         if n.is_obsolete() {
             return None;
         }
-        let mut img = n.image_ref(&guard);
-        let mut start = 0u64;
-        while !img.parent.is_null() {
-            // SAFETY: as above, and each parent was linked while its child
-            // was, during the guard's life.
-            let p = unsafe { &*img.parent.0 };
-            if p.is_root {
-                break;
-            }
-            img = p.image_ref(&guard);
-            start += img.key.len() as u64;
-        }
-        Some(start)
+        // The climb visits `n`'s own image first: the path less its key.
+        let (mut path, mut own) = (0u64, None);
+        climb_to_root(n, &guard, |img| {
+            let len = img.key.len() as u64;
+            own.get_or_insert(len);
+            path += len;
+            Some(())
+        })?;
+        Some(path - own.unwrap_or(0))
     }
 
     /// Starts raising ancestors on every link (a switch to tlru), and

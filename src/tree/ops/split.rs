@@ -195,6 +195,12 @@ fn split_rereads_deepest(tree: &Tree, prefix: &Node, s: &Split<'_>, guard: &Guar
     if cfg!(radixkv_negative = "split_rereads_deepest") {
         return;
     }
+    // Without tracking no walk raises anything: the depth the prefix was
+    // built with stands, and the RMW below (a write to the child's line on
+    // every split of every cache) is spared.
+    if !tree.tracks_depths() {
+        return;
+    }
     // A read-modify-write that changes nothing, not a load: an RMW reads
     // the latest value, so either it reads a raise of the child (made by
     // an RMW too), or that raise comes after it in the child's order, reads
@@ -211,14 +217,12 @@ fn split_rereads_deepest(tree: &Tree, prefix: &Node, s: &Split<'_>, guard: &Guar
 /// depth, as a raising walk would, whether the prefix got it when it was
 /// built or from the re-read: a walk that raised the child before the
 /// split read it climbs to the prefix and stops there, finding it raised.
-/// Its control raises the prefix alone.
+/// Its control raises the prefix alone. Called while depths are tracked.
 fn split_raises_ancestors(tree: &Tree, prefix: &Node, parent: &Node, guard: &Guard) {
     if cfg!(radixkv_negative = "split_raises_ancestors") {
         return;
     }
-    if tree.tracks_depths() {
-        tree.raise_ancestors(parent, prefix.deepest.load(Ordering::SeqCst), guard);
-    }
+    tree.raise_ancestors(parent, prefix.deepest.load(Ordering::SeqCst), guard);
 }
 
 /// The protecting step `split_event_in_lock` (model `split_event_vs_evict`):

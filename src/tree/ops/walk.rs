@@ -164,7 +164,7 @@ fn reader_never_waits(cur: &Node, img: Shared<'_, NodeImage>, guard: &Guard) -> 
 /// root, `end`'s first, read under `guard` (from which `end` was reached),
 /// and returns the root they lead to. `None` if `visit` says so, or if a
 /// parent link is null before a root (a chain cut by an unlink).
-fn climb_to_root<'g>(
+pub(super) fn climb_to_root<'g>(
     end: &'g Node,
     guard: &'g Guard,
     mut visit: impl FnMut(&'g NodeImage) -> Option<()>,
