@@ -10,4 +10,4 @@ mod choice;
 mod pending;
 
 pub use choice::{choose, least_loaded, BalanceRule, CacheAwarePolicy, Choice};
-pub use pending::{PageChain, PageChainBuilder, PendingIndex};
+pub use pending::{PageChain, PendingIndex};

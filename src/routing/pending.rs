@@ -3,7 +3,7 @@
 //! one prefix after the first, before the first's prompt is cached.
 
 use crate::sync::{lock, Mutex};
-use std::cmp::Ordering;
+use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
 /// The prompts dispatched to each device and not yet inserted into the
@@ -22,16 +22,23 @@ use std::hash::{BuildHasher, Hasher};
 /// KV events carry). Either way the chain is made here. Use one way per
 /// index: the two hash a page differently.
 ///
-/// Each device keeps its prompts' chains sorted (lexicographically, a
-/// prompt before its extensions), identical prompts counted once. The
-/// longest prefix of a prompt sent to a device is then shared with one of
-/// the two chains it sorts between, and the first place where two chains
-/// part is found by bisection (they agree up to it and differ from it on):
-/// a lookup costs about log₂(prompts) · log₂(pages) reads of a chain, and
-/// recording or forgetting a prompt that much plus moving the device's
-/// list, where one probe of a shared map per page would cost a long
-/// prompt thousands. Devices are independent, each behind its own mutex,
-/// held for one device's part of a call.
+/// Each device's prompts are a radix tree over their chains, behind the
+/// device's own mutex (held for one walk of that device's tree): a node
+/// stands for a run of pages (a range of one prompt's chain, shared by
+/// every prompt below it) and counts the prompts that end at it and those
+/// that run through it. A node is found by the chain value of its first
+/// page (a chain value names its whole prefix, so one table serves every
+/// depth), and a query runs through a whole node when its chain value at
+/// the node's last page is the node's (kept in the node, so the prompt's
+/// chain is not read). A lookup is then a table probe and a node per
+/// branch point on the query's path, and one bisection of a chain where
+/// the query leaves the tree; a sorted list of the device's prompts would
+/// compare the query with several long chains instead, each comparison a
+/// bisection with a cache miss at each step. Recording or forgetting a
+/// prompt is the same walk, plus a node or two made, split, merged or
+/// freed; a node that ends no prompt and has one child takes the child
+/// in, so a conversation whose turns are sent and settle one after the
+/// other keeps one node.
 ///
 /// ```
 /// use radixkv::routing::PendingIndex;
@@ -51,14 +58,9 @@ use std::hash::{BuildHasher, Hasher};
 #[derive(Debug)]
 pub struct PendingIndex {
     page_size: usize,
-    devices: Box<[Mutex<Sent>]>,
+    devices: Box<[Mutex<Tree>]>,
     hasher: std::collections::hash_map::RandomState,
 }
-
-/// One device's prompts: their chains in [`order`], each once, with how
-/// many times it was added and not yet removed.
-#[derive(Debug, Default)]
-struct Sent(Vec<(PageChain, u32)>);
 
 /// A prompt's whole pages as a [`PendingIndex`] names them: each page's
 /// hash chained with every page before it. Made once
@@ -86,60 +88,44 @@ impl PageChain {
     }
 }
 
-/// Builds a [`PageChain`] page by page, for a caller that hashes the
-/// pages itself: chaining as each page's hash is made lets the processor
-/// overlap the chain's serial multiplies with the hashing.
-///
-/// ```
-/// use radixkv::routing::{PageChainBuilder, PendingIndex};
-/// let mut b = PageChainBuilder::with_capacity(2);
-/// b.push(0xa1);
-/// b.push(0xb2);
-/// assert_eq!(b.finish(), PendingIndex::new(1, 16).chain_pages(&[0xa1, 0xb2]));
-/// ```
-#[derive(Debug)]
-pub struct PageChainBuilder {
-    prev: u64,
-    chained: Vec<u64>,
+/// The first page's position key.
+const FIRST_POSITION: u64 = 0x243f_6a88_85a3_08d3;
+
+/// What a page's position key adds to the one before it.
+const POSITION_STEP: u64 = 0xa076_1d64_78bd_642f;
+
+/// A page's hash `page` mixed with its position's key `at`: one 64x64 ->
+/// 128-bit multiply, folded (the mixer of wyhash and foldhash).
+#[inline(always)]
+fn mix(page: u64, at: u64) -> u64 {
+    let x = u128::from(page ^ at) * u128::from(page.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15);
+    (x as u64) ^ ((x >> 64) as u64)
 }
 
-impl PageChainBuilder {
-    /// An empty chain with room for `pages` pages.
-    pub fn with_capacity(pages: usize) -> Self {
-        PageChainBuilder {
-            prev: 0x243f_6a88_85a3_08d3,
-            chained: Vec::with_capacity(pages),
-        }
-    }
-
-    /// Appends the page whose hash is `page` (a uniform 64-bit hash of
-    /// one page's tokens and namespace). One 64x64 -> 128-bit multiply,
-    /// folded (the mixer of wyhash and foldhash): the inputs are uniform
-    /// hashes already, so the outputs are too.
-    #[inline]
-    pub fn push(&mut self, page: u64) {
-        let x =
-            u128::from(self.prev ^ page) * u128::from(page.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15);
-        self.prev = (x as u64) ^ ((x >> 64) as u64);
-        self.chained.push(self.prev);
-    }
-
-    /// The chain.
-    pub fn finish(self) -> PageChain {
-        // The vector moves into the shared allocation's header: no copy of
-        // the pages.
-        PageChain(std::sync::Arc::new(self.chained))
-    }
-}
-
-/// Chains per-page hashes: each output names its page and every page
+/// Chains per-page hashes (each a uniform 64-bit hash of one page's
+/// tokens and namespace): each output names its page and every page
 /// before it.
+///
+/// A page's chain value is the sum (wrapping) of a mix of each page's hash
+/// with its position, over the page and every page before it. The mixes
+/// are independent of each other, so the processor makes several at once;
+/// only the sum waits on the page before, one addition a page (a chained
+/// multiply per page, the other way to name a prefix, makes each page wait
+/// for its predecessor's multiply). Two different prompts of one length
+/// differ in some page at some position, whose mix is unrelated to the
+/// others': their sums agree with probability about 2⁻⁶⁴.
 fn chain(pages: impl ExactSizeIterator<Item = u64>) -> PageChain {
-    let mut b = PageChainBuilder::with_capacity(pages.len());
-    for page in pages {
-        b.push(page);
+    // Written in place, with the running sum and key in locals (kept in
+    // registers): through a push, or a closure that captures them, each
+    // page waits for the one before to store them and reads them back.
+    let mut out = vec![0; pages.len()];
+    let (mut sum, mut at) = (0u64, FIRST_POSITION);
+    for (o, page) in out.iter_mut().zip(pages) {
+        sum = sum.wrapping_add(mix(page, at));
+        at = at.wrapping_add(POSITION_STEP);
+        *o = sum;
     }
-    b.finish()
+    PageChain(std::sync::Arc::new(out))
 }
 
 /// Pages two chains share from the start: they agree before that many
@@ -160,58 +146,253 @@ fn common(a: &[u64], b: &[u64]) -> usize {
     lo
 }
 
-/// Lexicographic order of two chains (a chain before its extensions),
-/// through [`common`].
-fn order(a: &[u64], b: &[u64]) -> Ordering {
-    let c = common(a, b);
-    match (a.get(c), b.get(c)) {
-        (Some(x), Some(y)) => x.cmp(y),
-        _ => a.len().cmp(&b.len()),
+/// One run of pages of a device's tree: positions `start..end` of
+/// `chain` (a prompt below it; every prompt below agrees with it there).
+#[derive(Debug)]
+struct Node {
+    chain: PageChain,
+    start: usize,
+    end: usize,
+    /// `chain`'s value at `end - 1`: a query whose value there is the
+    /// same runs through the whole node.
+    last: u64,
+    /// Prompts that end here.
+    here: u32,
+    /// Prompts that end here or below (a node with none is freed).
+    below: u32,
+    /// Children, and the XOR of their keys: with one child, its key.
+    kids: u32,
+    kid_keys: u64,
+}
+
+impl Node {
+    /// The key the node is found by: the chain value of its first page.
+    fn key(&self) -> u64 {
+        self.chain.0[self.start]
+    }
+
+    /// Pages of `q` that run along this node (at least its first, which
+    /// found it; a query is not read past its end), given that `q` agrees
+    /// with it at `self.start`.
+    fn matched(&self, q: &[u64]) -> usize {
+        let (start, end) = (self.start, self.end);
+        if q.get(end - 1) == Some(&self.last) {
+            return end;
+        }
+        let hi = end.min(q.len());
+        match (self.chain.0.get(start + 1..hi), q.get(start + 1..hi)) {
+            (Some(a), Some(b)) => start + 1 + common(a, b),
+            _ => start + 1,
+        }
     }
 }
 
-impl Sent {
-    /// Where `chain` is or would go.
-    fn find(&self, chain: &[u64]) -> Result<usize, usize> {
-        self.0.binary_search_by(|(c, _)| order(&c.0, chain))
+/// One device's prompts as a radix tree over their chains (see
+/// [`PendingIndex`]): nodes in an arena (freed slots reused), found by
+/// their first page's chain value.
+#[derive(Debug, Default)]
+struct Tree {
+    nodes: Vec<Node>,
+    free: Vec<usize>,
+    /// Nodes by key. The keys come from prompts, so the table's hash is
+    /// seeded (per process) rather than the identity.
+    by_first: HashMap<u64, usize, foldhash::fast::RandomState>,
+    /// A removal's path, kept between calls for its allocation.
+    path: Vec<usize>,
+}
+
+impl Tree {
+    /// The node that starts at page `depth` of the prompt `q`, if any.
+    fn at(&self, q: &[u64], depth: usize) -> Option<usize> {
+        let i = *self.by_first.get(q.get(depth)?)?;
+        // A node found by a colliding value from another depth is not it.
+        (self.nodes[i].start == depth).then_some(i)
     }
 
-    fn add(&mut self, chain: PageChain) {
-        match self.find(&chain.0) {
-            Ok(i) => self.0[i].1 += 1,
-            Err(i) => self.0.insert(i, (chain, 1)),
+    /// A node of pages `start..end` of `chain` with no prompt and no child,
+    /// in a free slot if there is one, filed under its key.
+    fn node(&mut self, chain: PageChain, start: usize, end: usize) -> usize {
+        let node = Node {
+            last: chain.0[end - 1],
+            chain,
+            start,
+            end,
+            here: 0,
+            below: 0,
+            kids: 0,
+            kid_keys: 0,
+        };
+        let key = node.key();
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.nodes[i] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                self.nodes.len() - 1
+            }
+        };
+        self.by_first.insert(key, i);
+        i
+    }
+
+    /// Frees node `i` (unfiled already), dropping its share of its chain.
+    fn release(&mut self, i: usize) {
+        self.nodes[i].chain = PageChain(std::sync::Arc::default());
+        self.free.push(i);
+    }
+
+    /// Pages of `q` that the longest prompt here shares.
+    fn longest(&self, q: &[u64]) -> usize {
+        if self.by_first.is_empty() {
+            return 0;
+        }
+        let (mut depth, mut longest) = (0, 0);
+        while let Some(i) = self.at(q, depth) {
+            let n = &self.nodes[i];
+            longest = n.matched(q);
+            if longest < n.end {
+                break;
+            }
+            depth = n.end;
+        }
+        longest
+    }
+
+    /// Records the prompt `q` (not empty).
+    fn add(&mut self, q: &PageChain) {
+        let pages = &q.0;
+        let mut depth = 0;
+        let mut parent: Option<usize> = None;
+        loop {
+            let Some(mut i) = self.at(pages, depth) else {
+                // The rest of the prompt is a new node.
+                let leaf = self.node(q.clone(), depth, pages.len());
+                (self.nodes[leaf].here, self.nodes[leaf].below) = (1, 1);
+                if let Some(p) = parent {
+                    self.nodes[p].kids += 1;
+                    self.nodes[p].kid_keys ^= pages[depth];
+                }
+                return;
+            };
+            let m = self.nodes[i].matched(pages);
+            if m < self.nodes[i].end {
+                i = self.split(i, m);
+            }
+            let n = &mut self.nodes[i];
+            n.below += 1;
+            if n.end == pages.len() {
+                n.here += 1;
+                return;
+            }
+            (parent, depth) = (Some(i), n.end);
         }
     }
 
-    fn remove(&mut self, chain: &[u64]) {
-        // A collision could break the order's assumption and hide the
-        // entry from the bisection: then it is looked for one by one, so
-        // that nothing stays behind.
-        let at = self
-            .find(chain)
-            .ok()
-            .or_else(|| self.0.iter().position(|(c, _)| *c.0 == *chain));
-        if let Some(i) = at {
-            self.0[i].1 -= 1;
-            if self.0[i].1 == 0 {
-                self.0.remove(i);
+    /// Cuts node `i` at page `at` (inside it): a new node takes its pages
+    /// before `at` (and its key) and has it as its one child. Returns the
+    /// new node.
+    fn split(&mut self, i: usize, at: usize) -> usize {
+        let (chain, start, below) = {
+            let n = &self.nodes[i];
+            (n.chain.clone(), n.start, n.below)
+        };
+        let tail_key = chain.0[at];
+        let head = self.node(chain, start, at);
+        // Every prompt of the tail runs through the head.
+        let h = &mut self.nodes[head];
+        (h.below, h.kids, h.kid_keys) = (below, 1, tail_key);
+        self.nodes[i].start = at;
+        self.by_first.insert(tail_key, i);
+        head
+    }
+
+    /// The nodes the prompt `q` runs through, ending exactly at its end,
+    /// into `path`; false (and `path` partial) if there are none such.
+    fn walk_exact(&self, q: &[u64], path: &mut Vec<usize>) -> bool {
+        let mut depth = 0;
+        while depth < q.len() {
+            let Some(i) = self.at(q, depth) else {
+                return false;
+            };
+            let n = &self.nodes[i];
+            if n.matched(q) < n.end {
+                return false;
+            }
+            path.push(i);
+            depth = n.end;
+        }
+        !path.is_empty()
+    }
+
+    /// Forgets one earlier [`add`](Self::add) of `q` (nothing, if there is
+    /// none).
+    fn remove(&mut self, q: &[u64]) {
+        let mut path = std::mem::take(&mut self.path);
+        path.clear();
+        if self.walk_exact(q, &mut path) {
+            self.uncount(&path);
+        }
+        self.path = path;
+    }
+
+    /// Takes one prompt off the nodes of `path` (from the root), which
+    /// ends at its last node, if one does; then, bottom up, a node left
+    /// with no prompt goes, and one that ends none and has one child takes
+    /// that child in.
+    fn uncount(&mut self, path: &[usize]) {
+        let Some(&end) = path.last() else { return };
+        if self.nodes[end].here == 0 {
+            return;
+        }
+        self.nodes[end].here -= 1;
+        for &i in path {
+            self.nodes[i].below -= 1;
+        }
+        for k in (0..path.len()).rev() {
+            let i = path[k];
+            if self.nodes[i].below == 0 {
+                let key = self.nodes[i].key();
+                self.by_first.remove(&key);
+                self.release(i);
+                if let Some(&p) = k.checked_sub(1).and_then(|j| path.get(j)) {
+                    self.nodes[p].kids -= 1;
+                    self.nodes[p].kid_keys ^= key;
+                }
+            } else if self.nodes[i].kids == 1 && self.nodes[i].here == 0 {
+                self.merge(i);
             }
         }
     }
 
-    /// Pages of `chain` the longest prompt here shares with it: one of its
-    /// two neighbours in the order shares the most.
-    fn longest(&self, chain: &[u64]) -> usize {
-        match self.find(chain) {
-            Ok(_) => chain.len(),
-            Err(i) => {
-                let before = i
-                    .checked_sub(1)
-                    .map_or(0, |j| common(&self.0[j].0 .0, chain));
-                let after = self.0.get(i).map_or(0, |(c, _)| common(&c.0, chain));
-                before.max(after)
-            }
+    /// Node `i`, which ends no prompt and has one child, takes that child's
+    /// pages, counts and children; the child is freed.
+    fn merge(&mut self, i: usize) {
+        let key = self.nodes[i].kid_keys;
+        let Some(&c) = self.by_first.get(&key) else {
+            return;
+        };
+        // Only a colliding chain value names a node that does not start
+        // where this one ends: then it stays as it is.
+        if c == i || self.nodes[c].start != self.nodes[i].end {
+            return;
         }
+        self.by_first.remove(&key);
+        let child = &self.nodes[c];
+        // The child's chain agrees with this node's over its pages.
+        let (chain, end, last, here, kids, kid_keys) = (
+            child.chain.clone(),
+            child.end,
+            child.last,
+            child.here,
+            child.kids,
+            child.kid_keys,
+        );
+        self.release(c);
+        let n = &mut self.nodes[i];
+        (n.chain, n.end, n.last, n.here, n.kids, n.kid_keys) =
+            (chain, end, last, here, kids, kid_keys);
     }
 }
 
@@ -220,7 +401,7 @@ impl PendingIndex {
     pub fn new(devices: usize, page_size: usize) -> Self {
         PendingIndex {
             page_size: page_size.max(1),
-            devices: (0..devices).map(|_| Mutex::new(Sent::default())).collect(),
+            devices: (0..devices).map(|_| Mutex::new(Tree::default())).collect(),
             hasher: std::collections::hash_map::RandomState::new(),
         }
     }
@@ -299,14 +480,14 @@ impl PendingIndex {
     /// ignored.
     pub fn add_chain(&self, chain: PageChain, device: usize) {
         if let (Some(d), false) = (self.devices.get(device), chain.0.is_empty()) {
-            lock(d).add(chain);
+            lock(d).add(&chain);
         }
     }
 
     /// Forgets one earlier [`add_chain`](Self::add_chain) of an equal
     /// chain to `device` (nothing, if there was none).
     pub fn remove_chain(&self, chain: &PageChain, device: usize) {
-        if let (Some(d), false) = (self.devices.get(device), chain.0.is_empty()) {
+        if let Some(d) = self.devices.get(device) {
             lock(d).remove(&chain.0);
         }
     }
@@ -321,7 +502,7 @@ impl PendingIndex {
 
     /// Whether nothing is pending.
     pub fn is_empty(&self) -> bool {
-        self.devices.iter().all(|d| lock(d).0.is_empty())
+        self.devices.iter().all(|d| lock(d).by_first.is_empty())
     }
 }
 
@@ -380,6 +561,10 @@ mod tests {
             p.remove_pages(&q, d);
         }
         assert!(p.is_empty());
+        for d in p.devices.iter() {
+            let tree = lock(d);
+            assert_eq!(tree.free.len(), tree.nodes.len(), "every node freed");
+        }
     }
 
     #[test]
@@ -391,6 +576,24 @@ mod tests {
         against_the_model(0x9e37_79b9_7f4a_7c15, 60, 2, 3000);
         // Long prompts that mostly share a long head.
         against_the_model(0x1234_5678_9abc_def1, 200, 1, 500);
+    }
+
+    #[test]
+    fn a_conversation_whose_turns_settle_in_turn_keeps_two_nodes() {
+        // Turn t is 10 (t + 1) pages, each turn extending the one before;
+        // a turn is sent, then the turn before it settles.
+        let turn = |t: u64| (0..10 * (t + 1)).collect::<Vec<u64>>();
+        let p = PendingIndex::new(2, 1);
+        p.add_pages(&turn(0), 1);
+        for t in 1..100 {
+            p.add_pages(&turn(t), 1);
+            p.remove_pages(&turn(t - 1), 1);
+            assert_eq!(p.longest_pages(&turn(t + 1)), vec![0, turn(t).len()]);
+            let tree = lock(&p.devices[1]);
+            // The settled turn's node took its one child in.
+            assert_eq!(tree.by_first.len(), 1, "turn {t}");
+            assert!(tree.nodes.len() <= 2, "freed nodes are reused");
+        }
     }
 
     #[test]

@@ -36,9 +36,7 @@ use crate::decode::{decode_batch, DecodeError, Event};
 use crate::feed::{Feed, Step};
 use crate::index::{ApplyError, KvIndex, Source};
 use crate::listen::{listen, Feedpoint, ListenOptions, SourceCounters};
-use radixkv::routing::{
-    choose, CacheAwarePolicy, Choice, PageChain, PageChainBuilder, PendingIndex,
-};
+use radixkv::routing::{choose, CacheAwarePolicy, Choice, PageChain, PendingIndex};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -435,9 +433,6 @@ impl DpRouter {
                 LoadMeasure::Tokens => loads[r].tokens,
             })
             .collect();
-        // Each block hashed once: the index walks these hashes, and the
-        // prompts sent are chained from them, once for the lookup and the
-        // record.
         let (pages, chain) = self.hashed(tokens, namespace);
         let c = choose(
             &self.policy.cache_aware,
@@ -454,14 +449,13 @@ impl DpRouter {
         Ok(Some(Choice { device: rank, ..c }))
     }
 
-    /// `tokens`' block hashes in `namespace` ([`KvIndex::block_hashes`])
-    /// and their chain as the pending index keeps it, made in one pass
-    /// (the chain's serial multiplies overlap the hashing).
+    /// `tokens`' block hashes in `namespace` ([`KvIndex::block_hashes`]),
+    /// made once: the index walks them, and the prompts sent are chained
+    /// from them, once for the lookup and the record.
     fn hashed(&self, tokens: &[u32], namespace: Option<&str>) -> (Vec<u64>, PageChain) {
-        let hashes = self.index.block_hashes_iter(tokens, namespace);
-        let mut chain = PageChainBuilder::with_capacity(hashes.len());
-        let pages = hashes.inspect(|&h| chain.push(h)).collect();
-        (pages, chain.finish())
+        let pages = self.index.block_hashes(tokens, namespace);
+        let chain = self.pending.chain_pages(&pages);
+        (pages, chain)
     }
 
     fn dispatched(&self, chain: PageChain, rank: usize) {
@@ -497,10 +491,7 @@ impl DpRouter {
     /// A request routed to `rank` is cached there (or was aborted): it no
     /// longer counts as dispatched.
     pub fn settled(&self, tokens: &[u32], namespace: Option<&str>, rank: usize) {
-        let hashes = self.index.block_hashes_iter(tokens, namespace);
-        let mut chain = PageChainBuilder::with_capacity(hashes.len());
-        hashes.for_each(|h| chain.push(h));
-        let chain = chain.finish();
+        let (_, chain) = self.hashed(tokens, namespace);
         let mut sent = lock(&self.sent);
         let at = sent
             .0

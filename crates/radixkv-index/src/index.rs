@@ -592,13 +592,7 @@ impl KvIndex {
     /// salt) that each (source, medium) holds, for every tier that holds
     /// any; a walk of the tree that takes no lock and writes nothing.
     pub fn scores(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<Score> {
-        // The key straight from the tokens (no list of hashes between).
-        let hashes = self.block_hashes_iter(tokens, namespace);
-        let mut key = Vec::with_capacity(hashes.len() * WORDS);
-        for h in hashes {
-            push_key(&mut key, h);
-        }
-        self.scores_of_key(&key)
+        self.scores_by_hash(&self.block_hashes(tokens, namespace))
     }
 
     /// The per-block hashes of `tokens`' whole blocks in `namespace`
@@ -606,20 +600,7 @@ impl KvIndex {
     /// [`KvIndex::scores`] walks, and what [`KvIndex::scores_by_hash`]
     /// takes.
     pub fn block_hashes(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<u64> {
-        self.block_hashes_iter(tokens, namespace).collect()
-    }
-
-    /// [`KvIndex::block_hashes`] one at a time, each made as it is read
-    /// (for a caller that does more with each than collect it).
-    pub fn block_hashes_iter<'a>(
-        &self,
-        tokens: &'a [u32],
-        namespace: Option<&str>,
-    ) -> impl ExactSizeIterator<Item = u64> + 'a {
-        let seed = namespace_seed(namespace);
-        tokens
-            .chunks_exact(self.block_size)
-            .map(move |b| local_hash::block_hash(b, seed))
+        local_hash::block_hashes(tokens, self.block_size, namespace_seed(namespace))
     }
 
     /// [`KvIndex::scores`] of the prompt whose blocks have the per-block

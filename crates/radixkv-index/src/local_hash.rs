@@ -34,6 +34,7 @@ pub fn seed(lora_name: Option<&str>, cache_salt: Option<&str>) -> u64 {
 }
 
 /// One block's hash under `seed`.
+#[inline]
 pub fn block_hash(tokens: &[u32], seed: u64) -> u64 {
     if cfg!(target_endian = "little") {
         // The token ids' little-endian bytes are their bytes in memory.
@@ -46,12 +47,44 @@ pub fn block_hash(tokens: &[u32], seed: u64) -> u64 {
 
 /// The hash of every whole block of `tokens` (blocks of `block_size`; a
 /// partial last block has none). `block_size` 0 gives none.
+///
+/// The common block sizes (1 to 64 tokens, powers of two) run a loop made
+/// for that size, in which XXH3's choice of path by length is made once
+/// and the hash is inlined, so the processor overlaps one block's hash with
+/// the next; other sizes take the general path. Every size hashes as
+/// [`block_hash`] does.
+///
+/// ```
+/// use radixkv_index::local_hash::{block_hash, block_hashes, seed};
+/// let (tokens, s): (Vec<u32>, _) = ((0..10).collect(), seed(None, None));
+/// assert_eq!(
+///     block_hashes(&tokens, 4, s),
+///     vec![block_hash(&tokens[..4], s), block_hash(&tokens[4..8], s)],
+/// );
+/// ```
 pub fn block_hashes(tokens: &[u32], block_size: usize, seed: u64) -> Vec<u64> {
-    if block_size == 0 {
-        return Vec::new();
+    /// Blocks of exactly `B` tokens: each one's length is a constant.
+    #[inline(always)]
+    fn sized<const B: usize>(tokens: &[u32], seed: u64) -> Vec<u64> {
+        let (blocks, _) = tokens.as_chunks::<B>();
+        let mut out = Vec::with_capacity(blocks.len());
+        for b in blocks {
+            out.push(block_hash(b, seed));
+        }
+        out
     }
-    tokens
-        .chunks_exact(block_size)
-        .map(|b| block_hash(b, seed))
-        .collect()
+    match block_size {
+        0 => Vec::new(),
+        1 => sized::<1>(tokens, seed),
+        2 => sized::<2>(tokens, seed),
+        4 => sized::<4>(tokens, seed),
+        8 => sized::<8>(tokens, seed),
+        16 => sized::<16>(tokens, seed),
+        32 => sized::<32>(tokens, seed),
+        64 => sized::<64>(tokens, seed),
+        _ => tokens
+            .chunks_exact(block_size)
+            .map(|b| block_hash(b, seed))
+            .collect(),
+    }
 }

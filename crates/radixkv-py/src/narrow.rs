@@ -44,8 +44,9 @@ macro_rules! element {
 element!(u8, u16, u32, u64, i8, i16, i32, i64);
 
 /// The `n` elements of type `T` at `base` as ids, each checked to lie in
-/// `0..2^32`. An aligned buffer is read as a slice: one branch-free pass
-/// checks every element (the compiler vectorises it) and one narrows them.
+/// `0..2^32`. An aligned buffer is read as a slice, a chunk at a time:
+/// one branch-free pass narrows the chunk and one checks it whole while
+/// it is in the L1 cache (the compiler vectorises both).
 ///
 /// # Safety
 /// `base` points at `n` initialised elements of `T` (any alignment) that
@@ -58,9 +59,17 @@ pub(crate) unsafe fn narrow<T: Element>(
     if (base as usize).is_multiple_of(std::mem::align_of::<T>()) {
         // SAFETY: aligned, and `n` initialised `T`s (the caller's contract).
         let src = unsafe { std::slice::from_raw_parts(base.cast::<T>(), n) };
-        // The top bits of all of them at once: one OR per element.
-        if src.iter().fold(0u64, |acc, v| acc | v.bits()) >> 32 == 0 {
-            return Ok(src.iter().map(|v| v.narrow()).collect());
+        // Chunk by chunk, the elements are narrowed, then their top bits
+        // ORed together while the chunk is still in the L1 cache (an error
+        // is then located in a second pass).
+        let mut out = Vec::with_capacity(n);
+        let mut top = 0u64;
+        for chunk in src.chunks(2048) {
+            out.extend(chunk.iter().map(|v| v.narrow()));
+            top |= chunk.iter().fold(0u64, |acc, v| acc | v.bits());
+        }
+        if top >> 32 == 0 {
+            return Ok(out);
         }
         let i = src.iter().position(|v| v.bits() >> 32 != 0).unwrap_or(0);
         return Err(out_of_range(src[i].wide(), what, i));
