@@ -284,11 +284,14 @@ fn a_policy_switch_at_run_time_re_ranks_the_candidates() {
     let c = radixkv::RadixCache::builder().build().unwrap();
     let d = radixkv::DeviceId(0);
     let key = radixkv::TokenKey::new;
+    c.insert(key(&[9, 9]), d, &[9, 9], 0).unwrap();
     c.insert(key(&[1, 1]), d, &[1, 1], 0).unwrap();
     c.insert(key(&[2, 2]), d, &[2, 2], 0).unwrap();
     c.match_prefix(key(&[1, 1]), d).unwrap();
-    // The heap holds both under LRU keys (an eviction of nothing files them).
-    c.evict(d, 0).unwrap();
+    // An eviction under LRU (of the oldest leaf, made before both) files
+    // a and b in the heap under LRU keys, b first: after the switch FIFO's
+    // order must come out all the same.
+    assert_eq!(c.evict(d, 1).unwrap().values, vec![9, 9]);
     c.set_eviction_policy(radixkv::EvictionPolicy::Fifo);
     assert_eq!(c.eviction_policy(), radixkv::EvictionPolicy::Fifo);
     let ev = c.evict(d, 1).unwrap();
