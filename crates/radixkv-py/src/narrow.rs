@@ -45,8 +45,8 @@ element!(u8, u16, u32, u64, i8, i16, i32, i64);
 
 /// The `n` elements of type `T` at `base` as ids, each checked to lie in
 /// `0..2^32`. An aligned buffer is read as a slice, a chunk at a time:
-/// one branch-free pass narrows the chunk and one checks it whole while
-/// it is in the L1 cache (the compiler vectorises both).
+/// one branch-free loop narrows the chunk and one checks it whole while
+/// it is in the L1 cache.
 ///
 /// # Safety
 /// `base` points at `n` initialised elements of `T` (any alignment) that
