@@ -243,21 +243,29 @@ impl Tree {
         self.free.push(i);
     }
 
+    /// Walks `q` down from the root: calls `each` with every node it
+    /// enters, the last one where `q` leaves the tree or ends; returns the
+    /// pages of `q` the tree holds.
+    fn walk(&self, q: &[u64], mut each: impl FnMut(usize)) -> usize {
+        let (mut depth, mut matched) = (0, 0);
+        while let Some(i) = self.at(q, depth) {
+            let n = &self.nodes[i];
+            matched = n.matched(q);
+            each(i);
+            if matched < n.end {
+                break;
+            }
+            depth = n.end;
+        }
+        matched
+    }
+
     /// Pages of `q` that the longest prompt here shares.
     fn longest(&self, q: &[u64]) -> usize {
         if self.by_first.is_empty() {
             return 0;
         }
-        let (mut depth, mut longest) = (0, 0);
-        while let Some(i) = self.at(q, depth) {
-            let n = &self.nodes[i];
-            longest = n.matched(q);
-            if longest < n.end {
-                break;
-            }
-            depth = n.end;
-        }
-        longest
+        self.walk(q, |_| {})
     }
 
     /// Records the prompt `q` (not empty).
@@ -311,19 +319,10 @@ impl Tree {
     /// The nodes the prompt `q` runs through, ending exactly at its end,
     /// into `path`; false (and `path` partial) if there are none such.
     fn walk_exact(&self, q: &[u64], path: &mut Vec<usize>) -> bool {
-        let mut depth = 0;
-        while depth < q.len() {
-            let Some(i) = self.at(q, depth) else {
-                return false;
-            };
-            let n = &self.nodes[i];
-            if n.matched(q) < n.end {
-                return false;
-            }
-            path.push(i);
-            depth = n.end;
-        }
-        !path.is_empty()
+        let matched = self.walk(q, |i| path.push(i));
+        // Every node but the last was run through whole; the last must end
+        // where `q` does.
+        matched == q.len() && path.last().is_some_and(|&i| self.nodes[i].end == q.len())
     }
 
     /// Forgets one earlier [`add`](Self::add) of `q` (nothing, if there is

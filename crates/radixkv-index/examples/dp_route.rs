@@ -135,15 +135,11 @@ fn main() {
     r.ingest(3, &encode_batch(0.0, &[stored], None, Encoding::Map), None)
         .expect("a batch");
     let loads = vec![RankLoad::idle(); 8];
-    let pages_hashed = radixkv_index::local_hash::block_hashes(
-        &tokens,
-        page,
-        radixkv_index::local_hash::seed(None, None),
-    );
+    let seed = radixkv_index::local_hash::seed(None, None);
+    let pages_hashed = radixkv_index::local_hash::block_hashes(&tokens, page, seed);
     let pending = radixkv::routing::PendingIndex::new(8, page);
     pending.add_pages(&pages_hashed, 3);
     let n = 4000;
-    let seed = radixkv_index::local_hash::seed(None, None);
     let hashes = per_call(n, || {
         std::hint::black_box(radixkv_index::local_hash::block_hashes(&tokens, page, seed));
     });
