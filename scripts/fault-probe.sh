@@ -20,7 +20,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --release -q -p radixkv-cli --bin radixkv -p radixkv-events --example subscribe
+# The whole workspace, as the test run builds it: a subset of its packages
+# resolves their features differently and rebuilds most of the tree.
+cargo build --release -q --workspace --bin radixkv --example subscribe
 target_dir="$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
 timeout 600 python3 scripts/fault_probe.py "$target_dir/release/radixkv" "$target_dir/release/examples/subscribe"
 bash scripts/expect-failure.sh "fault_probe.py --only slow_readers --control (no send timeout)" \

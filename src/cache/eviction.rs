@@ -370,11 +370,21 @@ impl<P: Ownership> RadixCache<P> {
         hook: &mut Option<WriteBackHook<'_>>,
         guard: &crossbeam_epoch::Guard,
     ) {
-        // New leaves and the pinned ones set aside earlier, heapified in bulk.
-        // Sized once for all (tens of thousands after a burst of inserts:
-        // growing it step by step measured as half of a W1 10 % eviction,
-        // on a heap fragmented by the inserts).
-        let mut fresh = Vec::with_capacity(self.tree.noted_leaves(d) + c.aside.len() + 16);
+        // New leaves and the pinned ones set aside earlier join the heap.
+        // Many (tens of thousands after a burst of inserts) are appended to
+        // the heap's own array, sized once for all, which is then heapified
+        // in bulk: no second array of them to fill and copy (fresh memory
+        // both, whose first touch was a third of a W1 10 % eviction). A
+        // few, against a large heap, are pushed one by one.
+        let joining = self.tree.noted_leaves(d) + c.aside.len();
+        let queued = c.heap.len();
+        let bulk = joining >= queued / 4;
+        let mut fresh = if bulk {
+            std::mem::take(&mut c.heap).into_vec()
+        } else {
+            Vec::new()
+        };
+        fresh.reserve(joining + 16);
         let hand = c.hand;
         // A node filed under its key as the node has it now, if a leaf.
         let visited = |n: Arc<Node>, fresh: &mut Vec<_>| {
@@ -394,9 +404,13 @@ impl<P: Ownership> RadixCache<P> {
         for n in std::mem::take(&mut c.aside) {
             visited(n, &mut fresh);
         }
-        out.examined += fresh.len();
-        c.heap.reserve(fresh.len());
-        c.heap.extend(fresh);
+        if bulk {
+            out.examined += fresh.len() - queued;
+            c.heap = BinaryHeap::from(fresh);
+        } else {
+            out.examined += fresh.len();
+            c.heap.extend(fresh);
+        }
         let replicas = self.replica_aware && self.devices() > 1;
         while out.tokens < tokens {
             let Some(first) = self.next_candidate(c, d, out, guard) else {

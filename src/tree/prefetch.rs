@@ -33,6 +33,36 @@ fn prefetch_line(p: *const u8) {
     let _ = p;
 }
 
+/// Asks the CPU to start loading the node `n`'s two lines (a hint, for a
+/// node a walk reaches next).
+#[inline]
+pub(crate) fn prefetch_node_lines(n: &Node) {
+    let at = (n as *const Node).cast::<u8>();
+    prefetch_line(at);
+    prefetch_line(at.wrapping_add(64));
+}
+
+/// Asks the CPU to start loading the first 16 lines of `n`'s image (its
+/// 40-byte head and the first 246 tokens of its key; lines past a shorter
+/// image are loaded for nothing, which is harmless). Reads `n`'s image
+/// pointer, so it is meant for a node whose lines were asked for earlier.
+#[inline]
+pub(crate) fn prefetch_image(n: &Node, guard: &Guard) {
+    #[cfg(not(loom))]
+    {
+        // Relaxed: only the address is used, as a hint; a stale one
+        // prefetches lines nobody reads, which is harmless.
+        let img = crate::tree::node::image_addr(
+            n.image.load(std::sync::atomic::Ordering::Relaxed, guard),
+        ) as *const u8;
+        for line in 0..16 {
+            prefetch_line(img.wrapping_add(64 * line));
+        }
+    }
+    #[cfg(loom)]
+    let _ = (n, guard);
+}
+
 /// Asks the CPU to start loading what validating and evicting the leaf `n`
 /// on tier `t` reads first (a hint, for a candidate that is about to be
 /// taken): the node's two lines and, with `deep`, its slot for `t` and the
@@ -44,9 +74,7 @@ fn prefetch_line(p: *const u8) {
 pub(crate) fn prefetch_node(n: &Node, t: usize, deep: bool, guard: &Guard) {
     #[cfg(not(loom))]
     {
-        let at = (n as *const Node).cast::<u8>();
-        prefetch_line(at);
-        prefetch_line(at.wrapping_add(64));
+        prefetch_node_lines(n);
         if deep {
             prefetch_line((n.slot(t) as *const crate::tree::node::TierSlot).cast());
             // Relaxed: only the address is used, as a hint; a stale one

@@ -12,7 +12,7 @@ use crate::sync::{spin_wait, Ordering};
 use crate::tree::namespaces;
 use crate::tree::node::{image_addr, page_hash, Node, NodeImage};
 use crate::tree::ops::split::Split;
-use crate::tree::prefetch::prefetch;
+use crate::tree::prefetch::{prefetch, prefetch_image, prefetch_node_lines};
 use crate::tree::protocol::lock::{LockFailed, Locking};
 use crate::tree::state::Tree;
 use crossbeam_epoch::{Guard, Shared};
@@ -50,6 +50,12 @@ pub(crate) enum Step<'g> {
     None,
     Found(&'g Node, Shared<'g, NodeImage>, usize),
 }
+
+/// A child's key at least this long is compared while the next child
+/// starts loading ([`Tree::common_prefix_ahead`]). A shorter key's compare
+/// ends before what it asks for could arrive, and the extra lookup of the
+/// next child would only lengthen the walk.
+const AHEAD_MIN_TOKENS: usize = 128;
 
 /// Length of the common prefix of `a` and `b` in whole pages.
 pub(crate) fn common_prefix(a: &[u32], b: &[u32], page_size: usize) -> usize {
@@ -188,11 +194,18 @@ impl Tree {
     /// The child of `cur` that continues `rest` (whose first page it must
     /// start with), if any.
     pub(crate) fn step<'g>(&self, cur: &Node, rest: &[u32], guard: &'g Guard) -> Step<'g> {
+        self.step_with(cur, rest, false, guard)
+    }
+
+    /// [`step`](Self::step) for a walk that goes on past the child it finds
+    /// whenever it can (a read-only walk): `ahead` starts loading the
+    /// child after it while the child's key is compared.
+    fn step_with<'g>(&self, cur: &Node, rest: &[u32], ahead: bool, guard: &'g Guard) -> Step<'g> {
         let ps = self.page_size();
         let page = &rest[..ps];
         for child in cur.children_ref(guard).with_hash(page_hash(page)) {
             let img = child.image(guard);
-            if let Some(step) = self.step_into(cur, child, img, rest, guard) {
+            if let Some(step) = self.step_into(cur, child, img, rest, ahead, guard) {
                 return step;
             }
         }
@@ -207,10 +220,11 @@ impl Tree {
         child: &'g Node,
         img: Shared<'g, NodeImage>,
         rest: &[u32],
+        ahead: bool,
         guard: &'g Guard,
     ) -> Option<Step<'g>> {
         if reader_never_waits(cur, img, guard) {
-            return Some(self.step(cur, rest, guard));
+            return Some(self.step_with(cur, rest, ahead, guard));
         }
         let Some((child, img)) = reader_parent_check(cur, child, img, guard) else {
             return Some(Step::None);
@@ -224,7 +238,49 @@ impl Tree {
         if r.key.get(..ps) != Some(&rest[..ps]) {
             return None;
         }
-        Some(Step::Found(child, img, common_prefix(&r.key, rest, ps)))
+        let k = if ahead {
+            self.common_prefix_ahead(child, &r.key, rest, guard)
+        } else {
+            common_prefix(&r.key, rest, ps)
+        };
+        Some(Step::Found(child, img, k))
+    }
+
+    /// [`common_prefix`] of `child`'s `key` and `rest`, while the child
+    /// that continues `rest` below `child` starts loading: its node lines
+    /// before the first half of the key is compared, its image (the head
+    /// and the first tokens of its key) before the second. The walk's next
+    /// step then finds them in the cache or on their way, instead of
+    /// starting that chain of misses (node, then image), each on the one
+    /// before, after the compare. Only for keys of at least
+    /// [`AHEAD_MIN_TOKENS`]; a hint, nothing the answer depends on.
+    fn common_prefix_ahead<'g>(
+        &self,
+        child: &'g Node,
+        key: &[u32],
+        rest: &[u32],
+        guard: &'g Guard,
+    ) -> usize {
+        let ps = self.page_size();
+        let len = key.len();
+        let next = match rest.get(len..len + ps) {
+            Some(page) if len >= AHEAD_MIN_TOKENS && !cfg!(loom) => {
+                child.children_ref(guard).with_hash(page_hash(page)).next()
+            }
+            _ => None,
+        };
+        let Some(next) = next else {
+            return common_prefix(key, rest, ps);
+        };
+        prefetch_node_lines(next);
+        // Page-aligned and inside both (`rest` is longer than `key`).
+        let mid = len / 2 / ps * ps;
+        let first = common_prefix(&key[..mid], &rest[..mid], ps);
+        if first < mid {
+            return first;
+        }
+        prefetch_image(next, guard);
+        mid + common_prefix(&key[mid..], &rest[mid..], ps)
     }
 
     /// The device to report for the any-device answer at `node` (devices
@@ -246,7 +302,7 @@ impl Tree {
         };
         let mut pos = 0;
         while pos < tokens.len() {
-            let (child, img, k) = match self.step(cur, &tokens[pos..], guard) {
+            let (child, img, k) = match self.step_with(cur, &tokens[pos..], true, guard) {
                 Step::None => break,
                 Step::Found(c, i, k) => (c, i, k),
             };
