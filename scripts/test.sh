@@ -99,7 +99,10 @@ echo "== --features cuda (cudarc loaded at run time: builds without a toolkit; t
 # The whole workspace with cuda on (the CLI included) was compiled and linted
 # by .ci/run's clippy --all-features; here the engine's pool and model tests
 # run with it on (no driver: NoCudaDriver, never a panic).
-cargo test --release -p radixkv-models --features cuda --test kvpool --test tiny
+# --workspace: the features the test run above resolved for every other
+# crate, so that only cudarc and radixkv-models build again (with -p alone
+# most of the tree rebuilt: about 3 minutes).
+cargo test --release --workspace --features radixkv-models/cuda --test kvpool --test tiny
 
 echo "== parked-writer negative control (readers that wait must fail the test)"
 bash scripts/parked-writer-control.sh
