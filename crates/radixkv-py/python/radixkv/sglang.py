@@ -88,6 +88,28 @@ class UnsupportedConfiguration(ValueError):
     SGLang's built-in fallback."""
 
 
+def _match_result_tail() -> Optional[tuple]:
+    """The default values of ``MatchResult``'s fields after its four node
+    fields, in order; ``None`` if a later field has no default (another
+    SGLang), which :meth:`RadixKVCache.match_prefix` then builds through the
+    class itself."""
+    fields = MatchResult._fields
+    if fields[:4] != ("device_prefix_len", "last_device_node", "last_host_node", "best_match_node"):
+        return None
+    defaults = MatchResult._field_defaults
+    if any(f not in defaults for f in fields[4:]):
+        return None
+    return tuple(defaults[f] for f in fields[4:])
+
+
+#: See :func:`_match_result_tail`. A match builds its ``MatchResult`` as the
+#: named tuple's own ``__new__`` does (``tuple.__new__`` of the class and
+#: every field's value) but without binding 14 arguments, most of them
+#: defaults, by keyword: 0.2-0.3 us of a 2.7 us match, measured.
+_MATCH_TAIL = _match_result_tail()
+_tuple_new = tuple.__new__
+
+
 def _refuse(what: str) -> UnsupportedConfiguration:
     return UnsupportedConfiguration(f"--radix-cache-backend {BACKEND_NAME} does not support {what}; {_FALLBACK}")
 
@@ -181,7 +203,9 @@ class RadixKVCache(BasePrefixCache):
         n, node = self._tree.match_key(params.key)
         if n == 0:
             return self._empty_match_result
-        return MatchResult(n, node, node, node)
+        if _MATCH_TAIL is None:
+            return MatchResult(n, node, node, node)
+        return _tuple_new(MatchResult, (n, node, node, node) + _MATCH_TAIL)
 
     def touch_prefix(self, key: Any) -> None:
         """Refreshes the recency of ``key``'s cached path (a match whose

@@ -20,7 +20,7 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator  # noqa: E402
-from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams, MatchResult  # noqa: E402
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
@@ -148,6 +148,14 @@ def main() -> int:
             and path.tolist() == [10, 11, 12]
             and path.dtype == torch.int64,
             f"it serves: insert {r.prefix_len}, match {m.device_prefix_len}, path {path.tolist()} ({path.dtype})",
+        )
+        # The backend builds its MatchResult without the class's keyword
+        # binding: the same type and every field as SGLang's constructor.
+        node = m.last_device_node
+        want = MatchResult(m.device_prefix_len, node, node, node)
+        expect(
+            type(m) is MatchResult and m == want and m._asdict() == want._asdict(),
+            f"the match is SGLang's MatchResult with its defaults: {m!r}",
         )
         expect(
             getattr(cache, "disable", True) is False and cache.supports_prefix_sharing(),
