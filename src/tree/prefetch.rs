@@ -21,7 +21,7 @@ pub(crate) fn prefetch(tokens: &[u32]) {
 /// Asks the CPU to start loading the cache line at `p` (a hint: nothing
 /// is read that the program sees; a no-op off x86-64 and under loom).
 #[inline]
-fn prefetch_line(p: *const u8) {
+pub(crate) fn prefetch_line(p: *const u8) {
     #[cfg(all(target_arch = "x86_64", not(loom)))]
     // SAFETY: `_mm_prefetch` is a hint: it reads nothing the program sees
     // and never faults, whatever the address. SSE is part of the x86-64
@@ -40,6 +40,20 @@ pub(crate) fn prefetch_node_lines(n: &Node) {
     let at = (n as *const Node).cast::<u8>();
     prefetch_line(at);
     prefetch_line(at.wrapping_add(64));
+}
+
+/// Asks the CPU to start loading `n`'s children array or table (its
+/// first line: a table's fields, a short array whole).
+#[inline]
+pub(crate) fn prefetch_children(n: &Node, guard: &Guard) {
+    #[cfg(not(loom))]
+    {
+        // Relaxed: only the address is used, as a hint.
+        let c = n.children.load(std::sync::atomic::Ordering::Relaxed, guard);
+        prefetch_line(c.as_raw().cast());
+    }
+    #[cfg(loom)]
+    let _ = (n, guard);
 }
 
 /// Asks the CPU to start loading the first 16 lines of `n`'s image (its

@@ -12,7 +12,9 @@ use crate::sync::{spin_wait, Ordering};
 use crate::tree::namespaces;
 use crate::tree::node::{image_addr, page_hash, Node, NodeImage};
 use crate::tree::ops::split::Split;
-use crate::tree::prefetch::{prefetch, prefetch_image, prefetch_node_lines};
+use crate::tree::prefetch::{
+    prefetch, prefetch_children, prefetch_image, prefetch_line, prefetch_node_lines,
+};
 use crate::tree::protocol::lock::{LockFailed, Locking};
 use crate::tree::state::Tree;
 use crossbeam_epoch::{Guard, Shared};
@@ -247,13 +249,15 @@ impl Tree {
     }
 
     /// [`common_prefix`] of `child`'s `key` and `rest`, while the child
-    /// that continues `rest` below `child` starts loading: its node lines
-    /// before the first half of the key is compared, its image (the head
-    /// and the first tokens of its key) before the second. The walk's next
-    /// step then finds them in the cache or on their way, instead of
-    /// starting that chain of misses (node, then image), each on the one
-    /// before, after the compare. Only for keys of at least
-    /// [`AHEAD_MIN_TOKENS`]; a hint, nothing the answer depends on.
+    /// that continues `rest` below `child` starts loading, one step of its
+    /// chain of misses per quarter of the key compared: before the first,
+    /// the query's page after `key` and `child`'s children array or table;
+    /// then the slot of that page's hash there; then the child it holds
+    /// (node lines); then that child's image (its head and the first
+    /// tokens of its key). The walk's next step finds them in the cache or
+    /// on their way instead of taking the misses one after another after
+    /// the compare. Only for keys of at least [`AHEAD_MIN_TOKENS`]; hints,
+    /// nothing the answer depends on.
     fn common_prefix_ahead<'g>(
         &self,
         child: &'g Node,
@@ -263,24 +267,46 @@ impl Tree {
     ) -> usize {
         let ps = self.page_size();
         let len = key.len();
-        let next = match rest.get(len..len + ps) {
-            Some(page) if len >= AHEAD_MIN_TOKENS && !cfg!(loom) => {
-                child.children_ref(guard).with_hash(page_hash(page)).next()
-            }
-            _ => None,
-        };
-        let Some(next) = next else {
+        let Some(next_page) = rest.get(len..len + ps) else {
             return common_prefix(key, rest, ps);
         };
-        prefetch_node_lines(next);
-        // Page-aligned and inside both (`rest` is longer than `key`).
-        let mid = len / 2 / ps * ps;
-        let first = common_prefix(&key[..mid], &rest[..mid], ps);
-        if first < mid {
-            return first;
+        if len < AHEAD_MIN_TOKENS || cfg!(loom) {
+            return common_prefix(key, rest, ps);
         }
-        prefetch_image(next, guard);
-        mid + common_prefix(&key[mid..], &rest[mid..], ps)
+        prefetch(next_page);
+        prefetch_children(child, guard);
+        // Page-aligned quarters (the key is whole pages, `rest` longer).
+        let quarter = (len / 4).div_ceil(ps) * ps;
+        let (mut done, mut hash, mut next, mut stage) = (0, 0, None, 0);
+        loop {
+            let end = (done + quarter).min(len);
+            let k = common_prefix(&key[done..end], &rest[done..end], ps);
+            if k < end - done || end == len {
+                return done + k;
+            }
+            done = end;
+            match stage {
+                0 => {
+                    hash = page_hash(next_page);
+                    for at in child.children_ref(guard).probe_addrs(hash) {
+                        prefetch_line(at);
+                    }
+                }
+                1 => {
+                    next = child.children_ref(guard).with_hash(hash).next();
+                    if let Some(n) = next {
+                        prefetch_node_lines(n);
+                    }
+                }
+                2 => {
+                    if let Some(n) = next {
+                        prefetch_image(n, guard);
+                    }
+                }
+                _ => {}
+            }
+            stage += 1;
+        }
     }
 
     /// The device to report for the any-device answer at `node` (devices

@@ -126,6 +126,17 @@ impl<N> Children<N> {
             }))
     }
 
+    /// The addresses a lookup of `hash` ([`Children::with_hash`]) reads
+    /// first: a table's home slot for the hash (its tag and its pointer),
+    /// a flat array's start (for a hint: nothing is read here but the
+    /// table's and the array's own fields).
+    pub(crate) fn probe_addrs(&self, hash: u64) -> [*const u8; 2] {
+        match self {
+            Children::Flat(v) => [v.as_ptr().cast(), v.as_ptr().cast()],
+            Children::Table(t) => t.home_addrs(tag_of(hash)),
+        }
+    }
+
     /// Every child (a flat array's in hash order).
     pub(crate) fn nodes(&self) -> impl DoubleEndedIterator<Item = &N> {
         let (flat, table): (&[ChildEntry<N>], Option<&Table<N>>) = match self {

@@ -156,6 +156,15 @@ impl<N> Table<N> {
         ((u64::from(tag) * self.cap() as u64) >> 32) as usize
     }
 
+    /// The addresses of the tag and the pointer of `tag`'s home slot.
+    pub(super) fn home_addrs(&self, tag: u32) -> [*const u8; 2] {
+        let i = self.home(tag);
+        [
+            (&self.tags[i] as *const AtomicU32).cast(),
+            (&self.ptrs[i] as *const AtomicUsize).cast(),
+        ]
+    }
+
     /// The tag in slot `i`.
     pub(super) fn tag(&self, i: usize) -> u32 {
         self.tags[i].load(Ordering::SeqCst)
