@@ -373,9 +373,8 @@ impl<P: Ownership> RadixCache<P> {
         // New leaves and the pinned ones set aside earlier join the heap.
         // Many (tens of thousands after a burst of inserts) are appended to
         // the heap's own array, sized once for all, which is then heapified
-        // in bulk: no second array of them to fill and copy (fresh memory
-        // both, whose first touch was a third of a W1 10 % eviction). A
-        // few, against a large heap, are pushed one by one.
+        // in bulk: no second array of them to fill and then copy into the
+        // heap's. A few, against a large heap, are pushed one by one.
         let joining = self.tree.noted_leaves(d) + c.aside.len();
         let queued = c.heap.len();
         let bulk = joining >= queued / 4;
