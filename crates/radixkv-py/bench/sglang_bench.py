@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import subprocess
@@ -55,6 +56,9 @@ from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from sglang.srt.runtime_context import get_context
 
 ROOT = Path(__file__).resolve().parents[3]
+
+#: How long each match-throughput measurement runs, about (seconds).
+THROUGHPUT_SECONDS = 0.5
 
 
 class NoFree:
@@ -273,10 +277,18 @@ def main() -> None:
                     flush=True,
                 )
         tput = {}
+        by_ps = {r["page_size"]: r for r in results if r["workload"] == "synthetic"}
         for ps in (1, 16):
             for kind in kinds:
+                # Enough rounds for about THROUGHPUT_SECONDS of matching at
+                # the p50 measured above: far longer than the interpreter's
+                # GIL switch interval (5 ms), so that the hand-offs between
+                # threads are measured in steady state, not one or two of
+                # them across a run as short as the interval.
+                per_round = len(workloads["synthetic"]) * by_ps[ps][kind]["match_p50"] * 1e-6
+                rounds = max(5, math.ceil(THROUGHPUT_SECONDS / per_round))
                 for n in (1, 2, 4):
-                    rate = threads_throughput(kind, workloads["synthetic"], ps, n, rounds=5)
+                    rate = threads_throughput(kind, workloads["synthetic"], ps, n, rounds=rounds)
                     tput[f"{kind}_ps{ps}_threads{n}"] = rate
                     print(f"match throughput, {kind}, ps {ps}, {n} thread(s): {rate:.0f}/s", flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
