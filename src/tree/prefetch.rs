@@ -42,26 +42,13 @@ pub(crate) fn prefetch_node_lines(n: &Node) {
     prefetch_line(at.wrapping_add(64));
 }
 
-/// Asks the CPU to start loading `n`'s children array or table (its
-/// first line: a table's fields, a short array whole).
+/// Asks the CPU to start loading the first `lines` lines of `n`'s image
+/// (its 40-byte head, then its key: 16 lines hold the head and the first
+/// 246 tokens; lines past a shorter image are loaded for nothing, which is
+/// harmless). Reads `n`'s image pointer, so it is meant for a node whose
+/// lines were asked for earlier.
 #[inline]
-pub(crate) fn prefetch_children(n: &Node, guard: &Guard) {
-    #[cfg(not(loom))]
-    {
-        // Relaxed: only the address is used, as a hint.
-        let c = n.children.load(std::sync::atomic::Ordering::Relaxed, guard);
-        prefetch_line(c.as_raw().cast());
-    }
-    #[cfg(loom)]
-    let _ = (n, guard);
-}
-
-/// Asks the CPU to start loading the first 16 lines of `n`'s image (its
-/// 40-byte head and the first 246 tokens of its key; lines past a shorter
-/// image are loaded for nothing, which is harmless). Reads `n`'s image
-/// pointer, so it is meant for a node whose lines were asked for earlier.
-#[inline]
-pub(crate) fn prefetch_image(n: &Node, guard: &Guard) {
+pub(crate) fn prefetch_image(n: &Node, lines: usize, guard: &Guard) {
     #[cfg(not(loom))]
     {
         // Relaxed: only the address is used, as a hint; a stale one
@@ -69,12 +56,12 @@ pub(crate) fn prefetch_image(n: &Node, guard: &Guard) {
         let img = crate::tree::node::image_addr(
             n.image.load(std::sync::atomic::Ordering::Relaxed, guard),
         ) as *const u8;
-        for line in 0..16 {
+        for line in 0..lines {
             prefetch_line(img.wrapping_add(64 * line));
         }
     }
     #[cfg(loom)]
-    let _ = (n, guard);
+    let _ = (n, lines, guard);
 }
 
 /// Asks the CPU to start loading what validating and evicting the leaf `n`
@@ -91,13 +78,7 @@ pub(crate) fn prefetch_node(n: &Node, t: usize, deep: bool, guard: &Guard) {
         prefetch_node_lines(n);
         if deep {
             prefetch_line((n.slot(t) as *const crate::tree::node::TierSlot).cast());
-            // Relaxed: only the address is used, as a hint; a stale one
-            // prefetches a line nobody reads, which is harmless.
-            let img = crate::tree::node::image_addr(
-                n.image.load(std::sync::atomic::Ordering::Relaxed, guard),
-            ) as *const u8;
-            prefetch_line(img);
-            prefetch_line(img.wrapping_add(64));
+            prefetch_image(n, 2, guard);
         }
     }
     #[cfg(loom)]

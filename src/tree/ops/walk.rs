@@ -10,11 +10,9 @@
 
 use crate::sync::{spin_wait, Ordering};
 use crate::tree::namespaces;
-use crate::tree::node::{image_addr, page_hash, Node, NodeImage};
+use crate::tree::node::{image_addr, page_hash, Node, NodeChildren, NodeImage};
 use crate::tree::ops::split::Split;
-use crate::tree::prefetch::{
-    prefetch, prefetch_children, prefetch_image, prefetch_line, prefetch_node_lines,
-};
+use crate::tree::prefetch::{prefetch, prefetch_image, prefetch_line, prefetch_node_lines};
 use crate::tree::protocol::lock::{LockFailed, Locking};
 use crate::tree::state::Tree;
 use crossbeam_epoch::{Guard, Shared};
@@ -267,14 +265,13 @@ impl Tree {
     ) -> usize {
         let ps = self.page_size();
         let len = key.len();
-        let Some(next_page) = rest.get(len..len + ps) else {
-            return common_prefix(key, rest, ps);
+        let next_page = match rest.get(len..len + ps) {
+            Some(page) if len >= AHEAD_MIN_TOKENS && !cfg!(loom) => page,
+            _ => return common_prefix(key, rest, ps),
         };
-        if len < AHEAD_MIN_TOKENS || cfg!(loom) {
-            return common_prefix(key, rest, ps);
-        }
+        let kids = child.children_ref(guard);
         prefetch(next_page);
-        prefetch_children(child, guard);
+        prefetch_line((kids as *const NodeChildren).cast());
         // Page-aligned quarters (the key is whole pages, `rest` longer).
         let quarter = (len / 4).div_ceil(ps) * ps;
         let (mut done, mut hash, mut next, mut stage) = (0, 0, None, 0);
@@ -288,19 +285,19 @@ impl Tree {
             match stage {
                 0 => {
                     hash = page_hash(next_page);
-                    for at in child.children_ref(guard).probe_addrs(hash) {
+                    for at in kids.probe_addrs(hash) {
                         prefetch_line(at);
                     }
                 }
                 1 => {
-                    next = child.children_ref(guard).with_hash(hash).next();
+                    next = kids.with_hash(hash).next();
                     if let Some(n) = next {
                         prefetch_node_lines(n);
                     }
                 }
                 2 => {
                     if let Some(n) = next {
-                        prefetch_image(n, guard);
+                        prefetch_image(n, 16, guard);
                     }
                 }
                 _ => {}
