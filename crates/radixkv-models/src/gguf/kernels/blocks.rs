@@ -38,13 +38,14 @@ pub(crate) fn widen(bits: u16) -> f32 {
 pub(crate) trait Scale: Copy + Send + Sync {
     /// As an f32, by the portable path.
     fn get(self) -> f32;
-    /// Two scales as f32s, with F16C.
+    /// Eight scales as f32s in one vector (element `i` in lane `i`), with
+    /// F16C.
     ///
     /// # Safety
     /// The CPU must support F16C (and AVX2 and FMA, which the kernels
     /// that call it enable).
     #[cfg(target_arch = "x86_64")]
-    unsafe fn pair_f16c(a: Self, b: Self) -> (f32, f32);
+    unsafe fn eight_f16c(x: [Self; 8]) -> std::arch::x86_64::__m256;
 }
 
 impl Scale for u16 {
@@ -55,9 +56,9 @@ impl Scale for u16 {
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn pair_f16c(a: u16, b: u16) -> (f32, f32) {
+    unsafe fn eight_f16c(x: [u16; 8]) -> std::arch::x86_64::__m256 {
         // SAFETY: the caller's CPU has F16C, AVX2 and FMA.
-        unsafe { widen2_f16c(a, b) }
+        unsafe { widen8_f16c(x) }
     }
 }
 
@@ -69,8 +70,9 @@ impl Scale for f32 {
 
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn pair_f16c(a: f32, b: f32) -> (f32, f32) {
-        (a, b)
+    unsafe fn eight_f16c(x: [f32; 8]) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller's CPU has AVX (AVX2 implies it).
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(x.as_ptr()) }
     }
 }
 
@@ -110,12 +112,11 @@ pub(crate) enum Rows<'a, S> {
     Q80(&'a [Q80<S>]),
 }
 
-/// Two f16s' bits (`lo`, `hi`) as f32s (exact), in one conversion.
+/// Eight f16s' bits as f32s (exact), in one conversion.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn widen2_f16c(lo: u16, hi: u16) -> (f32, f32) {
+fn widen8_f16c(x: [u16; 8]) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
-    let both = i32::from(lo) | (i32::from(hi) << 16);
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(both));
-    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+    let half = |h: usize| (0..4).fold(0u64, |v, i| v | u64::from(x[4 * h + i]) << (16 * i)) as i64;
+    _mm256_cvtph_ps(_mm_set_epi64x(half(1), half(0)))
 }
