@@ -4,25 +4,33 @@
 use super::layout::{Kv, KvLayout, KvPool, KvPoolError};
 use std::any::Any;
 
-/// A pool in host memory: one contiguous `Vec<f32>`.
+/// A pool in host memory: one contiguous run of floats that starts on a
+/// cache line, so a row whose size is a multiple of 64 bytes (and each
+/// head's part of it) occupies whole lines, and attention reading one
+/// head's part of every row touches no line twice.
 #[derive(Clone, Debug)]
 pub struct HostKvPool {
     layout: KvLayout,
-    data: Vec<f32>,
+    lines: Vec<Line>,
 }
+
+/// Sixteen floats on one 64-byte cache line.
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
 
 impl HostKvPool {
     /// A zeroed pool.
     pub fn new(layout: KvLayout) -> Self {
         HostKvPool {
             layout,
-            data: vec![0.0; layout.len()],
+            lines: vec![Line([0.0; 16]); layout.len().div_ceil(16)],
         }
     }
 
     /// The whole pool, `layers × 2 × slots × row`.
     pub fn as_slice(&self) -> &[f32] {
-        &self.data
+        &bytemuck::cast_slice(&self.lines)[..self.layout.len()]
     }
 }
 
@@ -32,11 +40,12 @@ impl HostSlice for HostKvPool {
     }
 
     fn floats(&self) -> Result<&[f32], KvPoolError> {
-        Ok(&self.data)
+        Ok(self.as_slice())
     }
 
     fn floats_mut(&mut self) -> Result<&mut [f32], KvPoolError> {
-        Ok(self.data.as_mut_slice())
+        let len = self.layout.len();
+        Ok(&mut bytemuck::cast_slice_mut(&mut self.lines)[..len])
     }
 }
 
@@ -108,5 +117,29 @@ impl<T: HostSlice> KvPool for T {
 
     fn host_floats_mut(&mut self) -> Option<Result<&mut [f32], KvPoolError>> {
         Some(self.floats_mut())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The floats start on a cache line, are as many as the layout says
+    /// (also when that is not a whole number of lines), and start zeroed.
+    #[test]
+    fn the_pool_starts_on_a_cache_line() {
+        for slots in [1, 3, 16, 1000] {
+            let layout = KvLayout {
+                layers: 3,
+                slots,
+                row: 7,
+            };
+            let mut pool = HostKvPool::new(layout);
+            assert_eq!(pool.as_slice().as_ptr() as usize % 64, 0);
+            assert_eq!(pool.as_slice().len(), layout.len());
+            assert!(pool.as_slice().iter().all(|&x| x == 0.0));
+            let len = pool.floats_mut().expect("a host pool").len();
+            assert_eq!(len, layout.len());
+        }
     }
 }
