@@ -13,6 +13,7 @@
 use super::attention::attend_rows;
 use super::config::LlamaConfig;
 use super::kernels::Kernel;
+use super::qmatmul::matmuls;
 use super::rope_norm::rms_norm;
 use super::rope_norm::Rope;
 use super::weights::{Block, Weights};
@@ -113,8 +114,7 @@ impl Pass<'_> {
             }
             add_into(&mut x, &b.wo.matmul(kernel, &att, rows));
             let h = rms_norm(&x, &b.ffn_norm, eps);
-            let mut mlp = b.gate.matmul(kernel, &h, rows);
-            let up = b.up.matmul(kernel, &h, rows);
+            let [mut mlp, up] = matmuls([&b.gate, &b.up], kernel, &h, rows);
             for (g, u) in mlp.iter_mut().zip(&up) {
                 *g = silu(*g) * u;
             }
@@ -140,7 +140,7 @@ impl Pass<'_> {
     /// The Q, K and V projections of `h` (`rows` rows), each plus its
     /// bias where the architecture has them.
     fn project_qkv(&self, b: &Block, h: &[f32], rows: usize) -> [Vec<f32>; 3] {
-        let mut qkv = [&b.wq, &b.wk, &b.wv].map(|w| w.matmul(self.kernel, h, rows));
+        let mut qkv = matmuls([&b.wq, &b.wk, &b.wv], self.kernel, h, rows);
         if let Some(bias) = &b.bias {
             for (x, bias) in qkv.iter_mut().zip(bias) {
                 for row in x.chunks_exact_mut(bias.len()) {

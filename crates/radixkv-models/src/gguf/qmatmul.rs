@@ -137,61 +137,96 @@ impl QWeight {
     /// `x Wᵀ` for `x` of `rows × k` (row-major): `rows × n`, row-major,
     /// with `kernel`'s block dots.
     pub(crate) fn matmul(&self, kernel: Kernel, x: &[f32], rows: usize) -> Vec<f32> {
-        assert_eq!(x.len(), rows * self.k, "activations are not rows x k");
-        if rows == 0 || self.n == 0 {
-            return Vec::new();
-        }
-        let kb = self.k / BLOCK;
-        let acts: Vec<Act> = x.chunks_exact(BLOCK).map(|b| kernel.quantize(b)).collect();
-        // Each task computes a run of columns for every row (row-major
-        // within the task), copied into place after; a product of one task
-        // stays on the calling thread.
-        let per_task = self.columns_per_task(rows);
-        let piece = |task: usize| {
-            let cols = task * per_task..((task + 1) * per_task).min(self.n);
-            let mut out = vec![0f32; cols.len() * rows];
-            let blocks = cols.start * kb..cols.end * kb;
-            // One activation row reads each weight block once: its scales
-            // are widened in the dot. Several reread the task's blocks, so
-            // their scales are widened once, into a copy.
-            macro_rules! each_row {
-                ($w:expr) => {{
-                    let w = $w;
-                    for (a, out) in acts.chunks_exact(kb).zip(out.chunks_exact_mut(cols.len())) {
-                        kernel.columns(w, kb, cols.len(), a, out);
-                    }
-                }};
-            }
-            match (&self.blocks, rows) {
-                (Blocks::Q41(w), 1) => each_row!(Rows::Q41(&w[blocks])),
-                (Blocks::Q80(w), 1) => each_row!(Rows::Q80(&w[blocks])),
-                (Blocks::Q41(w), _) => {
-                    let wide: Vec<Q41<f32>> = w[blocks].iter().map(Q41::widened).collect();
-                    each_row!(Rows::Q41(&wide))
-                }
-                (Blocks::Q80(w), _) => {
-                    let wide: Vec<Q80<f32>> = w[blocks].iter().map(Q80::widened).collect();
-                    each_row!(Rows::Q80(&wide))
-                }
-            }
-            out
-        };
-        let tasks = self.n.div_ceil(per_task);
-        let pieces: Vec<Vec<f32>> = if tasks == 1 {
-            vec![piece(0)]
-        } else {
-            (0..tasks).into_par_iter().map(piece).collect()
-        };
-        let mut y = vec![0f32; rows * self.n];
-        for (task, piece) in pieces.iter().enumerate() {
-            let first = task * per_task;
-            let width = piece.len() / rows;
-            for (y, p) in y.chunks_exact_mut(self.n).zip(piece.chunks_exact(width)) {
-                y[first..first + width].copy_from_slice(p);
-            }
-        }
+        let [y] = matmuls([self], kernel, x, rows);
         y
     }
+
+    /// Columns `cols` of `acts Wᵀ` (`acts` is `rows` activation rows of
+    /// `k / BLOCK` blocks each): `rows × cols.len()`, row-major.
+    fn piece(
+        &self,
+        kernel: Kernel,
+        acts: &[Act],
+        rows: usize,
+        cols: std::ops::Range<usize>,
+    ) -> Vec<f32> {
+        let kb = self.k / BLOCK;
+        let mut out = vec![0f32; cols.len() * rows];
+        let blocks = cols.start * kb..cols.end * kb;
+        // One activation row reads each weight block once: its scales
+        // are widened in the dot. Several reread the task's blocks, so
+        // their scales are widened once, into a copy.
+        macro_rules! each_row {
+            ($w:expr) => {{
+                let w = $w;
+                for (a, out) in acts.chunks_exact(kb).zip(out.chunks_exact_mut(cols.len())) {
+                    kernel.columns(w, kb, cols.len(), a, out);
+                }
+            }};
+        }
+        match (&self.blocks, rows) {
+            (Blocks::Q41(w), 1) => each_row!(Rows::Q41(&w[blocks])),
+            (Blocks::Q80(w), 1) => each_row!(Rows::Q80(&w[blocks])),
+            (Blocks::Q41(w), _) => {
+                let wide: Vec<Q41<f32>> = w[blocks].iter().map(Q41::widened).collect();
+                each_row!(Rows::Q41(&wide))
+            }
+            (Blocks::Q80(w), _) => {
+                let wide: Vec<Q80<f32>> = w[blocks].iter().map(Q80::widened).collect();
+                each_row!(Rows::Q80(&wide))
+            }
+        }
+        out
+    }
+}
+
+/// `x Wᵀ` for each of `ws` (all of the same `k`) and `x` of `rows × k`
+/// (row-major): `rows × n` each, row-major, each the bits of
+/// [`QWeight::matmul`]. `x` is quantized once, and the tasks of all the
+/// products share one parallel region (the Q, K and V projections of a
+/// decode step are a few tasks each).
+pub(crate) fn matmuls<const M: usize>(
+    ws: [&QWeight; M],
+    kernel: Kernel,
+    x: &[f32],
+    rows: usize,
+) -> [Vec<f32>; M] {
+    for w in ws {
+        assert_eq!(x.len(), rows * w.k, "activations are not rows x k");
+    }
+    if rows == 0 {
+        return std::array::from_fn(|_| Vec::new());
+    }
+    let acts: Vec<Act> = x.chunks_exact(BLOCK).map(|b| kernel.quantize(b)).collect();
+    // Each task computes a run of columns of one product for every row
+    // (row-major within the task), copied into place after; a single task
+    // stays on the calling thread.
+    let per_task = ws.map(|w| w.columns_per_task(rows));
+    let tasks: Vec<(usize, std::ops::Range<usize>)> = (0..M)
+        .flat_map(|m| {
+            let (n, per) = (ws[m].n, per_task[m].max(1));
+            (0..n.div_ceil(per)).map(move |t| (m, t * per..((t + 1) * per).min(n)))
+        })
+        .collect();
+    let piece = |(m, cols): &(usize, std::ops::Range<usize>)| {
+        ws[*m].piece(kernel, &acts, rows, cols.clone())
+    };
+    let pieces: Vec<Vec<f32>> = if tasks.len() == 1 {
+        tasks.iter().map(piece).collect()
+    } else {
+        tasks.par_iter().map(piece).collect()
+    };
+    let mut ys: [Vec<f32>; M] = std::array::from_fn(|m| vec![0f32; rows * ws[m].n]);
+    for ((m, cols), piece) in tasks.iter().zip(&pieces) {
+        let n = ws[*m].n;
+        for (y, p) in ys[*m]
+            .chunks_exact_mut(n)
+            .zip(piece.chunks_exact(cols.len()))
+        {
+            y[cols.clone()].copy_from_slice(p);
+        }
+    }
+    ys
 }
 
 #[cfg(test)]

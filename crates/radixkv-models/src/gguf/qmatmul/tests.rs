@@ -186,3 +186,30 @@ fn the_kernels_products_agree() {
         }
     }
 }
+
+/// Products of several weights of different types and widths in one
+/// parallel region (`matmuls`) give each product's bits alone, for one
+/// and several rows; a weight with no rows of output gives none.
+#[test]
+fn products_taken_together_give_their_bits_alone() {
+    let k = 256;
+    let (_, a) = weight(GgmlDType::Q4_1, 300, k);
+    let (_, b) = weight(GgmlDType::Q8_0, 70, k);
+    let (_, c) = weight(GgmlDType::Q4_1, 4, k);
+    for kernel in Kernel::available() {
+        for rows in [1, 3] {
+            let x = random(rows * k, 17);
+            let together = matmuls([&a, &b, &c], kernel, &x, rows);
+            for (w, y) in [&a, &b, &c].into_iter().zip(&together) {
+                assert_eq!(y.len(), rows * w.n);
+                assert_eq!(
+                    bits(y),
+                    bits(&w.matmul(kernel, &x, rows)),
+                    "{kernel} {rows} rows"
+                );
+            }
+        }
+    }
+    let [y] = matmuls([&a], Kernel::detect(), &[], 0);
+    assert!(y.is_empty());
+}
