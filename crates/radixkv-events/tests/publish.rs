@@ -32,20 +32,28 @@ fn free_ports(n: u16) -> u16 {
 /// A publisher for `devices` devices (page size `ps`) on free loopback
 /// ports, with a replay socket per device after the PUB sockets and no
 /// startup hold (the first change is sent at once); `tweak` sets anything
-/// else.
+/// else. Ports found free can be taken before the publisher binds them
+/// (by a test running beside this one, or as an outgoing connection's
+/// ephemeral port): a bind refused as in use tries other ports.
 async fn publisher_with_replay(
     devices: u16,
     ps: usize,
-    tweak: impl FnOnce(&mut KvEventsConfig),
+    tweak: impl Fn(&mut KvEventsConfig),
 ) -> KvEventPublisher {
-    let port = free_ports(2 * devices);
-    let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
-    cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + devices));
-    cfg.startup_hold = Duration::ZERO;
-    tweak(&mut cfg);
-    KvEventPublisher::start(cfg, usize::from(devices), ps)
-        .await
-        .unwrap()
+    let mut last = None;
+    for _ in 0..20 {
+        let port = free_ports(2 * devices);
+        let mut cfg = KvEventsConfig::new(format!("tcp://127.0.0.1:{port}"));
+        cfg.replay_endpoint = Some(format!("tcp://127.0.0.1:{}", port + devices));
+        cfg.startup_hold = Duration::ZERO;
+        tweak(&mut cfg);
+        match KvEventPublisher::start(cfg, usize::from(devices), ps).await {
+            Ok(p) => return p,
+            Err(e @ EventsError::Bind { .. }) => last = Some(e),
+            Err(e) => panic!("the publisher does not start: {e}"),
+        }
+    }
+    panic!("no free ports bound in 20 tries; the last refusal: {last:?}");
 }
 
 /// A one-device cache at page size 2 that publishes through `p`.

@@ -97,7 +97,9 @@ impl Kernel {
 
     /// `Σ_blocks (d_w d_a Σ q_w q_a + m_w s_a)` over each of `N` `Q4_1`
     /// rows with the same activations. Each row's sum is taken as if alone:
-    /// several at once only keep more independent work in flight.
+    /// several at once only keep more independent work in flight. `N` is 1
+    /// to 4, the vector path's widest step (a wider call does not compile
+    /// on x86-64).
     pub(crate) fn q4_1<S: Scale, const N: usize>(self, w: [&[Q41<S>]; N], a: &[Act]) -> [f32; N] {
         match self.0 {
             Path::Portable => w.map(|w| portable::q4_1(w, a)),
