@@ -174,9 +174,10 @@ pub mod sync;
 pub(crate) mod tree;
 
 pub use cache::{
-    CacheError, CallerValues, ClockKind, Evicted, EvictionPolicy, HitCounts, InsertResult, Lease,
-    MatchResult, NodeHandle, OwnedPages, Ownership, PagedCache, PrefixCopy, RadixCache,
-    RadixCacheBuilder, Request, RequestCopy, Sizes, SlotRun, TierLengths, TokenKey,
+    CacheError, CallerValues, ClockKind, Evicted, EvictedFrom, EvictionPolicy, HitCounts,
+    InsertResult, Lease, MatchResult, NodeHandle, OwnedPages, Ownership, PagedCache, PrefixCopy,
+    RadixCache, RadixCacheBuilder, Request, RequestCopy, Sizes, SlotRun, TierLengths, TokenKey,
+    TreePlace,
 };
 #[cfg(not(loom))]
 pub use cache::{Evictor, EvictorStats};

@@ -45,6 +45,9 @@ pub enum Point {
     /// Unlinking a node with nothing left: marked obsolete, still in its
     /// parent's children.
     Unlink,
+    /// Taking one block out (`evict_from`, `evict_from_place`): the node
+    /// that starts at its page found (no lock held), not yet evicted.
+    Located,
 }
 
 impl Point {
@@ -55,6 +58,7 @@ impl Point {
             Point::Adopt => 3,
             Point::Evict => 4,
             Point::Unlink => 5,
+            Point::Located => 6,
         }
     }
 }

@@ -10,6 +10,7 @@ pub(crate) enum Point {
     Adopt,
     Evict,
     Unlink,
+    Located,
 }
 
 /// Does nothing.

@@ -1,5 +1,6 @@
 //! Stress: several threads match, pin, unpin, insert, evict and evict a
-//! block with what continues it (`evict_from`) on 2–4 devices at once; then
+//! block with what continues it (`evict_from`, by key or from the place of
+//! an earlier insert) on 2–4 devices at once; then
 //! the invariants are audited and every value is accounted for.
 //!
 //! Values (stand-ins for KV slots) are recycled through a per-device free
@@ -109,6 +110,7 @@ fn worker(w: &World, seed: u64, ops: usize, prompts: &[Vec<u32>], fanout: u32) {
     let nd = w.devices.len();
     let mut held: Vec<Held> = Vec::new();
     let mut handles = Vec::new();
+    let mut places = Vec::new();
     for _ in 0..ops {
         let d = rng.random_range(0..nd);
         let base = &prompts[rng.random_range(0..prompts.len())];
@@ -153,7 +155,14 @@ fn worker(w: &World, seed: u64, ops: usize, prompts: &[Vec<u32>], fanout: u32) {
                         let prev = w.devices[d].owner[v as usize].swap(fps[j], Ordering::SeqCst);
                         assert_eq!(prev, FREE, "allocated value {v} was still owned");
                     }
-                    let r = w.cache.insert(k, DeviceId(d as u32), &values, 0).unwrap();
+                    let (r, place) = w
+                        .cache
+                        .insert_placed(k, DeviceId(d as u32), &values, 0)
+                        .unwrap();
+                    places.extend(place.map(|p| (p, key.clone())));
+                    if places.len() > 8 {
+                        places.remove(0);
+                    }
                     for dup in r.duplicates() {
                         w.release(d, &values[dup]);
                     }
@@ -169,7 +178,22 @@ fn worker(w: &World, seed: u64, ops: usize, prompts: &[Vec<u32>], fanout: u32) {
             94..97 => {
                 // A block and what continues it, taken out of one tier
                 // (a router's index applying a removal).
-                let ev = w.cache.evict_from(k, DeviceId(d as u32)).unwrap();
+                let ev = match places.pop() {
+                    // From a place, climbing while others split and evict
+                    // around it (a place gone takes nothing).
+                    Some((p, key)) if rng.random_bool(0.5) => {
+                        let end = rng.random_range(1..=p.len() / ps) * ps;
+                        let page = &key[end - ps..end];
+                        let e = w
+                            .cache
+                            .evict_from_place(&p, end, page, DeviceId(d as u32))
+                            .unwrap()
+                            .unwrap_or_default();
+                        places.extend(e.above.map(|a| (a, key[..end - ps].to_vec())));
+                        e.evicted
+                    }
+                    _ => w.cache.evict_from(k, DeviceId(d as u32)).unwrap(),
+                };
                 w.release(d, &ev.values);
             }
             _ => {

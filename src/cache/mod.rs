@@ -46,8 +46,8 @@ pub use ownership::{CallerValues, OwnedPages, Ownership};
 pub use policy::{EvictionPolicy, HitCounts, UnknownPolicy};
 pub use request::Request;
 pub use types::{
-    CacheError, ClockKind, Evicted, InsertResult, Lease, MatchResult, NodeHandle, Sizes,
-    TierLengths, TokenKey,
+    CacheError, ClockKind, Evicted, EvictedFrom, InsertResult, Lease, MatchResult, NodeHandle,
+    Sizes, TierLengths, TokenKey, TreePlace,
 };
 
 use crate::device::Tier;

@@ -1,7 +1,7 @@
 //! The public value types of the cache API: keys ([`TokenKey`]), the clock
-//! choice ([`ClockKind`]), errors ([`CacheError`]), pins and handles
-//! ([`Lease`], [`NodeHandle`]) and what operations return
-//! ([`MatchResult`], [`InsertResult`], [`Evicted`], [`Sizes`]). They are
+//! choice ([`ClockKind`]), errors ([`CacheError`]), pins, handles and
+//! places ([`Lease`], [`NodeHandle`], [`TreePlace`]) and what operations return
+//! ([`MatchResult`], [`InsertResult`], [`Evicted`], [`EvictedFrom`], [`Sizes`]). They are
 //! re-exported from [`crate::cache`]; the operations that make them are on
 //! [`RadixCache`](super::RadixCache).
 
@@ -294,6 +294,37 @@ impl NodeHandle {
     }
 }
 
+/// A place in the tree: the end of a node's key, `len` tokens from its
+/// namespace's root, kept to reach that path again without walking down
+/// from the root ([`RadixCache::insert_placed`](super::RadixCache::insert_placed)
+/// gives one, [`RadixCache::evict_from_place`](super::RadixCache::evict_from_place)
+/// takes it). The place stays as the node is split (its object keeps the
+/// pages that end there) and is gone once the node leaves the tree (no
+/// tier holds it any more); holding it keeps the node's memory, not its
+/// residency. Two words, so that a caller can keep one per block: a cache
+/// gives places for paths of up to `u32::MAX` tokens, and only while it is
+/// one of the first `u32::MAX` caches made in the process (the id its
+/// places are checked against).
+#[derive(Clone, Debug)]
+pub struct TreePlace {
+    pub(super) node: Arc<Node>,
+    pub(super) len: u32,
+    pub(super) cache: u32,
+}
+
+impl TreePlace {
+    /// Tokens from the namespace's root to the place.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// Whether the place is at a root (never: a place ends a node's key,
+    /// which is not empty; for the convention of `len`).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// The result of a match on one tier.
 #[non_exhaustive]
 #[derive(Debug)]
@@ -405,6 +436,21 @@ pub struct Evicted {
     /// entries popped, or, for the policies that rank by a scan (mru,
     /// filo), every leaf of the device. A measure of the call's work.
     pub examined: usize,
+}
+
+/// What [`RadixCache::evict_from_place`](super::RadixCache::evict_from_place)
+/// and [`RadixCache::evict_from_with_place`](super::RadixCache::evict_from_with_place)
+/// did: the eviction, and the place where the path above the evicted page
+/// now ends (what a caller keeps for the block above it, to take that one
+/// out later the same way).
+#[non_exhaustive]
+#[derive(Debug, Clone, Default)]
+pub struct EvictedFrom {
+    /// What went.
+    pub evicted: Evicted,
+    /// The place that ends where the evicted page started; `None` when the
+    /// page was the path's first, or the tree did not hold it.
+    pub above: Option<TreePlace>,
 }
 
 /// Cached token counts on one device.

@@ -3,7 +3,7 @@
 //! KV allocator).
 
 use super::ownership::CallerValues;
-use super::{CacheError, InsertResult, NodeHandle, RadixCache, TokenKey};
+use super::{CacheError, InsertResult, NodeHandle, RadixCache, TokenKey, TreePlace};
 use crate::device::Tier;
 use crate::tree::ops::attach::Writer;
 use crate::tree::ops::insert::Insert;
@@ -62,7 +62,46 @@ impl RadixCache<CallerValues> {
         priority: i64,
         inserted_len: usize,
     ) -> Result<InsertResult, CacheError> {
-        let t = self.slot(tier.into())?;
+        self.insert_walk(key, tier.into(), values, priority, inserted_len, false)
+            .map(|(r, _)| r)
+    }
+
+    /// [`insert`](Self::insert), also returning the place where `key`
+    /// ends in the tree: what a caller that will take a page of `key`
+    /// out again keeps, to reach it without a walk from the root
+    /// ([`evict_from_place`](Self::evict_from_place)). `None` for an empty
+    /// key, or when another writer evicted part of the key while this
+    /// insert went down it.
+    ///
+    /// ```
+    /// use radixkv::{DeviceId, RadixCache, TokenKey};
+    /// let c = RadixCache::builder().page_size(2).build().unwrap();
+    /// let d = DeviceId(0);
+    /// let (r, place) = c.insert_placed(TokenKey::new(&[1, 2, 3, 4]), d, &[5, 6, 7, 8], 0).unwrap();
+    /// assert_eq!((r.prefix_len, place.unwrap().len()), (0, 4));
+    /// ```
+    pub fn insert_placed(
+        &self,
+        key: TokenKey<'_>,
+        tier: impl Into<Tier>,
+        values: &[u32],
+        priority: i64,
+    ) -> Result<(InsertResult, Option<TreePlace>), CacheError> {
+        self.insert_walk(key, tier.into(), values, priority, 0, true)
+    }
+
+    /// The insert behind [`insert_counting`](Self::insert_counting) and
+    /// [`insert_placed`](Self::insert_placed); the place only when `place`.
+    fn insert_walk(
+        &self,
+        key: TokenKey<'_>,
+        tier: Tier,
+        values: &[u32],
+        priority: i64,
+        inserted_len: usize,
+        place: bool,
+    ) -> Result<(InsertResult, Option<TreePlace>), CacheError> {
+        let t = self.slot(tier)?;
         let len = key.tokens.len();
         if !len.is_multiple_of(self.page_size()) {
             return Err(CacheError::Unaligned {
@@ -77,7 +116,7 @@ impl RadixCache<CallerValues> {
             });
         }
         if len == 0 {
-            return Ok(InsertResult::from_adopted(Vec::new(), 0));
+            return Ok((InsertResult::from_adopted(Vec::new(), 0), None));
         }
         let guard = crossbeam_epoch::pin();
         let w = self.tree.insert(
@@ -94,7 +133,13 @@ impl RadixCache<CallerValues> {
             },
             &guard,
         );
-        Ok(InsertResult::from_adopted(w.adopted, len))
+        let place = match (place, w.end) {
+            // SAFETY: the insert's end node, reached under `guard` (alive
+            // here).
+            (true, Some(end)) => unsafe { self.place_of(end, len) },
+            _ => None,
+        };
+        Ok((InsertResult::from_adopted(w.adopted, len), place))
     }
 
     /// The values of the path from the root through `handle`'s end node

@@ -7,7 +7,7 @@
 
 use proptest::prelude::*;
 use radixkv::reference::{SeqHandle, SequentialCache};
-use radixkv::{DeviceId, EvictionPolicy, Lease, NodeHandle, RadixCache, Tier, TokenKey};
+use radixkv::{DeviceId, EvictionPolicy, Lease, NodeHandle, RadixCache, Tier, TokenKey, TreePlace};
 
 #[derive(Debug, Clone)]
 pub enum Op {
@@ -39,7 +39,9 @@ pub enum Op {
         dev: usize,
         n: usize,
     },
-    /// `evict_from` of the key's whole pages.
+    /// `evict_from` of the key's whole pages; from the place of an
+    /// earlier insert whose key they begin (`evict_from_place`) when there
+    /// is one.
     EvictFrom {
         ns: u8,
         key: Vec<u32>,
@@ -177,6 +179,9 @@ pub fn run_case_tiers(
     let mut handles: Vec<(NodeHandle, SeqHandle)> = Vec::new();
     let mut leases: Vec<(Lease, SeqHandle)> = Vec::new();
     let mut next_value = 1u32;
+    // Places of earlier inserts (`insert_placed`): namespace, key, place,
+    // and whether no removal ran since (it must still be in the tree).
+    let mut places: Vec<(u8, Vec<u32>, TreePlace, bool)> = Vec::new();
     for (step, op) in ops.iter().enumerate() {
         match op {
             Op::Insert {
@@ -195,7 +200,19 @@ pub fn run_case_tiers(
                 let values = values_for(*vals, key.len(), ps, next_value);
                 next_value += key.len() as u32;
                 let k = TokenKey::new(&key).in_namespace(ns_of(*ns));
-                let real = cache.insert(k, tier(*dev), &values, *prio);
+                // Half the inserts keep their place (the same insert).
+                let real = if vals % 2 == 0 {
+                    cache
+                        .insert_placed(k, tier(*dev), &values, *prio)
+                        .map(|(r, place)| {
+                            if let Some(p) = place {
+                                places.push((*ns, key.clone(), p, true));
+                            }
+                            r
+                        })
+                } else {
+                    cache.insert(k, tier(*dev), &values, *prio)
+                };
                 let want = model.insert(ns_of(*ns), &key, &values, *dev, *prio);
                 match (&real, want) {
                     (Ok(r), Ok(p)) => {
@@ -300,7 +317,44 @@ pub fn run_case_tiers(
             Op::EvictFrom { ns, key, dev } => {
                 let whole = &key[..key.len() / ps * ps];
                 let k = TokenKey::new(whole).in_namespace(ns_of(*ns));
-                let ev = cache.evict_from(k, tier(*dev)).unwrap();
+                let place = places.iter().rev().find(|(pns, pkey, _, _)| {
+                    !whole.is_empty() && pns == ns && pkey.starts_with(whole)
+                });
+                let from_place = match place {
+                    Some((_, _, p, unchanged)) => {
+                        let page = &whole[whole.len() - ps..];
+                        let r = cache
+                            .evict_from_place(p, whole.len(), page, tier(*dev))
+                            .unwrap();
+                        prop_assert!(
+                            r.is_some() || !unchanged,
+                            "step {}: a place left the tree with no removal since",
+                            step
+                        );
+                        r
+                    }
+                    None => None,
+                };
+                // A place gone: the key's walk, as a router's index does
+                // (with the place above, every other time).
+                let (ev, above) = match from_place {
+                    Some(e) => (e.evicted, e.above),
+                    None if step % 2 == 0 => {
+                        let e = cache.evict_from_with_place(k, tier(*dev)).unwrap();
+                        (e.evicted, e.above)
+                    }
+                    None => (cache.evict_from(k, tier(*dev)).unwrap(), None),
+                };
+                for p in &mut places {
+                    p.3 = false;
+                }
+                // The place above the page taken ends where that page
+                // started, and is in the tree (an ancestor of a node that
+                // was).
+                if let Some(p) = above {
+                    prop_assert_eq!(p.len(), whole.len() - ps, "step {}: place above", step);
+                    places.push((*ns, whole[..p.len()].to_vec(), p, true));
+                }
                 let (tokens, mut values) = model.evict_from(ns_of(*ns), whole, *dev);
                 prop_assert_eq!(ev.tokens, tokens, "step {}: evict_from tokens", step);
                 let mut got = ev.values.clone();
@@ -309,6 +363,9 @@ pub fn run_case_tiers(
                 prop_assert_eq!(got, values, "step {}: evict_from values", step);
             }
             Op::Evict { dev, n } => {
+                for p in &mut places {
+                    p.3 = false;
+                }
                 let ev = cache.evict(tier(*dev), *n).unwrap();
                 let (tokens, values) = model.evict(*dev, *n);
                 prop_assert_eq!(ev.tokens, tokens, "step {}: evicted tokens", step);

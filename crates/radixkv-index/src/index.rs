@@ -13,11 +13,16 @@
 //! A worker's events name blocks by the worker's own hash: a store gives
 //! each new block's hash, its parent's hash and its tokens, a removal only
 //! hashes. So each (worker, rank), a [`Source`], keeps its blocks by that
-//! hash ([`SourceBlocks`]: parent, per-block hash, the media holding it),
-//! from which a block's whole path is read to insert it, or to take it out
-//! again ([`radixkv::RadixCache::evict_from`]: a block that leaves a medium
-//! takes the blocks continuing it out of reach, as a prefix match on that
-//! worker stops there too). A block that a removal left with no medium but
+//! hash ([`SourceBlocks`]: parent, per-block hash, the media holding it,
+//! a place in the tree), from which a block's whole path is read to insert
+//! it. To take it out again (a block that leaves a medium takes the blocks
+//! continuing it out of reach, as a prefix match on that worker stops there
+//! too), the removal climbs from the block's place
+//! ([`radixkv::RadixCache::evict_from_place`]): the end of the store that
+//! brought it, or the place above a block removed below it, which the tree
+//! gives back with each removal; a block whose place has left the tree is
+//! found by its path from the root ([`radixkv::RadixCache::evict_from`]).
+//! A block that a removal left with no medium but
 //! whose children are still held stays known (its hash leads to theirs),
 //! and when it is stored again, the children held on that medium are
 //! reachable again.
@@ -33,11 +38,11 @@
 //! writers; each source's own under its lock, in order); queries run on any
 //! thread and never wait.
 
+use crate::block::{bit, Block, Places};
 use crate::decode::{BlockHash, Event, Medium, Stored};
 use crate::local_hash;
 use arc_swap::ArcSwap;
-use radixkv::{CacheError, DeviceId, RadixCache, TokenKey};
-use smallvec::SmallVec;
+use radixkv::{CacheError, DeviceId, RadixCache, TokenKey, TreePlace};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -95,24 +100,6 @@ impl ApplyError {
     }
 }
 
-/// One block a source holds.
-#[derive(Debug)]
-struct Block {
-    parent: Option<BlockHash>,
-    /// Its per-block hash ([`crate::local_hash`]): its key in the tree.
-    local: u64,
-    /// That hash's seed (its namespace's), which its children's share.
-    seed: u64,
-    /// The media holding it, a bit each ([`Medium`] order).
-    media: u8,
-    /// Blocks stored below it (any medium): one, inline, in a chain.
-    children: SmallVec<[BlockHash; 1]>,
-}
-
-fn bit(m: Medium) -> u8 {
-    1 << (m as u8)
-}
-
 /// A map keyed by hashes that arrive already mixed (block hashes) or
 /// that the sources choose: foldhash, seeded per process.
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
@@ -121,6 +108,8 @@ type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 #[derive(Debug, Default)]
 pub struct SourceBlocks {
     blocks: Map<BlockHash, Block>,
+    /// The places in the tree its blocks climb from.
+    places: Places,
     /// A path's key (two words a block), built for each insert and
     /// removal.
     path: Vec<u32>,
@@ -168,7 +157,7 @@ impl SourceBlocks {
             if self.chain.len() > self.blocks.len() {
                 return None; // a cycle of hashes: not a path
             }
-            match b.parent {
+            match b.parent() {
                 Some(p) => cur = p,
                 None => break,
             }
@@ -184,19 +173,21 @@ impl SourceBlocks {
     fn unhold(&mut self, mut h: BlockHash, m: Medium) {
         if let Some(b) = self.blocks.get_mut(&h) {
             b.media &= !bit(m);
+            if b.media == 0 {
+                // Its node may leave the tree: not kept alive by it.
+                self.places.leave(b);
+            }
         }
         loop {
             let Some(b) = self.blocks.get(&h) else { return };
-            if b.media != 0 || !b.children.is_empty() {
+            if b.media != 0 || b.has_children() {
                 return;
             }
-            let parent = b.parent;
+            let parent = b.parent();
             self.blocks.remove(&h);
             let Some(p) = parent else { return };
             if let Some(pb) = self.blocks.get_mut(&p) {
-                if let Some(i) = pb.children.iter().position(|&c| c == h) {
-                    pb.children.swap_remove(i);
-                }
+                pb.remove_child(h);
             }
             h = p;
         }
@@ -390,33 +381,38 @@ impl KvIndex {
         // The first block of the chain not held on the medium before: from
         // there on, blocks held there below the chain's were out of reach.
         let mut first_new = None;
+        // Those blocks take the place where the chain ends in the tree.
+        let slot = blocks.places.open();
         let mut parent = st.parent;
         for (i, (h, tokens)) in st.hashes.iter().zip(st.tokens.chunks(bs)).enumerate() {
             let local = local_hash::block_hash(tokens, seed);
             match blocks.blocks.get_mut(h) {
                 Some(b) => {
-                    if b.parent != parent || b.local != local {
+                    if b.parent() != parent || b.local != local {
+                        blocks.places.close(slot);
                         return Err(ApplyError::Conflict(h.0));
                     }
                     if b.media & bit(st.medium) == 0 {
                         first_new.get_or_insert(i);
                     }
+                    if first_new.is_some() {
+                        blocks.places.point(b, slot);
+                    }
                     b.media |= bit(st.medium);
                 }
                 None => {
                     first_new.get_or_insert(i);
-                    blocks.blocks.insert(
-                        *h,
-                        Block {
-                            parent,
-                            local,
-                            seed,
-                            media: bit(st.medium),
-                            children: SmallVec::new(),
-                        },
+                    let mut b = Block::new(
+                        parent,
+                        local,
+                        seed,
+                        u32::try_from(base / WORDS + i + 1).unwrap_or(u32::MAX),
+                        bit(st.medium),
                     );
+                    blocks.places.point(&mut b, slot);
+                    blocks.blocks.insert(*h, b);
                     if let Some(pb) = parent.and_then(|p| blocks.blocks.get_mut(&p)) {
-                        pb.children.push(*h);
+                        pb.add_child(*h);
                     }
                 }
             }
@@ -425,7 +421,8 @@ impl KvIndex {
         }
         if reachable {
             let path = std::mem::take(&mut blocks.path);
-            let r = self.insert_path(&path, t).and_then(|()| {
+            let r = self.insert_path(&path, t).and_then(|place| {
+                blocks.places.set(slot, place);
                 // Blocks held on this medium below the chain's blocks that
                 // were not (children other than the chain's next), out of
                 // reach while those were missing there, are reachable again.
@@ -437,7 +434,7 @@ impl KvIndex {
                     let others = blocks
                         .blocks
                         .get(h)
-                        .is_some_and(|b| b.children.iter().any(|c| Some(c) != next));
+                        .is_some_and(|b| b.children().any(|c| Some(&c) != next));
                     if others {
                         let mut p = path[..base + (i + 1) * WORDS].to_vec();
                         self.reattach(blocks, *h, next, st.medium, t, &mut p)?;
@@ -446,24 +443,28 @@ impl KvIndex {
                 Ok(())
             });
             blocks.path = path;
+            blocks.places.close(slot);
             r?;
+        } else {
+            blocks.places.close(slot);
         }
         Ok(st.hashes.len() as u64)
     }
 
-    fn insert_path(&self, path: &[u32], t: usize) -> Result<(), ApplyError> {
+    /// Inserts `path` into tier `t`; returns where it ends in the tree.
+    fn insert_path(&self, path: &[u32], t: usize) -> Result<Option<TreePlace>, ApplyError> {
         // The values are the index's own, one run (0, 1, 2, ...): the tree
         // stores them in one inline word pair per node and tier.
         let key = TokenKey::new(path);
         let d = DeviceId(t as u32);
-        match shared_values().get(..path.len()) {
-            Some(values) => self.cache.insert(key, d, values, 0)?,
+        let (_, place) = match shared_values().get(..path.len()) {
+            Some(values) => self.cache.insert_placed(key, d, values, 0)?,
             None => {
                 let values: Vec<u32> = (0..path.len() as u32).collect();
-                self.cache.insert(key, d, &values, 0)?
+                self.cache.insert_placed(key, d, &values, 0)?
             }
         };
-        Ok(())
+        Ok(place)
     }
 
     /// Inserts again the blocks below `h` (but `skip`) that this source
@@ -478,19 +479,19 @@ impl KvIndex {
         t: usize,
         path: &mut Vec<u32>,
     ) -> Result<(), ApplyError> {
-        let Some(kids) = blocks.blocks.get(&h).map(|b| &b.children) else {
+        let Some(kids) = blocks.blocks.get(&h).map(Block::children) else {
             return Ok(());
         };
         for k in kids {
-            let Some(b) = blocks.blocks.get(k) else {
+            let Some(b) = blocks.blocks.get(&k) else {
                 continue;
             };
-            if b.media & bit(m) == 0 || Some(k) == skip {
+            if b.media & bit(m) == 0 || Some(&k) == skip {
                 continue;
             }
             push_key(path, b.local);
             self.insert_path(path, t)?;
-            self.reattach(blocks, *k, None, m, t, path)?;
+            self.reattach(blocks, k, None, m, t, path)?;
             path.truncate(path.len() - WORDS);
         }
         Ok(())
@@ -531,18 +532,11 @@ impl KvIndex {
             // already. Otherwise it leaves the tier here. (Asking whether
             // the parent is still held would walk to the root once per
             // block of a top-down removal: its square.)
-            let with_parent = b.parent.is_some_and(|p| removed_here(&p));
+            let with_parent = b.parent().is_some_and(|p| removed_here(&p));
             if !with_parent {
-                // Out of reach on the tier already when a block above it
-                // is not held there: the tree holds nothing of it.
-                if let Some(true) = blocks.fill_path(*h, m) {
-                    let evicted = self
-                        .cache
-                        .evict_from(TokenKey::new(&blocks.path), DeviceId(t as u32));
-                    if let Err(e) = evicted {
-                        blocks.removing = set;
-                        return Err(e.into());
-                    }
+                if let Err(e) = self.take_out(blocks, *h, m, t) {
+                    blocks.removing = set;
+                    return Err(e);
                 }
             }
             blocks.unhold(*h, m);
@@ -554,6 +548,59 @@ impl KvIndex {
             Some(h) => Err(ApplyError::UnknownBlock(h)),
             None => Ok(n),
         }
+    }
+
+    /// Takes block `h` (held on `m`) and the blocks below it out of tier
+    /// `t`, from the block's place when it has one still in the tree,
+    /// otherwise by its path from the root; the block above it takes the
+    /// place the tree gives back (the next removal of a chain taken from
+    /// its end climbs from there).
+    fn take_out(
+        &self,
+        blocks: &mut SourceBlocks,
+        h: BlockHash,
+        m: Medium,
+        t: usize,
+    ) -> Result<(), ApplyError> {
+        let d = DeviceId(t as u32);
+        let Some(b) = blocks.blocks.get(&h) else {
+            return Ok(());
+        };
+        let (parent, end) = (b.parent(), b.depth as usize * WORDS);
+        let page = [b.local as u32, (b.local >> 32) as u32];
+        // A block out of reach on the tier (a block above it not held
+        // there) has nothing in the tree there: the climb finds its page
+        // not resident on the tier and takes nothing, as the walk would.
+        let placed = match blocks.places.get(b.place) {
+            Some(place) if end <= place.len() => {
+                self.cache.evict_from_place(place, end, &page, d)?
+            }
+            _ => None,
+        };
+        let above = match placed {
+            Some(e) => e.above,
+            None => match blocks.fill_path(h, m) {
+                Some(true) => {
+                    self.cache
+                        .evict_from_with_place(TokenKey::new(&blocks.path), d)?
+                        .above
+                }
+                // Out of reach on the tier already when a block above it
+                // is not held there: the tree holds nothing of it.
+                _ => None,
+            },
+        };
+        if let (Some(p), Some(above)) = (parent, above) {
+            if let Some(pb) = blocks.blocks.get_mut(&p) {
+                if pb.media != 0 {
+                    let slot = blocks.places.open();
+                    blocks.places.set(slot, Some(above));
+                    blocks.places.point(pb, slot);
+                    blocks.places.close(slot);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Everything source `s` held is gone (`AllBlocksCleared`, a restart,
@@ -659,16 +706,24 @@ impl KvIndex {
 
     /// Blocks visited so far walking from a block of source `s` up to its
     /// root, which a store does once from its parent and a removal once
-    /// per block whose parent it does not also remove: what an event's
-    /// depth costs. For tests and benchmarks.
+    /// per block whose parent it does not also remove and whose place has
+    /// left the tree: what an event's depth costs. For tests and
+    /// benchmarks.
     pub fn path_steps(&self, s: Source) -> u64 {
         lock(&self.sources)
             .get(&s)
             .map_or(0, |b| lock(b).path_steps)
     }
 
-    /// Checks the tree's invariants (see [`RadixCache::check`]).
+    /// Checks the tree's invariants (see [`RadixCache::check`]) and each
+    /// source's count of the places its blocks share.
     pub fn check(&self) -> Result<(), String> {
-        self.cache.check()
+        self.cache.check()?;
+        let sources: Vec<_> = lock(&self.sources).values().cloned().collect();
+        for src in sources {
+            let b = lock(&src);
+            b.places.check(b.blocks.values())?;
+        }
+        Ok(())
     }
 }

@@ -9,12 +9,14 @@
 //! | --- | --- |
 //! | [`decode`] | a batch's msgpack payload in each producer's encoding, read into [`decode::Batch`] |
 //! | [`index`] | [`KvIndex`]: the events of every (worker, rank) applied to one tree; scores per tier |
+//! | `block` | what a source keeps of each block it holds: parent, children, media, a place in the tree |
 //! | [`dp`] | [`dp::DpRouter`]: one engine's data-parallel ranks from their events, and the rank a request should go to |
 //! | [`feed`] | [`feed::Feed`]: one source's sequence numbers: apply, drop, replay a gap, restart, stale |
 //! | [`local_hash`] | the per-block hashes Dynamo's routers send (`/query_by_hash`), which key the tree |
 //! | `msgpack` | a msgpack reader item by item, borrowing from the payload (what `decode` reads with) |
 //! | [`listen`] | [`listen::listen`]: one source's socket into the index, gaps replayed |
 
+mod block;
 pub mod decode;
 pub mod dp;
 pub mod feed;

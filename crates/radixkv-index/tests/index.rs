@@ -285,3 +285,48 @@ fn a_long_removal_walks_to_the_root_once_in_either_order() {
         ix.check().unwrap();
     }
 }
+
+/// A chain taken from its end one block at a time (vLLM's eviction order:
+/// a `BlockRemoved` per leaf) climbs from each block's place in the tree
+/// and never builds a path from the root; another source holding half the
+/// chain keeps its half, and a block whose place left the tree is found by
+/// its path instead.
+#[test]
+fn removals_from_the_end_climb_from_places() {
+    const N: u64 = 64;
+    let ix = KvIndex::new(2, 4).unwrap();
+    let chain: Vec<u64> = (1..=N).collect();
+    let tokens = |hs: &[u64]| -> Vec<u32> { hs.iter().flat_map(|&h| [h as u32, 7]).collect() };
+    let all = tokens(&chain);
+    ix.apply(A, &[stored(&chain, None, &all, Medium::Gpu)]);
+    let half = &chain[..N as usize / 2];
+    ix.apply(B, &[stored(half, None, &tokens(half), Medium::Gpu)]);
+    let before = ix.path_steps(A);
+    for n in (1..=N).rev() {
+        let (done, errors) = ix.apply(A, &[removed(&[n], Medium::Gpu)]);
+        assert!(errors.is_empty() && done.removed == 1, "{errors:?}");
+        let mut want = vec![(B, Medium::Gpu, 2 * half.len())];
+        if n > 1 {
+            want.insert(0, (A, Medium::Gpu, 2 * (n as usize - 1)));
+        }
+        assert_eq!(scores(&ix, &all), want, "after removing block {n}");
+    }
+    assert_eq!(ix.path_steps(A), before, "a removal walked from the root");
+    ix.check().unwrap();
+
+    // Block 102's place is the end of the store that brought it, which
+    // the removal of block 105 takes out of the tree (no other source
+    // holds it): block 102 is found by its path.
+    let short: Vec<u64> = (101..=108).collect();
+    let short_tokens = tokens(&short);
+    ix.apply(A, &[stored(&short, None, &short_tokens, Medium::Gpu)]);
+    ix.apply(A, &[removed(&[105], Medium::Gpu)]);
+    let before = ix.path_steps(A);
+    ix.apply(A, &[removed(&[102], Medium::Gpu)]);
+    assert!(
+        ix.path_steps(A) > before,
+        "block 102's place was still in the tree"
+    );
+    assert_eq!(scores(&ix, &short_tokens), vec![(A, Medium::Gpu, 2)]);
+    ix.check().unwrap();
+}

@@ -157,6 +157,9 @@ fn random_streams_score_as_the_sources_hold() {
                     .collect();
                 assert_eq!(got, want, "seed {seed} round {round}, path to {b}");
             }
+            if let Err(e) = ix.check() {
+                panic!("seed {seed} round {round}: {e}");
+            }
         }
         ix.check().unwrap();
     }

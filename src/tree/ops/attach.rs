@@ -59,7 +59,7 @@ impl Tree {
         &self,
         a: Attach<'_, 'g>,
         guard: &'g Guard,
-    ) -> Result<Option<HeldPin<'g>>, Conflict> {
+    ) -> Result<(&'g Node, Option<HeldPin<'g>>), Conflict> {
         let ps = self.page_size();
         let t = a.writer.tier;
         let tokens = a.at.tokens();
@@ -222,20 +222,20 @@ fn born_pinned<'g>(
     w: Writer,
     depth: usize,
     publish: impl FnOnce(Node) -> Result<&'g Node, Conflict>,
-) -> Result<Option<HeldPin<'g>>, Conflict> {
+) -> Result<(&'g Node, Option<HeldPin<'g>>), Conflict> {
     let t = w.tier;
     if cfg!(radixkv_negative = "born_pinned") {
         let n = publish(leaf)?;
         let held = w.pin && n.slot(t).residency.try_pin(None).is_ok();
         // SAFETY: the pin just taken, released only by this.
-        return Ok(held.then(|| unsafe { HeldPin::new(n, t, depth) }));
+        return Ok((n, held.then(|| unsafe { HeldPin::new(n, t, depth) })));
     }
     if w.pin {
         let _ = leaf.slot(t).residency.try_pin(None);
     }
     let n = publish(leaf)?;
     // SAFETY: the leaf was born with the pin (above), released only by this.
-    Ok(w.pin.then(|| unsafe { HeldPin::new(n, t, depth) }))
+    Ok((n, w.pin.then(|| unsafe { HeldPin::new(n, t, depth) })))
 }
 
 /// The protecting step `event_in_lock` (model `store_event_vs_evict`): the

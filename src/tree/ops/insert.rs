@@ -43,6 +43,10 @@ pub(crate) struct InsertWalk<'g> {
     /// With a pin: the deepest node of the key the insert holds a pin on
     /// (for the caller's lease), and the tokens root → it covers.
     pub(crate) pinned: Option<(&'g Node, usize)>,
+    /// The node whose key ends where the inserted key ends (`None` for an
+    /// empty key, or a walk that stopped early: part of what it adopted was
+    /// evicted meanwhile).
+    pub(crate) end: Option<&'g Node>,
 }
 
 /// Appends `r`, merging it into the last range when they touch.
@@ -99,11 +103,13 @@ impl Tree {
         // a pin is released; only the one handed on at the end survives.
         let mut walk: Option<HeldPin<'g>> = None;
         let mut kept: Option<HeldPin<'g>> = None;
+        let mut end = None;
         if len == 0 {
             // Nothing to cache: no namespace root is created for it.
             return InsertWalk {
                 adopted,
                 pinned: None,
+                end: None,
             };
         }
         'restart: loop {
@@ -130,7 +136,8 @@ impl Tree {
                             writer,
                         };
                         match self.attach_leaf(leaf, guard) {
-                            Ok(pin) => {
+                            Ok((leaf, pin)) => {
+                                end = Some(leaf);
                                 push_range(&mut adopted, pos..len);
                                 if let Some(p) = pin {
                                     // The old pin is released as it is replaced.
@@ -227,12 +234,19 @@ impl Tree {
                     }
                 }
             }
+            // The walk reached the key's end at `cur` (a node, not the
+            // root: the key is not empty).
+            end = Some(cur);
             break;
         }
         // The kept pin protected the path while we walked again; the walk's
         // own pin (deeper or equal) now does, and the kept one is released
         // as it drops here.
         let pinned = walk.or(kept).map(HeldPin::hand_on);
-        InsertWalk { adopted, pinned }
+        InsertWalk {
+            adopted,
+            pinned,
+            end,
+        }
     }
 }

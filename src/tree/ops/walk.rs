@@ -474,14 +474,16 @@ impl Tree {
     /// `tokens[start..start + page]`, where the tree holds all of
     /// `tokens[..start + page]`: a node that holds that page and starts
     /// before it is split there first (a writer's split, waiting for the
-    /// locks). `None` if the tree does not hold those tokens.
+    /// locks). With it, the node above it that ends at `start` (the
+    /// namespace's root for `start` 0). `None` if the tree does not hold
+    /// those tokens.
     pub(crate) fn node_starting_at<'g>(
         &self,
         ns: Option<&str>,
         tokens: &[u32],
         start: usize,
         guard: &'g Guard,
-    ) -> Option<&'g Node> {
+    ) -> Option<(&'g Node, &'g Node)> {
         let ps = self.page_size();
         let end = start + ps;
         debug_assert!(start.is_multiple_of(ps) && end <= tokens.len());
@@ -495,7 +497,7 @@ impl Tree {
                 // SAFETY: loaded under `guard`, retired through the reclaimer.
                 let len = unsafe { img.deref() }.key.len();
                 if pos == start {
-                    return Some(child);
+                    return Some((child, cur));
                 }
                 if pos + len <= start {
                     if k < len {
@@ -520,10 +522,82 @@ impl Tree {
                 };
                 match self.split(s, guard) {
                     // The node object keeps the lower part: it starts at
-                    // `start` now.
-                    Ok(_) => return Some(child),
+                    // `start` now, below the new node of the upper part.
+                    Ok(upper) => return Some((child, upper)),
                     Err(_) => continue 'walk,
                 }
+            }
+        }
+    }
+
+    /// [`node_starting_at`](Self::node_starting_at) found from below: the
+    /// node holding the page that starts `start` tokens from the root on
+    /// the path root → `place`, whose key ends `len` tokens from the root,
+    /// split (if it starts before) so that it starts there. Climbs from
+    /// `place` instead of walking down from the root: as many images as
+    /// there are nodes between. With it, as there, the node above it that
+    /// ends at `start`. `None` if `place` has left the tree, its path does
+    /// not reach back to `start`, or the page there is not `page`
+    /// (`start + page ≤ len` is the caller's to keep).
+    pub(crate) fn node_starting_above<'g>(
+        &self,
+        place: &'g Node,
+        len: usize,
+        start: usize,
+        page: &[u32],
+        guard: &'g Guard,
+    ) -> Option<(&'g Node, &'g Node)> {
+        'climb: loop {
+            // Linked now, under `guard`: its parents as its images name
+            // them are not freed before `guard` ends (the climb below
+            // relies on it, as `climb_to_root` does).
+            if place.is_root || place.is_obsolete() {
+                return None;
+            }
+            let mut child = place;
+            let mut end = len;
+            loop {
+                let seen = child.image(guard);
+                // SAFETY: loaded under `guard`, retired through the reclaimer.
+                let img = unsafe { seen.deref() };
+                let from = end.checked_sub(img.key.len())?;
+                if img.parent.is_null() {
+                    return None; // cut from the tree meanwhile
+                }
+                // SAFETY: `child` is `place` (linked during `guard`, checked
+                // above) or reached from it by parent links read under
+                // `guard`, so this parent was linked during `guard` and is
+                // not freed before it ends (see `ParentPtr`).
+                let parent: &'g Node = unsafe { &*img.parent.0 };
+                if from <= start {
+                    if img.key.get(start - from..start - from + page.len()) != Some(page) {
+                        return None; // not the page the caller means
+                    }
+                    if from == start {
+                        // The parent this image names ends where it starts.
+                        return Some((child, parent));
+                    }
+                    let s = Split {
+                        parent,
+                        child,
+                        seen,
+                        at: start - from,
+                        tier: None,
+                        priority: None,
+                        locking: Locking::Wait,
+                    };
+                    match self.split(s, guard) {
+                        // The node object keeps the lower part: it starts
+                        // at `start` now, below the new upper part.
+                        Ok(upper) => return Some((child, upper)),
+                        Err(_) => continue 'climb,
+                    }
+                }
+                if parent.is_root {
+                    return None; // `start` lies beyond the path's tokens
+                }
+                child = parent;
+                end = from;
             }
         }
     }
