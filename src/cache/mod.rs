@@ -12,9 +12,10 @@
 //! | `request.rs` | the request lifecycle ([`Request`]) |
 //! | `copy.rs` | copies between tiers ([`PrefixCopy`]) |
 //! | `eviction.rs` | the eviction engine (candidate heaps, `evict`, write-back) |
+//! | `evict_from.rs` | taking one block and what continues it out of a tier, by key or from a [`TreePlace`] |
 //! | `policy.rs` | the eviction orders |
 //! | `evictor.rs` | the background evictor thread |
-//! | `types.rs` | the public keys, results, errors and leases |
+//! | `types.rs` | the public keys, results, errors, leases, handles and places |
 //!
 //! The cache's own atomics (the tree's are in its protocol's docs):
 //!
@@ -28,6 +29,7 @@
 
 mod builder;
 mod copy;
+mod evict_from;
 mod eviction;
 #[cfg(not(loom))]
 mod evictor;
