@@ -140,23 +140,8 @@ impl<P: Ownership> RadixCache<P> {
         page: &[u32],
         tier: impl Into<Tier>,
     ) -> Result<Option<EvictedFrom>, CacheError> {
-        if u64::from(place.cache) != self.id {
-            return Err(CacheError::ForeignHandle);
-        }
-        let t = self.slot(tier.into())?;
+        let t = self.check_place(place, end, page, tier.into())?;
         let ps = self.page_size();
-        if end == 0 || end > place.len() || !end.is_multiple_of(ps) {
-            return Err(CacheError::Unaligned {
-                len: end,
-                page_size: ps,
-            });
-        }
-        if page.len() != ps {
-            return Err(CacheError::Unaligned {
-                len: page.len(),
-                page_size: ps,
-            });
-        }
         // As `evict_from`.
         self.tree.reclaim();
         let guard = crossbeam_epoch::pin();
@@ -173,6 +158,36 @@ impl<P: Ownership> RadixCache<P> {
             // SAFETY: `parent` was reached under `guard`, alive here.
             above: unsafe { self.place_of(parent, start) },
         }))
+    }
+
+    /// The tier's slot, once `place` is this cache's and `end` and `page`
+    /// name one whole page on its path (see
+    /// [`evict_from_place`](Self::evict_from_place)).
+    pub(super) fn check_place(
+        &self,
+        place: &TreePlace,
+        end: usize,
+        page: &[u32],
+        tier: Tier,
+    ) -> Result<usize, CacheError> {
+        if u64::from(place.cache) != self.id {
+            return Err(CacheError::ForeignHandle);
+        }
+        let t = self.slot(tier)?;
+        let ps = self.page_size();
+        if end == 0 || end > place.len() || !end.is_multiple_of(ps) {
+            return Err(CacheError::Unaligned {
+                len: end,
+                page_size: ps,
+            });
+        }
+        if page.len() != ps {
+            return Err(CacheError::Unaligned {
+                len: page.len(),
+                page_size: ps,
+            });
+        }
+        Ok(t)
     }
 
     /// The place of `node`, which ends `len` tokens from its root; `None`

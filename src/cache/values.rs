@@ -90,6 +90,45 @@ impl RadixCache<CallerValues> {
         self.insert_walk(key, tier.into(), values, priority, 0, true)
     }
 
+    /// Appends to `out` the key from the root to the page that ends `end`
+    /// tokens from it on the path to `place` (of an earlier
+    /// [`insert_placed`](Self::insert_placed) or eviction of this cache),
+    /// whose tokens are `page`, read from the tree by climbing from the
+    /// place (as many nodes as the path has, not its pages); returns
+    /// whether `tier` holds that whole key. What a caller extending a
+    /// path it kept a place on builds the key of its insert from.
+    /// `Ok(None)` (and `out` as it was) when the place has left the tree
+    /// or the page there is not `page`. Errors as
+    /// [`evict_from_place`](Self::evict_from_place)'s.
+    ///
+    /// ```
+    /// use radixkv::{DeviceId, RadixCache, TokenKey};
+    /// let c = RadixCache::builder().page_size(2).devices(2).build().unwrap();
+    /// let (_, place) = c.insert_placed(TokenKey::new(&[1, 2, 3, 4, 5, 6]), DeviceId(0), &[0; 6], 0).unwrap();
+    /// let place = place.unwrap();
+    /// let mut key = Vec::new();
+    /// assert_eq!(c.place_path(&place, 4, &[3, 4], DeviceId(0), &mut key).unwrap(), Some(true));
+    /// assert_eq!(key, [1, 2, 3, 4]);
+    /// key.clear();
+    /// assert_eq!(c.place_path(&place, 4, &[3, 4], DeviceId(1), &mut key).unwrap(), Some(false));
+    /// assert_eq!(c.place_path(&place, 4, &[9, 9], DeviceId(0), &mut key).unwrap(), None);
+    /// ```
+    pub fn place_path(
+        &self,
+        place: &TreePlace,
+        end: usize,
+        page: &[u32],
+        tier: impl Into<Tier>,
+        out: &mut Vec<u32>,
+    ) -> Result<Option<bool>, CacheError> {
+        let t = self.check_place(place, end, page, tier.into())?;
+        let guard = crossbeam_epoch::pin();
+        let holder = self
+            .tree
+            .path_to(&place.node, place.len(), end, page, &guard, out);
+        Ok(holder.map(|n| n.resident(t)))
+    }
+
     /// The insert behind [`insert_counting`](Self::insert_counting) and
     /// [`insert_placed`](Self::insert_placed); the place only when `place`.
     fn insert_walk(

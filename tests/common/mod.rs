@@ -323,6 +323,18 @@ pub fn run_case_tiers(
                 let from_place = match place {
                     Some((_, _, p, unchanged)) => {
                         let page = &whole[whole.len() - ps..];
+                        // The key up to the page, read from the place, and
+                        // whether the tier holds it.
+                        let mut read = Vec::new();
+                        let held = cache
+                            .place_path(p, whole.len(), page, tier(*dev), &mut read)
+                            .unwrap();
+                        prop_assert!(held.is_some() || !unchanged, "step {}: place_path", step);
+                        if let Some(held) = held {
+                            prop_assert_eq!(&read[..], whole, "step {}: place_path key", step);
+                            let want = model.peek(ns_of(*ns), whole)[*dev] == whole.len();
+                            prop_assert_eq!(held, want, "step {}: place_path held", step);
+                        }
                         let r = cache
                             .evict_from_place(p, whole.len(), page, tier(*dev))
                             .unwrap();

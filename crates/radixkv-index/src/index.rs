@@ -14,8 +14,11 @@
 //! each new block's hash, its parent's hash and its tokens, a removal only
 //! hashes. So each (worker, rank), a [`Source`], keeps its blocks by that
 //! hash ([`SourceBlocks`]: parent, per-block hash, the media holding it,
-//! a place in the tree), from which a block's whole path is read to insert
-//! it. To take it out again (a block that leaves a medium takes the blocks
+//! a place in the tree). A store below a parent reads the parent's key
+//! from the tree by climbing from the parent's place
+//! ([`radixkv::RadixCache::place_path`], a step per node of the path),
+//! or, with no place, from the source's blocks one by one. To take a
+//! block out again (a block that leaves a medium takes the blocks
 //! continuing it out of reach, as a prefix match on that worker stops there
 //! too), the removal climbs from the block's place
 //! ([`radixkv::RadixCache::evict_from_place`]): the end of the store that
@@ -124,9 +127,14 @@ pub struct SourceBlocks {
 /// Tree key words per block: a per-block hash as two `u32`s.
 const WORDS: usize = 2;
 
-/// Appends block hash `local` to key `path` ([`WORDS`] words, low first).
+/// Block hash `local` as key words ([`WORDS`], low first).
+fn key_of(local: u64) -> [u32; WORDS] {
+    [local as u32, (local >> 32) as u32]
+}
+
+/// Appends block hash `local` to key `path`.
 fn push_key(path: &mut Vec<u32>, local: u64) {
-    path.extend_from_slice(&[local as u32, (local >> 32) as u32]);
+    path.extend_from_slice(&key_of(local));
 }
 
 impl SourceBlocks {
@@ -371,10 +379,39 @@ impl KvIndex {
                 (seed, true)
             }
             Some(p) => {
-                let reachable = blocks
-                    .fill_path(p, st.medium)
+                let pb = blocks
+                    .blocks
+                    .get(&p)
                     .ok_or(ApplyError::UnknownParent(p.0))?;
-                (blocks.blocks[&p].seed, reachable)
+                let (seed, end, page, slot) = (
+                    pb.seed,
+                    pb.depth as usize * WORDS,
+                    key_of(pb.local),
+                    pb.place,
+                );
+                // From the parent's place, the key is read from the tree
+                // (a step per node of the path, not per block), and the
+                // tier holds it exactly when every block of it is held on
+                // the medium (the tree holds a source's block on its tier
+                // when, and only when, the block is reachable there).
+                blocks.path.clear();
+                let from_place = match blocks.places.get(slot) {
+                    Some(place) if end <= place.len() => self.cache.place_path(
+                        place,
+                        end,
+                        &page,
+                        DeviceId(t as u32),
+                        &mut blocks.path,
+                    )?,
+                    _ => None,
+                };
+                let reachable = match from_place {
+                    Some(held) => held,
+                    None => blocks
+                        .fill_path(p, st.medium)
+                        .ok_or(ApplyError::UnknownParent(p.0))?,
+                };
+                (seed, reachable)
             }
         };
         let base = blocks.path.len();
@@ -567,7 +604,7 @@ impl KvIndex {
             return Ok(());
         };
         let (parent, end) = (b.parent(), b.depth as usize * WORDS);
-        let page = [b.local as u32, (b.local >> 32) as u32];
+        let page = key_of(b.local);
         // A block out of reach on the tier (a block above it not held
         // there) has nothing in the tree there: the climb finds its page
         // not resident on the tier and takes nothing, as the walk would.
@@ -705,10 +742,10 @@ impl KvIndex {
     }
 
     /// Blocks visited so far walking from a block of source `s` up to its
-    /// root, which a store does once from its parent and a removal once
-    /// per block whose parent it does not also remove and whose place has
-    /// left the tree: what an event's depth costs. For tests and
-    /// benchmarks.
+    /// root, which a store below a parent and a removal (of a block whose
+    /// parent it does not also remove) do once each when the block's
+    /// place has left the tree: what an event's depth costs. For tests
+    /// and benchmarks.
     pub fn path_steps(&self, s: Source) -> u64 {
         lock(&self.sources)
             .get(&s)

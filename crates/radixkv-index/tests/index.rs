@@ -330,3 +330,35 @@ fn removals_from_the_end_climb_from_places() {
     assert_eq!(scores(&ix, &short_tokens), vec![(A, Medium::Gpu, 2)]);
     ix.check().unwrap();
 }
+
+/// A store below a known parent reads the parent's key from the tree,
+/// climbing from the parent's place, not from the source's blocks one by
+/// one; held on another medium only below a parent that medium holds.
+#[test]
+fn a_store_below_a_parent_reads_its_key_from_the_tree() {
+    const N: u64 = 64;
+    let ix = KvIndex::new(2, 4).unwrap();
+    let chain: Vec<u64> = (1..=N).collect();
+    let tokens = |hs: &[u64]| -> Vec<u32> { hs.iter().flat_map(|&h| [h as u32, 7]).collect() };
+    ix.apply(A, &[stored(&chain, None, &tokens(&chain), Medium::Gpu)]);
+    let before = ix.path_steps(A);
+    let tail: Vec<u64> = (N + 1..=N + 4).collect();
+    ix.apply(A, &[stored(&tail, Some(N), &tokens(&tail), Medium::Gpu)]);
+    let below: Vec<u64> = (N + 5..=N + 6).collect();
+    ix.apply(
+        A,
+        &[stored(&below, Some(N + 4), &tokens(&below), Medium::Cpu)],
+    );
+    assert_eq!(
+        ix.path_steps(A),
+        before,
+        "a store walked the blocks to the root"
+    );
+    let all = tokens(&[chain.clone(), tail.clone(), below.clone()].concat());
+    // The CPU holds only the last two blocks: nothing from the root.
+    assert_eq!(
+        scores(&ix, &all),
+        vec![(A, Medium::Gpu, 2 * (N as usize + 4))]
+    );
+    ix.check().unwrap();
+}

@@ -5,6 +5,7 @@
 //! | file | what it holds |
 //! | --- | --- |
 //! | `walk.rs` | the step to a child, `peek`, `match_on`, the climbs back to the root; the readers' protecting steps |
+//! | `climb.rs` | climbs from a place a caller kept: to the node starting at a page, to the key up to a page |
 //! | `insert.rs` | the insert walk ([`Insert`](insert::Insert)): split, adopt, attach, pins hand over hand |
 //! | `attach.rs` | attaching a leaf ([`Attach`](attach::Attach)) and adopting values into a node ([`Adopt`](attach::Adopt)) |
 //! | `split.rs` | splitting a node ([`Split`](split::Split)) |
@@ -13,6 +14,7 @@
 //! | `depth.rs` | branch depths for tlru: raising a new node's ancestors, turning tracking on |
 
 pub(crate) mod attach;
+pub(crate) mod climb;
 pub(crate) mod depth;
 pub(crate) mod evict;
 pub(crate) mod insert;
