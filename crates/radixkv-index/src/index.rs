@@ -456,7 +456,7 @@ impl KvIndex {
             push_key(&mut blocks.path, local);
             parent = Some(*h);
         }
-        if reachable {
+        let r = if reachable {
             let path = std::mem::take(&mut blocks.path);
             let r = self.insert_path(&path, t).and_then(|place| {
                 blocks.places.set(slot, place);
@@ -480,11 +480,13 @@ impl KvIndex {
                 Ok(())
             });
             blocks.path = path;
-            blocks.places.close(slot);
-            r?;
+            r
         } else {
-            blocks.places.close(slot);
-        }
+            Ok(())
+        };
+        // Freed unless a block took it.
+        blocks.places.close(slot);
+        r?;
         Ok(st.hashes.len() as u64)
     }
 

@@ -5,6 +5,7 @@
 
 use crate::tree::node::Node;
 use crate::tree::ops::split::Split;
+use crate::tree::ops::walk::climb_to_root;
 use crate::tree::protocol::lock::Locking;
 use crate::tree::state::Tree;
 use crossbeam_epoch::Guard;
@@ -99,46 +100,32 @@ impl Tree {
         guard: &'g Guard,
         out: &mut Vec<u32>,
     ) -> Option<&'g Node> {
-        // As in `node_starting_above`: linked now, so the parents its
-        // images name are not freed before `guard` ends.
+        // As in `node_starting_above`: linked now, so reached under
+        // `guard` as the climb needs.
         if place.is_root || place.is_obsolete() || end < page.len() {
             return None;
         }
         let mut segs: Vec<&'g [u32]> = Vec::new();
         let mut holder = None;
-        let mut child = place;
         let mut to = len;
-        loop {
-            let img = child.image_ref(guard);
+        climb_to_root(place, guard, |node, img| {
             let from = to.checked_sub(img.key.len())?;
             if from < end {
-                // `child` holds tokens up to `end`: its part of the path.
-                let upto = end.min(to) - from;
+                // `node` holds tokens up to `end`: its part of the path.
                 if holder.is_none() {
                     let at = end - from;
                     if at < page.len() || img.key.get(at - page.len()..at) != Some(page) {
                         return None; // not the page the caller means
                     }
-                    holder = Some(child);
+                    holder = Some(node);
                 }
-                segs.push(&img.key[..upto]);
+                segs.push(&img.key[..end.min(to) - from]);
             }
-            if img.parent.is_null() {
-                return None; // cut from the tree meanwhile
-            }
-            // SAFETY: `child` is `place` (linked during `guard`, checked
-            // above) or reached from it by parent links read under
-            // `guard`, so this parent was linked during `guard` and is not
-            // freed before it ends (see `ParentPtr`).
-            let parent: &'g Node = unsafe { &*img.parent.0 };
-            if parent.is_root {
-                if from != 0 {
-                    return None; // `len` is not where `place` ends
-                }
-                break;
-            }
-            child = parent;
             to = from;
+            Some(())
+        })?;
+        if to != 0 {
+            return None; // `len` is not where `place` ends
         }
         out.reserve(end);
         for s in segs.iter().rev() {

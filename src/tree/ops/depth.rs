@@ -63,7 +63,7 @@ impl Tree {
         }
         // The climb visits `n`'s own image first: the path less its key.
         let (mut path, mut own) = (0u64, None);
-        climb_to_root(n, &guard, |img| {
+        climb_to_root(n, &guard, |_, img| {
             let len = img.key.len() as u64;
             own.get_or_insert(len);
             path += len;

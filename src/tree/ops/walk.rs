@@ -166,19 +166,20 @@ fn reader_never_waits(cur: &Node, img: Shared<'_, NodeImage>, guard: &Guard) -> 
     false
 }
 
-/// Calls `visit` on the images of `end` and of its ancestors below the
-/// root, `end`'s first, read under `guard` (from which `end` was reached),
-/// and returns the root they lead to. `None` if `visit` says so, or if a
-/// parent link is null before a root (a chain cut by an unlink).
+/// Calls `visit` on `end` and each of its ancestors below the root, with
+/// the image it read of each, `end`'s first, read under `guard` (from
+/// which `end` was reached), and returns the root they lead to. `None` if
+/// `visit` says so, or if a parent link is null before a root (a chain cut
+/// by an unlink).
 pub(super) fn climb_to_root<'g>(
     end: &'g Node,
     guard: &'g Guard,
-    mut visit: impl FnMut(&'g NodeImage) -> Option<()>,
+    mut visit: impl FnMut(&'g Node, &'g NodeImage) -> Option<()>,
 ) -> Option<&'g Node> {
     let mut n = end;
     while !n.is_root {
         let img = n.image_ref(guard);
-        visit(img)?;
+        visit(n, img)?;
         if img.parent.is_null() {
             return None;
         }
@@ -539,7 +540,7 @@ impl Tree {
             return None;
         }
         let mut segs: Vec<&[u32]> = Vec::new();
-        let root = climb_to_root(node, guard, |img| {
+        let root = climb_to_root(node, guard, |_, img| {
             segs.push(&img.key);
             Some(())
         })?;
@@ -566,7 +567,7 @@ impl Tree {
         let ps = self.page_size();
         let mut segs = Vec::new();
         let mut total = 0;
-        climb_to_root(end, guard, |img| {
+        climb_to_root(end, guard, |_, img| {
             let v = img.values.get(t)?;
             total += v.tokens(ps);
             segs.push(v);
