@@ -70,10 +70,18 @@ fn error(status: StatusCode, msg: impl std::fmt::Display) -> Response {
 
 /// A JSON body, parsed with serde_json directly (axum's `Json` tracks
 /// the path of every element it parses, which on a prompt's thousands of
-/// token ids is most of a query's time). Refused as axum's `Json` refuses:
-/// 415 without a JSON `Content-Type`, 400 for malformed JSON, 422 for JSON
-/// of the wrong shape, the reason as `{"error": …}`.
+/// token ids is most of a query's time), a query's token ids by
+/// [`crate::token_ids`]. Refused as axum's `Json` refuses: 415 without a
+/// JSON `Content-Type`, 400 for malformed JSON, 422 for JSON of the wrong
+/// shape, the reason as `{"error": …}`.
 struct Body<T>(T);
+
+/// How a request's body is read: serde_json, unless the shape has a
+/// reader of its own.
+trait ReadBody: Sized {
+    /// `bytes` read, or serde_json's error.
+    fn read(bytes: &[u8]) -> serde_json::Result<Self>;
+}
 
 /// Whether `content_type` names JSON (`application/json`, or an
 /// `application/…+json` type), parameters aside.
@@ -92,7 +100,7 @@ fn is_json(content_type: &str) -> bool {
 
 impl<T, S> FromRequest<S> for Body<T>
 where
-    T: serde::de::DeserializeOwned,
+    T: ReadBody,
     S: Send + Sync,
 {
     type Rejection = Response;
@@ -112,7 +120,7 @@ where
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
             .map_err(IntoResponse::into_response)?;
-        serde_json::from_slice(&bytes).map(Body).map_err(|e| {
+        T::read(&bytes).map(Body).map_err(|e| {
             let status = match e.classify() {
                 serde_json::error::Category::Data => StatusCode::UNPROCESSABLE_ENTITY,
                 _ => StatusCode::BAD_REQUEST,
@@ -135,6 +143,18 @@ struct RegisterRequest {
     #[serde(default)]
     replay_endpoint: Option<String>,
 }
+
+/// The shapes serde_json reads whole.
+macro_rules! read_by_serde {
+    ($($shape:ty),*) => {$(
+        impl ReadBody for $shape {
+            fn read(bytes: &[u8]) -> serde_json::Result<Self> {
+                serde_json::from_slice(bytes)
+            }
+        }
+    )*};
+}
+read_by_serde!(RegisterRequest, UnregisterRequest, QueryByHashRequest);
 
 async fn register(State(s): State<AppState>, Body(r): Body<RegisterRequest>) -> Response {
     let reg = Registration {
@@ -251,6 +271,12 @@ struct QueryRequest {
     lora_name: Option<String>,
     #[serde(default)]
     cache_salt: Option<String>,
+}
+
+impl ReadBody for QueryRequest {
+    fn read(bytes: &[u8]) -> serde_json::Result<Self> {
+        crate::token_ids::read(bytes, |q: &mut QueryRequest| &mut q.token_ids)
+    }
 }
 
 fn unknown_partition(k: &PartitionKey) -> Response {

@@ -11,6 +11,7 @@
 //! | [`api`] | the routes and their shapes |
 //! | [`answer`] | a query's scores in Dynamo's and the Mooncake RFC's shapes |
 //! | [`metrics`] | `GET /metrics` |
+//! | [`token_ids`] | a query's token ids read by a reader of their own |
 //! | [`workers`] | the `--workers` list |
 //!
 //! Where it differs from Dynamo 1.6.1's: a worker that restarts is
@@ -26,6 +27,7 @@ pub mod answer;
 pub mod api;
 pub mod metrics;
 pub mod registry;
+pub mod token_ids;
 pub mod workers;
 
 use registry::{PartitionKey, Registration, Registry, RegistryError, RegistryOptions};
