@@ -340,11 +340,11 @@ class Indexes:
         assert s == 200, f"{which} /query: {s} {v}"
         return {(int(w), int(r)): n for w, ranks in v.get("scores", {}).items() for r, n in ranks.items() if n}
 
-    def batches(self, instance: int, rank: int) -> int:
+    def live_batches(self, instance: int, rank: int) -> int:
         _, text = http(f"http://127.0.0.1:{self.rport}/metrics")
         key = f'instance_id="{instance}",dp_rank="{rank}"}} '
         for line in str(text).splitlines():
-            if line.startswith("radixkv_index_batches_total{") and key in line:
+            if line.startswith("radixkv_index_live_batches_total{") and key in line:
                 return int(line.rsplit(" ", 1)[1])
         return 0
 
@@ -390,7 +390,7 @@ def hello(ix: Indexes, ranks) -> None:
     """Probes each rank until radixkv index hears it."""
     for w in ranks:
         deadline = time.time() + 60
-        while ix.batches(w.instance, w.rank) == 0:
+        while ix.live_batches(w.instance, w.rank) == 0:
             if time.time() > deadline:
                 sys.exit(f"FAIL: radixkv index never heard SGLang worker {w.instance}:{w.rank}")
             w.call(op="hello")

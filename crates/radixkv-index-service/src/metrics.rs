@@ -5,6 +5,7 @@
 //! | family | type | what |
 //! | --- | --- | --- |
 //! | `radixkv_index_batches` | counter | batches received (live and replayed) |
+//! | `radixkv_index_live_batches` | counter | batches read from the worker's PUB socket (live), queued or dropped |
 //! | `radixkv_index_events` | counter | events applied |
 //! | `radixkv_index_skipped_events` | counter | events that could not be read or applied |
 //! | `radixkv_index_junk_messages` | counter | messages that were not batches |
@@ -102,10 +103,15 @@ impl Collector for Figures {
         };
         type Read = fn(&crate::registry::WorkerView) -> u64;
         // Relaxed loads throughout: statistics.
-        let counters: [(&str, &str, Read); 12] = [
+        let counters: [(&str, &str, Read); 13] = [
             ("batches", "Batches received (live and replayed).", |w| {
                 w.counters.batches.load(Ordering::Relaxed)
             }),
+            (
+                "live_batches",
+                "Batches read from the worker's PUB socket (live), queued or dropped.",
+                |w| w.counters.live_batches.load(Ordering::Relaxed),
+            ),
             ("events", "Events applied.", |w| {
                 w.counters.events.load(Ordering::Relaxed)
             }),

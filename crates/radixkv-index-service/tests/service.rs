@@ -128,7 +128,7 @@ async fn subscribed(svc: &Service, p: &mut FramePublisher, worker: u64, rank: u3
     loop {
         p.publish(0, &[KvEvent::AllBlocksCleared], true).await;
         let (_, w) = svc.get("/metrics").await;
-        let line = format!("radixkv_index_batches_total{{model_name=\"m\",routing_group=\"default\",instance_id=\"{worker}\",dp_rank=\"{rank}\"}} ");
+        let line = format!("radixkv_index_live_batches_total{{model_name=\"m\",routing_group=\"default\",instance_id=\"{worker}\",dp_rank=\"{rank}\"}} ");
         if w.lines()
             .any(|l| l.starts_with(&line) && !l.ends_with(" 0"))
         {

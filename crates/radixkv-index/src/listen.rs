@@ -16,14 +16,23 @@
 //! and dropped, which the next batch shows as a gap, replayed as any other:
 //! a flood costs neither unbounded memory nor a blocked publisher.
 //!
+//! Once subscribed, the listener asks the replay endpoint (when it has
+//! one) for every batch it buffers, from sequence 0, and applies them in
+//! order: a worker followed from the middle of its life is known at once,
+//! not at its next batch (which would show the gap and bring the same
+//! replay), and one that stays quiet is known at all. A buffer that no
+//! longer reaches back to sequence 0 is a gap that cannot be filled, as
+//! when the next batch shows it: the source is cleared and stale until
+//! its next `AllBlocksCleared`.
+//!
 //! The socket reconnects by itself after the publisher goes (a restart, a
 //! broken connection). Whatever was published meanwhile is lost to it, and
 //! a publisher that restarts, sends its few batches and falls quiet would
-//! never show a gap. So on each reconnection the listener asks the replay
-//! endpoint (when it has one) for every batch it still buffers, from
-//! sequence 0, and offers them in order: those already applied are
-//! dropped, a restarted publisher's clearing and batches are applied, and a
-//! buffer that no longer reaches back to what is missing is a lost gap.
+//! never show a gap. So on each reconnection too the listener asks the
+//! replay endpoint for every batch it still buffers, from sequence 0, and
+//! offers them in order: those already applied are dropped, a restarted
+//! publisher's clearing and batches are applied, and a buffer that no
+//! longer reaches back to what is missing is a lost gap.
 //! The reconnection may come before a restarted publisher has sent its
 //! first batches: if the next live batch does not continue the stream
 //! followed so far, the listener catches up once more. (A restarted vLLM or
@@ -75,6 +84,8 @@ impl Default for ListenOptions {
 pub struct SourceCounters {
     /// Batches received (live and replayed).
     pub batches: AtomicU64,
+    /// Batches read from the PUB socket (live), queued or dropped.
+    pub live_batches: AtomicU64,
     /// Events applied.
     pub events: AtomicU64,
     /// Events that could not be decoded or applied.
@@ -158,6 +169,9 @@ pub async fn listen(
         fp.source,
     )));
     let mut feed = Feed::new();
+    // What the source did before this subscription (the reader queues
+    // what it sends meanwhile).
+    catch_up(&index, &fp, &counters, &mut feed, &options).await;
     // Set by a reconnection until the next live batch.
     let mut resync = false;
     while let Some(item) = rx.recv().await {
@@ -189,9 +203,9 @@ enum Item {
     Reconnected,
 }
 
-/// After a reconnection: every batch the replay endpoint still buffers,
-/// offered in order (see the module docs). Without a replay endpoint, or
-/// before the first batch, nothing to do: the next batch shows any gap.
+/// After the subscription and after each reconnection: every batch the
+/// replay endpoint still buffers, offered in order (see the module docs).
+/// Without a replay endpoint, nothing to do: the next batch shows any gap.
 async fn catch_up(
     index: &KvIndex,
     fp: &Feedpoint,
@@ -199,7 +213,7 @@ async fn catch_up(
     feed: &mut Feed,
     options: &ListenOptions,
 ) {
-    let (Some(ep), Some(_)) = (&fp.replay, feed.expected()) else {
+    let Some(ep) = &fp.replay else {
         return;
     };
     // Offered as they arrive (one batch held at a time); no answer in
@@ -224,19 +238,23 @@ async fn read(
 ) {
     loop {
         match sub.recv().await {
-            Ok(b) => match tx.try_send(Item::Batch(b)) {
-                Ok(()) => {}
-                Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
-                    counters.note(
-                        source,
-                        "queue full",
-                        "a batch dropped, to be replayed as a gap",
-                    );
-                    // Relaxed: a statistic.
-                    counters.overflow.fetch_add(1, Ordering::Relaxed);
+            Ok(b) => {
+                // Relaxed: a statistic.
+                counters.live_batches.fetch_add(1, Ordering::Relaxed);
+                match tx.try_send(Item::Batch(b)) {
+                    Ok(()) => {}
+                    Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
+                        counters.note(
+                            source,
+                            "queue full",
+                            "a batch dropped, to be replayed as a gap",
+                        );
+                        // Relaxed: a statistic.
+                        counters.overflow.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => return,
                 }
-                Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => return,
-            },
+            }
             Err(SubscribeError::Malformed(m)) => {
                 counters.note(source, "not a KV-event message", m);
                 // Relaxed: a statistic.

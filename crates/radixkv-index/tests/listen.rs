@@ -1,8 +1,9 @@
 //! The listener against a publisher the test drives frame by frame (a PUB
 //! socket and a replay ROUTER of the test's own, speaking the protocol
 //! vLLM, SGLang and radixkv share): batches dropped, duplicated, reordered,
-//! junk frames, a late start, a restart, with and without a replay
-//! endpoint. After each, the index equals the one the same batches make
+//! junk frames, a late start, a quiet source known from its replay alone,
+//! a replay that no longer reaches back, a restart, with and without a
+//! replay endpoint. After each, the index equals the one the same batches make
 //! when applied in order (or, where a gap was lost, holds nothing of the
 //! source until it clears).
 
@@ -172,7 +173,7 @@ async fn started(
 /// drops, counted.
 async fn subscribed(fake: &mut FramePublisher, counters: &SourceCounters, last: (u64, &[KvEvent])) {
     let t = Instant::now();
-    while counters.batches.load(Ordering::Relaxed) == 0 {
+    while counters.live_batches.load(Ordering::Relaxed) == 0 {
         assert!(t.elapsed() < Duration::from_secs(30), "no subscription");
         fake.publish(last.0, last.1, true).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -256,6 +257,89 @@ async fn a_late_start_replays_from_zero() {
         fake.publish(i as u64, b, true).await;
     }
     converges(&ix, &reference(&batches), "a late start").await;
+    task.abort();
+}
+
+/// A listener on `fake`'s endpoints (its replay one too).
+fn listener(
+    fake: &FramePublisher,
+) -> (
+    Arc<KvIndex>,
+    Arc<SourceCounters>,
+    tokio::task::JoinHandle<()>,
+) {
+    let ix = Arc::new(KvIndex::new(2, 4).unwrap());
+    let counters = Arc::new(SourceCounters::default());
+    let fp = Feedpoint {
+        source: SRC,
+        endpoint: fake.endpoint.clone(),
+        replay: Some(fake.replay.clone()),
+        topic: String::new(),
+    };
+    let task = tokio::spawn(listen(
+        Arc::clone(&ix),
+        fp,
+        Arc::clone(&counters),
+        ListenOptions::default(),
+    ));
+    (ix, counters, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_source_is_known_from_its_replay_once_subscribed() {
+    let fake = FramePublisher::bind(free_port(), free_port())
+        .await
+        .unwrap();
+    let batches = stream(80, 19);
+    // Everything before anyone listens, and nothing after: only the
+    // replay can tell the listener.
+    for (i, b) in batches.iter().enumerate() {
+        fake.log_payload(i as u64, FramePublisher::payload(b));
+    }
+    let (ix, counters, task) = listener(&fake);
+    let t = Instant::now();
+    let n = batches.len() as u64;
+    while counters.feed.lock().unwrap().applied < n {
+        assert!(t.elapsed() < Duration::from_secs(30), "not replayed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    same(&ix, &reference(&batches)).unwrap();
+    assert_eq!(counters.live_batches.load(Ordering::Relaxed), 0);
+    let f = *counters.feed.lock().unwrap();
+    assert_eq!((f.gaps, f.lost, f.applied), (0, 0, n), "{f:?}");
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_that_no_longer_reaches_back_leaves_the_source_stale() {
+    let mut fake = FramePublisher::bind(free_port(), free_port())
+        .await
+        .unwrap();
+    let batches = stream(40, 23);
+    // The publisher's buffer holds batches 10 on: what came before is
+    // unknown.
+    for (i, b) in batches.iter().enumerate().skip(10) {
+        fake.log_payload(i as u64, FramePublisher::payload(b));
+    }
+    let (ix, counters, task) = listener(&fake);
+    let t = Instant::now();
+    while !counters.stale.load(Ordering::Relaxed) {
+        assert!(t.elapsed() < Duration::from_secs(30), "never stale");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(ix.held_blocks(), 0, "nothing of a stale source");
+    // Its next clearing makes it known again.
+    let restarted = stream(20, 29);
+    let t = Instant::now();
+    while counters.stale.load(Ordering::Relaxed) {
+        assert!(t.elapsed() < Duration::from_secs(30), "still stale");
+        fake.publish(0, &restarted[0], true).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (i, b) in restarted.iter().enumerate().skip(1) {
+        fake.publish(i as u64, b, true).await;
+    }
+    converges(&ix, &reference(&restarted), "after its clearing").await;
     task.abort();
 }
 
