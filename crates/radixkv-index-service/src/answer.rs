@@ -121,6 +121,134 @@ pub fn dynamo(
     out
 }
 
+/// [`dynamo`]'s answer written as JSON: the same fields and values (keys
+/// in numeric order), with no map or string built on the way. `/query`
+/// answers with it.
+///
+/// ```
+/// use radixkv_index::decode::Medium;
+/// use radixkv_index::{Score, Source};
+/// use radixkv_index_service::answer;
+///
+/// let scores = [Score { source: Source { worker: 7, rank: 1 }, medium: Medium::Gpu, tokens: 32 }];
+/// let json: serde_json::Value = serde_json::from_slice(&answer::dynamo_json(&scores, 16, |_| true)).unwrap();
+/// assert_eq!(json, serde_json::to_value(answer::dynamo(&scores, 16, |_| true)).unwrap());
+/// assert_eq!(json["scores"]["7"]["1"], 32);
+/// ```
+pub fn dynamo_json(
+    scores: &[Score],
+    block_size: usize,
+    scored: impl Fn(Source) -> bool,
+) -> Vec<u8> {
+    let ranks = per_rank_sorted(scores, scored);
+    let block = block_size.max(1);
+    let mut out = Vec::with_capacity(64 + 112 * ranks.len());
+    let mut num = itoa::Buffer::new();
+    let mut put = |out: &mut Vec<u8>, n: u64| out.extend_from_slice(num.format(n).as_bytes());
+    // Each worker's ranks, in order.
+    let workers = || ranks.chunk_by(|a, b| a.0.worker == b.0.worker);
+    out.extend_from_slice(b"{\"scores\":{");
+    let mut first = true;
+    for w in workers() {
+        let mut held = w.iter().filter(|(_, t)| t.gpu > 0).peekable();
+        if held.peek().is_none() {
+            continue;
+        }
+        if !std::mem::take(&mut first) {
+            out.push(b',');
+        }
+        out.push(b'"');
+        put(&mut out, w[0].0.worker);
+        out.extend_from_slice(b"\":{");
+        for (k, (s, t)) in held.enumerate() {
+            if k > 0 {
+                out.push(b',');
+            }
+            out.push(b'"');
+            put(&mut out, u64::from(s.rank));
+            out.extend_from_slice(b"\":");
+            put(&mut out, t.gpu as u64);
+        }
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"},\"frequencies\":[");
+    let most = ranks.iter().map(|(_, t)| t.gpu / block).max().unwrap_or(0);
+    // Ranks holding block b: those whose device prefix passes it.
+    let mut passing: Vec<usize> = ranks.iter().map(|(_, t)| t.gpu / block).collect();
+    passing.sort_unstable();
+    let mut below = 0;
+    for b in 0..most {
+        while below < passing.len() && passing[below] <= b {
+            below += 1;
+        }
+        if b > 0 {
+            out.push(b',');
+        }
+        put(&mut out, (passing.len() - below) as u64);
+    }
+    out.extend_from_slice(b"],\"instances\":{");
+    for (k, w) in workers().enumerate() {
+        if k > 0 {
+            out.push(b',');
+        }
+        let gpu = w.iter().map(|(_, t)| t.gpu).max().unwrap_or(0);
+        let cpu = w.iter().map(|(_, t)| t.cpu).max().unwrap_or(0);
+        let disk = w.iter().map(|(_, t)| t.disk).max().unwrap_or(0);
+        out.push(b'"');
+        put(&mut out, w[0].0.worker);
+        out.extend_from_slice(b"\":{\"longest_matched\":");
+        put(&mut out, gpu.max(cpu).max(disk) as u64);
+        out.extend_from_slice(b",\"gpu\":");
+        put(&mut out, gpu as u64);
+        out.extend_from_slice(b",\"dp\":{");
+        for (j, (s, t)) in w.iter().enumerate() {
+            if j > 0 {
+                out.push(b',');
+            }
+            out.push(b'"');
+            put(&mut out, u64::from(s.rank));
+            out.extend_from_slice(b"\":");
+            put(&mut out, t.gpu as u64);
+        }
+        out.extend_from_slice(b"},\"cpu\":");
+        put(&mut out, cpu as u64);
+        out.extend_from_slice(b",\"disk\":");
+        put(&mut out, disk as u64);
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"}}");
+    out
+}
+
+/// [`per_rank`] as a vector in (worker, rank) order, with no map built.
+fn per_rank_sorted(scores: &[Score], scored: impl Fn(Source) -> bool) -> Vec<(Source, RankTiers)> {
+    let mut raw: Vec<(Source, RankTiers)> = Vec::with_capacity(scores.len());
+    for s in scores.iter().filter(|s| scored(s.source)) {
+        let mut t = RankTiers::default();
+        match s.medium {
+            Medium::Gpu => t.gpu = s.tokens,
+            Medium::Cpu => t.cpu = s.tokens,
+            Medium::Disk | Medium::External => t.disk = s.tokens,
+        }
+        raw.push((s.source, t));
+    }
+    raw.sort_unstable_by_key(|(s, _)| *s);
+    raw.dedup_by(|later, kept| {
+        if later.0 != kept.0 {
+            return false;
+        }
+        kept.1.gpu = kept.1.gpu.max(later.1.gpu);
+        kept.1.cpu = kept.1.cpu.max(later.1.cpu);
+        kept.1.disk = kept.1.disk.max(later.1.disk);
+        true
+    });
+    for (_, t) in &mut raw {
+        t.cpu = t.cpu.max(t.gpu);
+        t.disk = t.disk.max(t.cpu);
+    }
+    raw
+}
+
 /// One worker in the Mooncake RFC's answer.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Engine {
@@ -166,6 +294,37 @@ pub fn mooncake(scores: &[Score], scored: impl Fn(Source) -> bool) -> MooncakeAn
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn medium() -> impl Strategy<Value = Medium> {
+        prop_oneof![
+            Just(Medium::Gpu),
+            Just(Medium::Cpu),
+            Just(Medium::Disk),
+            Just(Medium::External)
+        ]
+    }
+
+    proptest! {
+        /// The written answer reads as the serialized one, for any scores
+        /// (a source seen on several media, or twice on one), block size
+        /// and filter.
+        #[test]
+        fn the_written_answer_is_the_serialized_one(
+            raw in prop::collection::vec((0u64..12, 0u32..4, medium(), 0usize..200), 0..40),
+            block in 1usize..20,
+            skip in 0u64..14,
+        ) {
+            let scores: Vec<Score> = raw
+                .into_iter()
+                .map(|(worker, rank, medium, tokens)| Score { source: Source { worker, rank }, medium, tokens })
+                .collect();
+            let scored = |s: Source| s.worker != skip;
+            let written: serde_json::Value = serde_json::from_slice(&dynamo_json(&scores, block, scored))
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(written, serde_json::to_value(dynamo(&scores, block, scored)).unwrap());
+        }
+    }
 
     fn score(worker: u64, rank: u32, medium: Medium, tokens: usize) -> Score {
         Score {

@@ -279,6 +279,15 @@ impl ReadBody for QueryRequest {
     }
 }
 
+/// A 200 with `body`, JSON written beforehand.
+fn json_bytes(body: Vec<u8>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        axum::body::Body::from(body),
+    )
+        .into_response()
+}
+
 fn unknown_partition(k: &PartitionKey) -> Response {
     error(
         StatusCode::NOT_FOUND,
@@ -314,7 +323,7 @@ async fn query(State(s): State<AppState>, Body(q): Body<QueryRequest>) -> Respon
     let resp = if mooncake {
         Json(answer::mooncake(&scores, scored)).into_response()
     } else {
-        Json(answer::dynamo(&scores, part.block_size, scored)).into_response()
+        json_bytes(answer::dynamo_json(&scores, part.block_size, scored))
     };
     s.query_latency.observe(t.elapsed().as_secs_f64());
     resp
@@ -363,10 +372,9 @@ async fn query_by_hash(State(s): State<AppState>, Body(q): Body<QueryByHashReque
         })
         .collect();
     let scores = part.index.scores_by_hash(&hashes);
-    let resp = Json(answer::dynamo(&scores, part.block_size, |src| {
+    let resp = json_bytes(answer::dynamo_json(&scores, part.block_size, |src| {
         s.registry.scored(&part, src)
-    }))
-    .into_response();
+    }));
     s.by_hash_latency.observe(t.elapsed().as_secs_f64());
     resp
 }

@@ -94,16 +94,13 @@ pub fn split(body: &[u8]) -> Option<Split> {
             }
             p = skip_ws(body, p + 1);
             if key == KEY.as_bytes() {
-                if array.is_some() || body.get(p) != Some(&b'[') {
+                if array.is_some() {
                     return None;
                 }
-                let len = body.get(p + 1..)?.iter().position(|&b| b == b']')?;
                 let mut ids = Vec::new();
-                if !parse_ids(&body[p + 1..p + 1 + len], &mut ids) {
-                    return None;
-                }
-                array = Some((p, p + len + 2, ids));
-                p += len + 2;
+                let len = parse_array(&body[p..], &mut ids)?;
+                array = Some((p, p + len, ids));
+                p += len;
             } else {
                 // Any other value, skipped as serde_json reads it.
                 let mut values = Deserializer::from_slice(&body[p..]).into_iter::<IgnoredAny>();
@@ -180,22 +177,26 @@ fn word_at(s: &[u8], p: usize) -> u64 {
     }
 }
 
-/// Appends the ids of a JSON array's inside (what lies between `[` and
-/// `]`) to `out`; false, with `out` in any state, unless the inside is
-/// unsigned integers of at most `u32::MAX` in JSON's syntax (no leading
-/// zero), separated by commas, whitespace around them.
-pub fn parse_ids(s: &[u8], out: &mut Vec<u32>) -> bool {
-    // The shortest number and its comma: two bytes an id at most.
-    out.reserve(s.len().div_ceil(2));
-    let mut p = skip_ws(s, 0);
-    if p == s.len() {
-        return true;
+/// Appends the ids of the JSON array `s` begins with to `out` and returns
+/// the array's length in bytes (through its `]`); `None`, with `out` in
+/// any state, unless the array is unsigned integers of at most `u32::MAX`
+/// in JSON's syntax (no leading zero), separated by commas, whitespace
+/// around them.
+pub fn parse_array(s: &[u8], out: &mut Vec<u32>) -> Option<usize> {
+    if s.first() != Some(&b'[') {
+        return None;
+    }
+    // At most one id per two bytes (a digit and its comma).
+    out.reserve(s.len().min(1 << 20).div_ceil(2));
+    let mut p = skip_ws(s, 1);
+    if s.get(p) == Some(&b']') {
+        return Some(p + 1);
     }
     loop {
         let word = word_at(s, p);
         let len = (non_digits(word).trailing_zeros() / 8) as usize;
         if len == 0 || (len > 1 && s[p] == b'0') {
-            return false;
+            return None;
         }
         // Digit bytes are at least b'0', so a borrow only leaves the
         // non-digit bytes above them, which the shift drops.
@@ -208,27 +209,19 @@ pub fn parse_ids(s: &[u8], out: &mut Vec<u32>) -> bool {
             let mut v = eight_digits(digits);
             while let Some(d) = s.get(end).filter(|b| b.is_ascii_digit()) {
                 if end - p == 10 {
-                    return false;
+                    return None;
                 }
                 v = v * 10 + u64::from(d - b'0');
                 end += 1;
             }
             v
         };
-        let Ok(id) = u32::try_from(value) else {
-            return false;
-        };
-        out.push(id);
+        out.push(u32::try_from(value).ok()?);
         p = skip_ws(s, end);
-        if p == s.len() {
-            return true;
-        }
-        if s[p] != b',' {
-            return false;
-        }
-        p = skip_ws(s, p + 1);
-        if p == s.len() {
-            return false;
+        match s.get(p) {
+            Some(b',') => p = skip_ws(s, p + 1),
+            Some(b']') => return Some(p + 1),
+            _ => return None,
         }
     }
 }
@@ -237,9 +230,13 @@ pub fn parse_ids(s: &[u8], out: &mut Vec<u32>) -> bool {
 mod tests {
     use super::*;
 
-    fn ids(s: &str) -> Option<Vec<u32>> {
+    /// The ids of `[inside]`, checking the length returned.
+    fn ids(inside: &str) -> Option<Vec<u32>> {
+        let array = format!("[{inside}] ,");
         let mut out = Vec::new();
-        parse_ids(s.as_bytes(), &mut out).then_some(out)
+        let len = parse_array(array.as_bytes(), &mut out)?;
+        assert_eq!(len, array.len() - 2, "{array:?}");
+        Some(out)
     }
 
     #[test]
@@ -276,9 +273,17 @@ mod tests {
             "1,x",
             "\"1\"",
             "[1]",
-            "1]",
+            "1,]",
         ] {
             assert_eq!(ids(bad), None, "{bad:?}");
+        }
+        let mut out = Vec::new();
+        for unclosed in ["", "[", "[1", "[1,", "[1 ", "1]"] {
+            assert_eq!(
+                parse_array(unclosed.as_bytes(), &mut out),
+                None,
+                "{unclosed:?}"
+            );
         }
     }
 
