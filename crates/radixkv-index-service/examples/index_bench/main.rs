@@ -885,6 +885,46 @@ async fn main() {
         for _ in 0..rounds {
             apply_all(&new_index(), &decoded, a.ranks);
         }
+        // INDEX_BENCH_CONCURRENT_ROUNDS=N: apply the streams N times into
+        // fresh indexes from a thread per source (each source in order, as
+        // the service's listeners apply them) and check each index against
+        // the streams' truth and its own invariants.
+        let concurrent: usize = std::env::var("INDEX_BENCH_CONCURRENT_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        for round in 0..concurrent {
+            let ix = new_index();
+            std::thread::scope(|scope| {
+                for (s, b) in decoded.iter().enumerate() {
+                    let ix = &ix;
+                    scope.spawn(move || {
+                        for batch in b {
+                            let (_, errors) = ix.apply(source_of(s, a.ranks), &batch.events);
+                            assert!(errors.is_empty(), "source {s}: {errors:?}");
+                        }
+                    });
+                }
+            });
+            let wrong = w
+                .truth
+                .iter()
+                .filter(|(k, want)| {
+                    let got: Scores = ix
+                        .scores(&w.prompts[*k], None)
+                        .into_iter()
+                        .map(|s| ((s.source.worker, s.source.rank), s.tokens))
+                        .collect();
+                    got != *want
+                })
+                .count();
+            eprintln!(
+                "concurrent apply, round {round}: {} held blocks (truth {}), {wrong} wrong probes, check: {:?}",
+                ix.held_blocks(),
+                w.holder_blocks,
+                ix.check()
+            );
+        }
         let ix = new_index();
         let live0 = LIVE.load(Ordering::Relaxed);
         let t = Instant::now();
