@@ -48,6 +48,9 @@ pub enum Point {
     /// Taking one block out (`evict_from`, `evict_from_place`): the node
     /// that starts at its page found (no lock held), not yet evicted.
     Located,
+    /// Taking a subtree out of a tier (`evict_from`, `evict_from_place`):
+    /// its nodes gathered (no lock held), none evicted yet.
+    Gathered,
 }
 
 impl Point {
@@ -59,6 +62,7 @@ impl Point {
             Point::Evict => 4,
             Point::Unlink => 5,
             Point::Located => 6,
+            Point::Gathered => 7,
         }
     }
 }

@@ -11,6 +11,7 @@ pub(crate) enum Point {
     Evict,
     Unlink,
     Located,
+    Gathered,
 }
 
 /// Does nothing.

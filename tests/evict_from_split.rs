@@ -5,6 +5,10 @@
 //! the pages from where its node started, the split-off upper part
 //! included.
 //!
+//! A third test parks the remover at `Gathered` (its subtree gathered,
+//! nothing evicted) while a writer splits a node inside that subtree: the
+//! new node must go too.
+//!
 //! Negative control: without the climb over nodes split off above the
 //! found one (`RadixCache::evict_below`), the upper part stays resident
 //! and the first assertion fails with its own message.
@@ -99,4 +103,34 @@ fn a_node_split_after_it_was_found_from_a_place_goes_whole() {
         e.evicted.tokens
     });
     check_after(&c, took);
+}
+
+/// A cache holding `[1..=4]` | `[5..=12]` on device 0 (the split made by
+/// device 1's `[1..=4, 50..=53]`), whose subtree from `[1..=4]` is taken
+/// while device 1 splits `[5..=12]` at 8: the new node `[5..=8]`, between
+/// the two gathered ones, holds device 0's residency (a split copies it),
+/// and the pass that took `[9..=12]` found `[1..=4]` no leaf.
+#[test]
+fn a_node_split_below_the_found_one_while_its_subtree_goes_goes_too() {
+    let _one = serial();
+    let (c, _) = setup();
+    let gate = Gate::arm(Point::Gathered);
+    let took = std::thread::scope(|s| {
+        let remover = s.spawn(|| c.evict_from(TokenKey::new(&[1, 2, 3, 4]), D0).unwrap());
+        assert!(gate.wait_parked(Duration::from_secs(60)), "never parked");
+        split_meanwhile(&c);
+        gate.release();
+        remover.join().unwrap().tokens
+    });
+    let key: Vec<u32> = (1..=12).collect();
+    assert_eq!(
+        c.peek(TokenKey::new(&key))[0],
+        0,
+        "the node split off below the found one stayed on device 0"
+    );
+    assert_eq!(took, 12, "tokens taken from device 0");
+    let mut k: Vec<u32> = (1..=8).collect();
+    k.extend([70, 71, 72, 73]);
+    assert_eq!(c.peek(TokenKey::new(&k))[1], 12);
+    c.check().unwrap();
 }

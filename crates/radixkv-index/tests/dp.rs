@@ -287,8 +287,8 @@ async fn a_subscribed_rank_is_followed_on_its_sockets_gaps_replayed() {
         .await
         .unwrap();
     let r = DpRouter::new(2, 2, DpPolicy::default()).unwrap();
-    // Published before the router listens: found by the replay the first
-    // live batch's gap asks for.
+    // Published before the router listens: found by the replay it asks for
+    // once subscribed.
     let early = Bytes::from(batch(&[stored(&[1], None, &[5, 6])], Encoding::Map));
     p.log_payload(0, early);
     r.subscribe(1, &p.endpoint, Some(&p.replay), "", Default::default())
@@ -313,6 +313,21 @@ async fn a_subscribed_rank_is_followed_on_its_sockets_gaps_replayed() {
     }
     let c = r.route(&[5, 6, 7, 8], None, &idle(2)).unwrap().unwrap();
     assert_eq!(c.device, 1);
+    // A batch the socket never carries (only the replay has it): the next
+    // one shows the gap, and the replay fills it.
+    p.log_payload(
+        2,
+        Bytes::from(batch(&[stored(&[3], Some(2), &[9, 10])], Encoding::Map)),
+    );
+    let after = Bytes::from(batch(&[stored(&[4], Some(3), &[11, 12])], Encoding::Map));
+    p.log_payload(3, after.clone());
+    // Sent until it is followed (the subscription may have joined after
+    // the replay brought batch 1); the copies after it are dropped.
+    while r.scores(&[5, 6, 7, 8, 9, 10, 11, 12], None) != [0, 8] {
+        assert!(std::time::Instant::now() < deadline, "the gap never filled");
+        p.send_payload(3, after.clone()).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(r.stale_ranks().is_empty());
     let counters = r.subscription(1).unwrap();
     assert!(counters.feed_stats().recovered >= 1, "the gap was replayed");

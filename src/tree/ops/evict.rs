@@ -151,32 +151,46 @@ impl Tree {
     /// Evicts `top` and every node below it from `t`, deepest first (each
     /// a leaf on `t` when its turn comes, so residency stays prefix-closed
     /// throughout); nodes below `top` that are not resident on `t` hold
-    /// nothing resident there (I1) and are not visited. Returns the evicted
-    /// leaves, and how many nodes stayed (pinned, or given a new child on
-    /// `t` meanwhile). `top` must have been reached under `guard`.
+    /// nothing resident there (I1) and are not visited. Nodes that other
+    /// writers put into the subtree meanwhile (a split's new upper part, a
+    /// child attached on `t`) are taken too, by passes until one takes
+    /// nothing. Returns the evicted leaves, and how many nodes stayed in
+    /// the last pass (pinned). `top` must have been reached under `guard`.
     pub(crate) fn evict_subtree<'g>(
         &self,
         top: &'g Node,
         t: usize,
         guard: &'g Guard,
     ) -> (Vec<EvictedLeaf<'g>>, usize) {
-        if top.is_root || !top.resident(t) {
-            return (Vec::new(), 0);
-        }
-        // Pre-order: every node after its ancestors; taken in reverse, every
-        // node comes after its descendants.
-        let mut order = Vec::new();
-        let mut stack = vec![top];
-        while let Some(n) = stack.pop() {
-            order.push(n);
-            stack.extend(n.children_ref(guard).nodes().filter(|c| c.resident(t)));
-        }
-        let mut evicted = Vec::with_capacity(order.len());
+        let mut evicted = Vec::new();
         let mut kept = 0;
-        for n in order.into_iter().rev() {
-            match self.evict_leaf(n, t, guard) {
-                Some(ev) => evicted.push(ev),
-                None => kept += 1,
+        // A writer on another tier that splits a gathered node while the
+        // pass runs puts a new node between it and its parent, holding
+        // this tier's residency (copied); the pass then takes the lower
+        // node, finds the parent no leaf and keeps it. So the subtree is
+        // gathered again while `top` stays resident and a pass took
+        // something; a pass that takes nothing (what is left is pinned)
+        // ends it.
+        while !top.is_root && top.resident(t) {
+            // Pre-order: every node after its ancestors; taken in reverse,
+            // every node comes after its descendants.
+            let mut order = Vec::new();
+            let mut stack = vec![top];
+            while let Some(n) = stack.pop() {
+                order.push(n);
+                stack.extend(n.children_ref(guard).nodes().filter(|c| c.resident(t)));
+            }
+            crate::pause::at(crate::pause::Point::Gathered);
+            let before = evicted.len();
+            kept = 0;
+            for n in order.into_iter().rev() {
+                match self.evict_leaf(n, t, guard) {
+                    Some(ev) => evicted.push(ev),
+                    None => kept += 1,
+                }
+            }
+            if evicted.len() == before {
+                break;
             }
         }
         (evicted, kept)
