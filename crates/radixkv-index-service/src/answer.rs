@@ -159,17 +159,8 @@ pub fn dynamo_json(
         }
         out.push(b'"');
         put(&mut out, w[0].0.worker);
-        out.extend_from_slice(b"\":{");
-        for (k, (s, t)) in held.enumerate() {
-            if k > 0 {
-                out.push(b',');
-            }
-            out.push(b'"');
-            put(&mut out, u64::from(s.rank));
-            out.extend_from_slice(b"\":");
-            put(&mut out, t.gpu as u64);
-        }
-        out.push(b'}');
+        out.extend_from_slice(b"\":");
+        put_device_prefixes(&mut out, held);
     }
     out.extend_from_slice(b"},\"frequencies\":[");
     let most = ranks.iter().map(|(_, t)| t.gpu / block).max().unwrap_or(0);
@@ -200,17 +191,9 @@ pub fn dynamo_json(
         put(&mut out, gpu.max(cpu).max(disk) as u64);
         out.extend_from_slice(b",\"gpu\":");
         put(&mut out, gpu as u64);
-        out.extend_from_slice(b",\"dp\":{");
-        for (j, (s, t)) in w.iter().enumerate() {
-            if j > 0 {
-                out.push(b',');
-            }
-            out.push(b'"');
-            put(&mut out, u64::from(s.rank));
-            out.extend_from_slice(b"\":");
-            put(&mut out, t.gpu as u64);
-        }
-        out.extend_from_slice(b"},\"cpu\":");
+        out.extend_from_slice(b",\"dp\":");
+        put_device_prefixes(&mut out, w.iter());
+        out.extend_from_slice(b",\"cpu\":");
         put(&mut out, cpu as u64);
         out.extend_from_slice(b",\"disk\":");
         put(&mut out, disk as u64);
@@ -218,6 +201,25 @@ pub fn dynamo_json(
     }
     out.extend_from_slice(b"}}");
     out
+}
+
+/// `{"rank": device prefix, …}` of `ranks`.
+fn put_device_prefixes<'a>(
+    out: &mut Vec<u8>,
+    ranks: impl Iterator<Item = &'a (Source, RankTiers)>,
+) {
+    let mut num = itoa::Buffer::new();
+    out.push(b'{');
+    for (k, (s, t)) in ranks.enumerate() {
+        if k > 0 {
+            out.push(b',');
+        }
+        out.push(b'"');
+        out.extend_from_slice(num.format(s.rank).as_bytes());
+        out.extend_from_slice(b"\":");
+        out.extend_from_slice(num.format(t.gpu).as_bytes());
+    }
+    out.push(b'}');
 }
 
 /// [`per_rank`] as a vector in (worker, rank) order, with no map built.

@@ -156,6 +156,20 @@ async fn started(
     let fake = FramePublisher::bind(free_port(), free_port())
         .await
         .unwrap();
+    let (ix, counters, task) = listener(&fake, replay, options);
+    (fake, ix, counters, task)
+}
+
+/// A listener on `fake`'s endpoint (and its replay one if `replay`).
+fn listener(
+    fake: &FramePublisher,
+    replay: bool,
+    options: ListenOptions,
+) -> (
+    Arc<KvIndex>,
+    Arc<SourceCounters>,
+    tokio::task::JoinHandle<()>,
+) {
     let ix = Arc::new(KvIndex::new(2, 4).unwrap());
     let counters = Arc::new(SourceCounters::default());
     let fp = Feedpoint {
@@ -165,7 +179,7 @@ async fn started(
         topic: String::new(),
     };
     let task = tokio::spawn(listen(Arc::clone(&ix), fp, Arc::clone(&counters), options));
-    (fake, ix, counters, task)
+    (ix, counters, task)
 }
 
 /// Sends probes (batches that change nothing: clearings are not) until the
@@ -260,31 +274,6 @@ async fn a_late_start_replays_from_zero() {
     task.abort();
 }
 
-/// A listener on `fake`'s endpoints (its replay one too).
-fn listener(
-    fake: &FramePublisher,
-) -> (
-    Arc<KvIndex>,
-    Arc<SourceCounters>,
-    tokio::task::JoinHandle<()>,
-) {
-    let ix = Arc::new(KvIndex::new(2, 4).unwrap());
-    let counters = Arc::new(SourceCounters::default());
-    let fp = Feedpoint {
-        source: SRC,
-        endpoint: fake.endpoint.clone(),
-        replay: Some(fake.replay.clone()),
-        topic: String::new(),
-    };
-    let task = tokio::spawn(listen(
-        Arc::clone(&ix),
-        fp,
-        Arc::clone(&counters),
-        ListenOptions::default(),
-    ));
-    (ix, counters, task)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_source_is_known_from_its_replay_once_subscribed() {
     let fake = FramePublisher::bind(free_port(), free_port())
@@ -296,7 +285,7 @@ async fn a_quiet_source_is_known_from_its_replay_once_subscribed() {
     for (i, b) in batches.iter().enumerate() {
         fake.log_payload(i as u64, FramePublisher::payload(b));
     }
-    let (ix, counters, task) = listener(&fake);
+    let (ix, counters, task) = listener(&fake, true, ListenOptions::default());
     let t = Instant::now();
     let n = batches.len() as u64;
     while counters.feed.lock().unwrap().applied < n {
@@ -321,7 +310,7 @@ async fn a_replay_that_no_longer_reaches_back_leaves_the_source_stale() {
     for (i, b) in batches.iter().enumerate().skip(10) {
         fake.log_payload(i as u64, FramePublisher::payload(b));
     }
-    let (ix, counters, task) = listener(&fake);
+    let (ix, counters, task) = listener(&fake, true, ListenOptions::default());
     let t = Instant::now();
     while !counters.stale.load(Ordering::Relaxed) {
         assert!(t.elapsed() < Duration::from_secs(30), "never stale");
@@ -429,20 +418,7 @@ async fn a_flood_past_the_queue_is_counted_and_replayed_as_gaps() {
 async fn a_restart_whose_first_batches_precede_the_reconnection_is_caught_up() {
     let (port, rport) = (free_port(), free_port());
     let fake = FramePublisher::bind(port, rport).await.unwrap();
-    let ix = Arc::new(KvIndex::new(2, 4).unwrap());
-    let counters = Arc::new(SourceCounters::default());
-    let fp = Feedpoint {
-        source: SRC,
-        endpoint: fake.endpoint.clone(),
-        replay: Some(fake.replay.clone()),
-        topic: String::new(),
-    };
-    let task = tokio::spawn(listen(
-        Arc::clone(&ix),
-        fp,
-        Arc::clone(&counters),
-        ListenOptions::default(),
-    ));
+    let (ix, counters, task) = listener(&fake, true, ListenOptions::default());
     let mut fake = fake;
     let first = stream(80, 23);
     subscribed(&mut fake, &counters, (0, &first[0])).await;
