@@ -157,7 +157,14 @@ fn reader_never_waits(cur: &Node, img: Shared<'_, NodeImage>, guard: &Guard) -> 
         // reclaimer; `img` was loaded under `guard`.
         if !unsafe { img.deref() }.parent.is(cur) {
             let seen = cur.children.load(Ordering::SeqCst, guard);
-            while cur.children.load(Ordering::SeqCst, guard) == seen {
+            // Bounded (past the test's 20 s, so the control still fails
+            // it): a reader that read `seen` after the splitter published
+            // would wait for a change that never comes, and the test,
+            // which joins its readers, would never end.
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while cur.children.load(Ordering::SeqCst, guard) == seen
+                && std::time::Instant::now() < until
+            {
                 spin_wait();
             }
             return true;
