@@ -237,7 +237,7 @@ impl<P: Ownership> RadixCache<P> {
     /// Takes `t`'s residency from `top` and every node below it into
     /// `out`, `top` reached under `guard`.
     fn evict_subtree_into(&self, top: &Node, t: usize, guard: &Guard, out: &mut Evicted) {
-        let (evicted, _kept) = self.tree.evict_subtree(top, t, guard);
+        let evicted = self.tree.evict_subtree(top, t, guard);
         for ev in &evicted {
             self.account(&ev.values, t, out);
         }

@@ -40,24 +40,6 @@ struct RankTiers {
     disk: usize,
 }
 
-/// Each scored (worker, rank)'s tiers, cumulative (see the module docs).
-fn per_rank(scores: &[Score], scored: impl Fn(Source) -> bool) -> BTreeMap<Source, RankTiers> {
-    let mut raw: BTreeMap<Source, RankTiers> = BTreeMap::new();
-    for s in scores.iter().filter(|s| scored(s.source)) {
-        let t = raw.entry(s.source).or_default();
-        match s.medium {
-            Medium::Gpu => t.gpu = t.gpu.max(s.tokens),
-            Medium::Cpu => t.cpu = t.cpu.max(s.tokens),
-            Medium::Disk | Medium::External => t.disk = t.disk.max(s.tokens),
-        }
-    }
-    for t in raw.values_mut() {
-        t.cpu = t.cpu.max(t.gpu);
-        t.disk = t.disk.max(t.cpu);
-    }
-    raw
-}
-
 /// One worker in Dynamo's `instances`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Instance {
@@ -113,8 +95,8 @@ pub fn dynamo(
     out.frequencies = (0..most)
         .map(|b| {
             ranks
-                .values()
-                .filter(|t| t.gpu / block_size.max(1) > b)
+                .iter()
+                .filter(|(_, t)| t.gpu / block_size.max(1) > b)
                 .count()
         })
         .collect();
@@ -140,7 +122,7 @@ pub fn dynamo_json(
     block_size: usize,
     scored: impl Fn(Source) -> bool,
 ) -> Vec<u8> {
-    let ranks = per_rank_sorted(scores, scored);
+    let ranks = per_rank(scores, scored);
     let block = block_size.max(1);
     let mut out = Vec::with_capacity(64 + 112 * ranks.len());
     let mut num = itoa::Buffer::new();
@@ -163,10 +145,10 @@ pub fn dynamo_json(
         put_device_prefixes(&mut out, held);
     }
     out.extend_from_slice(b"},\"frequencies\":[");
-    let most = ranks.iter().map(|(_, t)| t.gpu / block).max().unwrap_or(0);
     // Ranks holding block b: those whose device prefix passes it.
     let mut passing: Vec<usize> = ranks.iter().map(|(_, t)| t.gpu / block).collect();
     passing.sort_unstable();
+    let most = passing.last().copied().unwrap_or(0);
     let mut below = 0;
     for b in 0..most {
         while below < passing.len() && passing[below] <= b {
@@ -222,8 +204,9 @@ fn put_device_prefixes<'a>(
     out.push(b'}');
 }
 
-/// [`per_rank`] as a vector in (worker, rank) order, with no map built.
-fn per_rank_sorted(scores: &[Score], scored: impl Fn(Source) -> bool) -> Vec<(Source, RankTiers)> {
+/// Each scored (worker, rank)'s tiers, cumulative (see the module
+/// docs), in (worker, rank) order.
+fn per_rank(scores: &[Score], scored: impl Fn(Source) -> bool) -> Vec<(Source, RankTiers)> {
     let mut raw: Vec<(Source, RankTiers)> = Vec::with_capacity(scores.len());
     for s in scores.iter().filter(|s| scored(s.source)) {
         let mut t = RankTiers::default();

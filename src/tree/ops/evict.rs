@@ -154,16 +154,15 @@ impl Tree {
     /// nothing resident there (I1) and are not visited. Nodes that other
     /// writers put into the subtree meanwhile (a split's new upper part, a
     /// child attached on `t`) are taken too, by passes until one takes
-    /// nothing. Returns the evicted leaves, and how many nodes stayed in
-    /// the last pass (pinned). `top` must have been reached under `guard`.
+    /// nothing (what stays is pinned). Returns the evicted leaves. `top`
+    /// must have been reached under `guard`.
     pub(crate) fn evict_subtree<'g>(
         &self,
         top: &'g Node,
         t: usize,
         guard: &'g Guard,
-    ) -> (Vec<EvictedLeaf<'g>>, usize) {
+    ) -> Vec<EvictedLeaf<'g>> {
         let mut evicted = Vec::new();
-        let mut kept = 0;
         // A writer on another tier that splits a gathered node while the
         // pass runs puts a new node between it and its parent, holding
         // this tier's residency (copied); the pass then takes the lower
@@ -182,17 +181,16 @@ impl Tree {
             }
             crate::pause::at(crate::pause::Point::Gathered);
             let before = evicted.len();
-            kept = 0;
-            for n in order.into_iter().rev() {
-                match self.evict_leaf(n, t, guard) {
-                    Some(ev) => evicted.push(ev),
-                    None => kept += 1,
-                }
-            }
+            evicted.extend(
+                order
+                    .into_iter()
+                    .rev()
+                    .filter_map(|n| self.evict_leaf(n, t, guard)),
+            );
             if evicted.len() == before {
                 break;
             }
         }
-        (evicted, kept)
+        evicted
     }
 }
