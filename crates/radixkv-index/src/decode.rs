@@ -525,6 +525,11 @@ fn hashes(r: &mut Reader<'_>, v: Item<'_>) -> Result<Result<Vec<BlockHash>, Stri
     let mut out = Vec::with_capacity(n.min(r.left()));
     let mut why = None;
     for _ in 0..n {
+        // Block hashes are 64-bit words as a rule: read without `item`.
+        if let Some(w) = r.word_fast() {
+            out.push(BlockHash(w));
+            continue;
+        }
         let h = r.item()?;
         match hash(r, h)? {
             Ok(h) => out.push(h),

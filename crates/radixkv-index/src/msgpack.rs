@@ -86,6 +86,7 @@ impl<'a> Reader<'a> {
         self.buf.len() - self.pos
     }
 
+    #[inline]
     fn take(&mut self, n: usize) -> Result<&'a [u8], Malformed> {
         match self.buf.get(self.pos..).and_then(|r| r.get(..n)) {
             Some(b) => {
@@ -100,6 +101,7 @@ impl<'a> Reader<'a> {
         }
     }
 
+    #[inline]
     fn be<const N: usize>(&mut self) -> Result<[u8; N], Malformed> {
         let b = self.take(N)?;
         let mut out = [0; N];
@@ -236,6 +238,44 @@ impl<'a> Reader<'a> {
         self.skip_rest(item)
     }
 
+    /// The next value when it is an unsigned integer of at most 32 bits
+    /// whose bytes are all there (a positive fixint, `uint 8`, `uint 16` or
+    /// `uint 32`: every token id), passed over; `None` (nothing read)
+    /// otherwise, for [`item`](Self::item) to read or refuse.
+    #[inline(always)]
+    fn uint_fast(&mut self) -> Option<u32> {
+        let rest = self.buf.get(self.pos..)?;
+        let (v, n) = match *rest.first()? {
+            b @ 0..=0x7f => (u32::from(b), 1),
+            0xcc => (u32::from(*rest.get(1)?), 2),
+            0xcd => (
+                u32::from(u16::from_be_bytes(*rest.get(1..3)?.first_chunk()?)),
+                3,
+            ),
+            0xce => (u32::from_be_bytes(*rest.get(1..5)?.first_chunk()?), 5),
+            _ => return None,
+        };
+        self.pos += n;
+        Some(v)
+    }
+
+    /// The next value when it is a `uint 64` or `int 64` whose bytes are
+    /// all there (how block hashes are sent), passed over, as `u64` (an
+    /// `int 64` as its two's complement, the bits [`Item::Int`] or
+    /// [`Item::Uint`] carry for it); `None` (nothing read) otherwise.
+    #[inline(always)]
+    pub(crate) fn word_fast(&mut self) -> Option<u64> {
+        let rest = self.buf.get(self.pos..)?;
+        match *rest.first()? {
+            0xcf | 0xd3 => {
+                let v = u64::from_be_bytes(*rest.get(1..9)?.first_chunk()?);
+                self.pos += 9;
+                Some(v)
+            }
+            _ => None,
+        }
+    }
+
     /// An array of token ids as `u32`s, the array's header just read (`n`
     /// elements): `Err` names the first element that is not one (the
     /// array is then passed over whole).
@@ -244,13 +284,10 @@ impl<'a> Reader<'a> {
         // reserves no more than the payload could hold.
         let mut out = Vec::with_capacity(n.min(self.left()));
         for i in 0..n {
-            let v = match self.buf.get(self.pos) {
-                // The common case, inline: a positive fixint.
-                Some(&b) if b < 0x80 => {
-                    self.pos += 1;
-                    Some(u32::from(b))
-                }
-                _ => match self.item()? {
+            // The common case without `item`'s general match.
+            let v = match self.uint_fast() {
+                Some(v) => Some(v),
+                None => match self.item()? {
                     Item::Uint(v) => u32::try_from(v).ok(),
                     other => {
                         self.skip_rest(other)?;
@@ -371,5 +408,95 @@ mod tests {
             panic!()
         };
         assert_eq!(r.u32s(n).unwrap(), Ok(vec![127, 1 << 31]));
+    }
+
+    /// Each value written at every width that holds it, and each of those
+    /// encodings cut short at every length.
+    fn encodings() -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        for v in [
+            0u64,
+            1,
+            127,
+            128,
+            255,
+            256,
+            65_535,
+            65_536,
+            1 << 31,
+            u64::from(u32::MAX),
+            1 << 32,
+            u64::MAX,
+        ] {
+            out.push(encoded(|p| drop(rmp::encode::write_uint(p, v))));
+            if let Ok(b) = u8::try_from(v) {
+                out.push(encoded(|p| drop(rmp::encode::write_u8(p, b))));
+            }
+            if let Ok(b) = u16::try_from(v) {
+                out.push(encoded(|p| drop(rmp::encode::write_u16(p, b))));
+            }
+            if let Ok(b) = u32::try_from(v) {
+                out.push(encoded(|p| drop(rmp::encode::write_u32(p, b))));
+            }
+            out.push(encoded(|p| drop(rmp::encode::write_u64(p, v))));
+            out.push(encoded(|p| drop(rmp::encode::write_i64(p, v as i64))));
+            out.push(encoded(|p| {
+                drop(rmp::encode::write_sint(p, -(v as i64 & 0xffff)))
+            }));
+        }
+        out.push(encoded(|p| drop(rmp::encode::write_str(p, "x"))));
+        out.push(encoded(|p| drop(rmp::encode::write_f64(p, 2.0))));
+        let whole = out.clone();
+        for e in whole {
+            for cut in 0..e.len() {
+                out.push(e[..cut].to_vec());
+            }
+            // With more after it (what a reader must not take).
+            let mut more = e.clone();
+            more.extend_from_slice(&[0xff; 8]);
+            out.push(more);
+        }
+        out
+    }
+
+    #[test]
+    fn the_fast_readers_read_what_item_reads_or_leave_it_to_item() {
+        for e in encodings() {
+            let mut r = Reader::new(&e);
+            let by_item = r.item();
+            let taken = r.pos();
+            let mut r = Reader::new(&e);
+            match r.uint_fast() {
+                Some(v) => {
+                    assert_eq!(by_item, Ok(Item::Uint(u64::from(v))), "{e:02x?}");
+                    assert_eq!(r.pos(), taken, "{e:02x?}");
+                }
+                None => assert_eq!(r.pos(), 0, "{e:02x?}"),
+            }
+            let mut r = Reader::new(&e);
+            match r.word_fast() {
+                Some(w) => {
+                    let bits = match by_item {
+                        Ok(Item::Uint(u)) => u,
+                        Ok(Item::Int(i)) => i as u64,
+                        other => panic!("{e:02x?}: {other:?}"),
+                    };
+                    assert_eq!(w, bits, "{e:02x?}");
+                    assert_eq!(r.pos(), taken, "{e:02x?}");
+                }
+                None => assert_eq!(r.pos(), 0, "{e:02x?}"),
+            }
+            // In a one-element array, u32s answers as item reads it there.
+            let mut a = vec![0x91];
+            a.extend_from_slice(&e);
+            let mut r = Reader::new(&a);
+            assert_eq!(r.item(), Ok(Item::Array(1)));
+            let want = match r.clone().item() {
+                Ok(Item::Uint(v)) => Ok(u32::try_from(v).map(|v| vec![v]).map_err(|_| 0)),
+                Ok(_) => Ok(Err(0)),
+                Err(m) => Err(m),
+            };
+            assert_eq!(r.u32s(1), want, "{e:02x?}");
+        }
     }
 }

@@ -832,17 +832,23 @@ async fn run_one(a: &Args, which: &str, w: &Workload, pubs: &mut [FramePublisher
 
 /// Applies every source's decoded batches to `ix`, in order; every event
 /// must apply.
+/// Applies every source's batches in turn; returns the blocks stored and
+/// removed.
 fn apply_all(
     ix: &radixkv_index::KvIndex,
     decoded: &[Vec<radixkv_index::decode::Batch>],
     ranks: u32,
-) {
+) -> (u64, u64) {
+    let (mut stored, mut removed) = (0, 0);
     for (s, b) in decoded.iter().enumerate() {
         for batch in b {
-            let (_, errors) = ix.apply(source_of(s, ranks), &batch.events);
+            let (done, errors) = ix.apply(source_of(s, ranks), &batch.events);
             assert!(errors.is_empty(), "source {s}: {errors:?}");
+            stored += done.stored;
+            removed += done.removed;
         }
     }
+    (stored, removed)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -863,6 +869,7 @@ async fn main() {
         );
         // The streams' truth against radixkv-index in process first: a
         // workload whose truth is wrong would fail both indexes alike.
+        let t = Instant::now();
         let decoded: Vec<Vec<radixkv_index::decode::Batch>> = w
             .batches
             .iter()
@@ -872,6 +879,7 @@ async fn main() {
                     .collect()
             })
             .collect();
+        let decode_s = t.elapsed().as_secs_f64();
         // INDEX_BENCH_APPLY_ROUNDS=N: apply the streams N more times into
         // fresh indexes first (to profile ingestion alone).
         let rounds: usize = std::env::var("INDEX_BENCH_APPLY_ROUNDS")
@@ -928,9 +936,16 @@ async fn main() {
         let ix = new_index();
         let live0 = LIVE.load(Ordering::Relaxed);
         let t = Instant::now();
-        apply_all(&ix, &decoded, a.ranks);
+        let (stored, removed) = apply_all(&ix, &decoded, a.ranks);
         let apply_s = t.elapsed().as_secs_f64();
         let live = LIVE.load(Ordering::Relaxed).saturating_sub(live0);
+        let steps: u64 = (0..w.batches.len())
+            .map(|s| ix.path_steps(source_of(s, a.ranks)))
+            .sum();
+        eprintln!(
+            "in process, one thread: all batches decoded in {decode_s:.3} s, then applied in {apply_s:.3} s \
+             ({stored} blocks stored, {removed} removed, {steps} blocks walked to build paths)"
+        );
         eprintln!(
             "in process, one thread: {:.0} events/s applied (decoded), {:.0} live heap bytes per holder-block ({} held blocks, {} tree nodes)",
             w.events as f64 / apply_s,
