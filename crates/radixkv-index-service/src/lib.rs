@@ -75,13 +75,20 @@ pub fn start(
     Ok(registry)
 }
 
-/// Serves the routes on `listener` until `shutdown` completes.
+/// Serves the routes on `listener` until `shutdown` completes, each
+/// connection with `TCP_NODELAY` (an answer is sent at once, not held
+/// for the client's acknowledgement of the one before).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     registry: Arc<Registry>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
     let app = api::router(api::AppState::new(registry));
+    let listener = listener.tap_io(|tcp| {
+        // A socket that refuses the option still serves, unhurried.
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

@@ -367,6 +367,23 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// A publisher on two free ports. A port found free can be taken before
+/// the bind (the previous index's load left thousands of connections'
+/// ephemeral ports in use): tried again on new ports.
+async fn bind_publisher() -> FramePublisher {
+    let mut tries = 0;
+    loop {
+        match FramePublisher::bind(free_port(), free_port()).await {
+            Ok(p) => return p,
+            Err(e) if tries < 20 => {
+                tries += 1;
+                eprintln!("bind a publisher: {e}; new ports");
+            }
+            Err(e) => panic!("bind a publisher: {e}"),
+        }
+    }
+}
+
 fn rss_kb(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -1000,9 +1017,7 @@ async fn main() {
             // Fresh publishers per index: the same logged streams.
             let mut pubs = Vec::new();
             for b in &w.batches {
-                let p = FramePublisher::bind(free_port(), free_port())
-                    .await
-                    .expect("bind a publisher");
+                let p = bind_publisher().await;
                 for (seq, payload) in b.iter().enumerate() {
                     p.log_payload(seq as u64, payload.clone());
                 }
