@@ -36,11 +36,13 @@
 //!   HTTP round trip with no query work, which bounds one client's
 //!   queries per second from above.
 //!
-//! First, in this process, the streams are applied to a `KvIndex` on one
-//! thread (decoded beforehand) and the probes checked against the truth:
-//! it prints that apply rate and the live heap bytes per holder-block
-//! (a counting allocator), then a query's own work without HTTP (its body
-//! parsed by serde_json, the scores read). `INDEX_BENCH_APPLY_ROUNDS=N` applies the
+//! First, in this process, the streams are decoded, then applied to a
+//! `KvIndex` on one thread, and the probes checked against the truth: it
+//! prints the decoding and the apply times (with the blocks stored and
+//! removed, and the blocks walked to build paths), the apply rate, the
+//! live heap bytes per holder-block (a counting allocator), then a
+//! query's own work without HTTP (its body parsed by the service's reader
+//! and by serde_json alone, the scores read). `INDEX_BENCH_APPLY_ROUNDS=N` applies the
 //! streams N more times before (to profile ingestion alone); `--only none`
 //! stops there.
 //!
