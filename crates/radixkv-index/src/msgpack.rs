@@ -411,7 +411,7 @@ mod tests {
     }
 
     /// Each value written at every width that holds it, and each of those
-    /// encodings cut short at every length.
+    /// encodings cut short at every length and followed by more bytes.
     fn encodings() -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         for v in [
