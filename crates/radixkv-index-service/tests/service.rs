@@ -334,20 +334,9 @@ async fn dynamos_routes_and_shapes() {
         svc.post("/register", register(7, 0, &a, true)).await.0,
         StatusCode::CREATED
     );
-    let t = Instant::now();
-    loop {
-        let (_, v) = svc
-            .post(
-                "/query",
-                json!({"token_ids": [1, 2, 3, 4], "model_name": "m"}),
-            )
-            .await;
-        if v["scores"] == json!({"7": {"0": 4}}) {
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_secs(30), "not replayed: {v}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let q = json!({"token_ids": [1, 2, 3, 4], "model_name": "m"});
+    svc.query_until(q, |v| v["scores"] == json!({"7": {"0": 4}}))
+        .await;
 }
 
 /// Polls `/query` `q` until its scores are `want`, sending a probe before
