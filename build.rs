@@ -1,10 +1,15 @@
-//! Turns `RADIXKV_NEGATIVE=<step>` into `--cfg radixkv_negative="<step>"`,
-//! in loom builds only: the negative controls of `loom-tests/negative.sh`
-//! remove one protecting step each. Each step is one function of the core
-//! named after it, which holds the step's one control cfg
-//! (`scripts/check-core-structure.sh` checks it). Passing the cfg this way (rather than
-//! through RUSTFLAGS) rebuilds only this crate, not every dependency.
+//! The protecting steps of the core's concurrency protocol ([`STEPS`]), and
+//! `RADIXKV_NEGATIVE=reader_never_waits` turned into `--cfg
+//! radixkv_negative="reader_never_waits"` in a plain build, for the control of
+//! `tests/parked_writer.rs`. Each step is one function of the core named
+//! after it, which asks `negative::removed` with its name once
+//! (`scripts/check-core-structure.sh` checks it against this list). A loom
+//! build chooses the step it removes at run time (`RADIXKV_NEGATIVE_STEP`,
+//! `src/negative.rs`), so that `loom-tests/negative.sh` builds once for
+//! every control. Passing the cfg this way (rather than through RUSTFLAGS)
+//! rebuilds only this crate, not every dependency.
 
+/// Every protecting step of the core (each removed by one negative control).
 const STEPS: &[&str] = &[
     "evict_pin_check",
     "leaf_check",
@@ -32,13 +37,14 @@ const STEPS: &[&str] = &[
     "split_raises_ancestors",
 ];
 
-/// Controls of ordinary (not loom) tests: `tests/parked_writer.rs`.
+/// Steps a plain (not loom) build can be built without:
+/// `tests/parked_writer.rs`'s control.
 const PLAIN_STEPS: &[&str] = &["reader_never_waits"];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=RADIXKV_NEGATIVE");
-    let values: Vec<String> = STEPS.iter().map(|s| format!("\"{s}\"")).collect();
+    let values: Vec<String> = PLAIN_STEPS.iter().map(|s| format!("\"{s}\"")).collect();
     println!(
         "cargo::rustc-check-cfg=cfg(radixkv_negative, values({}))",
         values.join(", ")
@@ -49,11 +55,11 @@ fn main() {
     if step.is_empty() {
         return;
     }
-    if std::env::var_os("CARGO_CFG_LOOM").is_none() && !PLAIN_STEPS.contains(&step.as_str()) {
-        panic!("RADIXKV_NEGATIVE is only for loom builds (RUSTFLAGS=\"--cfg loom --cfg crossbeam_loom\")");
+    if std::env::var_os("CARGO_CFG_LOOM").is_some() {
+        panic!("a loom build removes a step chosen at run time: RADIXKV_NEGATIVE_STEP={step} (RADIXKV_NEGATIVE is for plain builds)");
     }
-    if !STEPS.contains(&step.as_str()) {
-        panic!("unknown RADIXKV_NEGATIVE step {step:?}; known: {STEPS:?}");
+    if !PLAIN_STEPS.contains(&step.as_str()) {
+        panic!("RADIXKV_NEGATIVE={step:?}: a plain build can remove only {PLAIN_STEPS:?}; the other steps ({STEPS:?}) are removed in loom builds, at run time (RADIXKV_NEGATIVE_STEP)");
     }
     println!("cargo:rustc-cfg=radixkv_negative=\"{step}\"");
 }

@@ -4,12 +4,12 @@
 #   * a file of the core over 700 lines;
 #   * a `too_many_arguments` allowance in the core (an operation takes one
 #     argument struct instead);
-#   * a negative-control cfg (`radixkv_negative`) outside the protecting
-#     function named after its step, a step with more or fewer than one
-#     such cfg, or a step that build.rs does not know (each protecting step
-#     is one function, named after the step, holding the step's one control
-#     cfg: `loom-tests/negative.sh` turns it off).
-# Prints the count of control cfg sites. `--self-test` runs the checks on a
+#   * a negative control (`negative::removed("<step>")`) outside the
+#     protecting function named after its step, a step with more or fewer
+#     than one such control, or a step that build.rs does not know (each
+#     protecting step is one function, named after the step, holding the
+#     step's one control: `loom-tests/negative.sh` removes the step through it).
+# Prints the count of control sites. `--self-test` runs the checks on a
 # copy of the core with one of each violation put in, and fails unless each
 # is reported.
 set -euo pipefail
@@ -21,19 +21,19 @@ if [ "${1:-}" = "--self-test" ]; then
   mkdir -p "$scratch/scripts"
   cp -r src build.rs "$scratch/"
   cp "$0" "$scratch/scripts/"
-  # A control cfg outside its protecting function, an allowance, a long file.
+  # A control outside its protecting function, an allowance, a long file.
   sed -i 's|^    pub(crate) fn evict_leaf<|    #[allow(clippy::too_many_arguments)]\n    pub(crate) fn evict_leaf<|' "$scratch/src/tree/ops/evict.rs"
-  sed -i '0,/if node.is_root {/s//if node.is_root || cfg!(radixkv_negative = "leaf_check") {/' "$scratch/src/tree/ops/evict.rs"
+  sed -i '0,/if node.is_root {/s//if node.is_root || crate::negative::removed("leaf_check") {/' "$scratch/src/tree/ops/evict.rs"
   for _ in $(seq 701); do echo '//'; done >>"$scratch/src/device.rs"
   out=$(bash "$scratch/scripts/check-core-structure.sh" 2>&1) && { echo "FAIL: the self-test's violations passed"; exit 1; }
-  for want in "src/device.rs has" "too_many_arguments allowance" "stands in fn evict_leaf" 'step "leaf_check" has 2 cfg sites'; do
+  for want in "src/device.rs has" "too_many_arguments allowance" "stands in fn evict_leaf" 'step "leaf_check" has 2 control sites'; do
     if ! grep -qF "$want" <<<"$out"; then
       echo "FAIL: the self-test's violation \"$want\" was not reported:"
       printf '%s\n' "$out"
       exit 1
     fi
   done
-  echo "core structure self-test: a long file, an allowance and a misplaced control cfg are each reported"
+  echo "core structure self-test: a long file, an allowance and a misplaced control are each reported"
   exit 0
 fi
 
@@ -60,7 +60,7 @@ if [ -z "$steps" ]; then
   exit 1
 fi
 
-# Every control cfg site, as "file:line step enclosing-function" (the
+# Every control site, as "file:line step enclosing-function" (the
 # innermost `fn` whose body holds the line; strings and comments are
 # dropped before braces are counted).
 sites=$(find src -name '*.rs' | sort | while IFS= read -r f; do
@@ -75,9 +75,9 @@ sites=$(find src -name '*.rs' | sort | while IFS= read -r f; do
       line = strip(raw)
       code = raw
       sub(/\/\/.*/, "", code)   # a mention in a comment is not a cfg
-      if (match(code, /radixkv_negative *= *"[a-z_]+"/)) {
+      if (match(code, /negative::removed\("[a-z_]+"\)/)) {
         step = substr(code, RSTART, RLENGTH)
-        sub(/^radixkv_negative *= *"/, "", step); sub(/"$/, "", step)
+        sub(/^negative::removed\("/, "", step); sub(/"\)$/, "", step)
         fname = (depth_top > 0) ? names[depth_top] : "(none)"
         print file ":" NR " " step " " fname
       }
@@ -108,7 +108,7 @@ while IFS=' ' read -r where step fname; do
     status=1
   fi
   if [ "$fname" != "$step" ]; then
-    echo "FAIL: $where: the control cfg of \"$step\" stands in fn $fname, not in the protecting function \`fn $step\`"
+    echo "FAIL: $where: the control of \"$step\" stands in fn $fname, not in the protecting function \`fn $step\`"
     status=1
   fi
 done <<<"$sites"
@@ -116,12 +116,12 @@ done <<<"$sites"
 for step in $steps; do
   n=$(printf '%s\n' "$sites" | awk -v s="$step" '$2 == s' | grep -c . || true)
   if [ "$n" -ne 1 ]; then
-    echo "FAIL: control step \"$step\" has $n cfg sites in src/ (one, in \`fn $step\`, is the rule)"
+    echo "FAIL: control step \"$step\" has $n control sites in src/ (one, in \`fn $step\`, is the rule)"
     status=1
   fi
 done
 
 if [ "$status" -eq 0 ]; then
-  echo "core structure: $(find src -name '*.rs' | wc -l) files of at most $max_lines lines; $count control cfg sites, one per step, each in its protecting function"
+  echo "core structure: $(find src -name '*.rs' | wc -l) files of at most $max_lines lines; $count control sites, one per step, each in its protecting function"
 fi
 exit "$status"

@@ -442,7 +442,7 @@ impl Drop for PageSpan {
 /// claimers that read the same word cannot both take a bit. Its control
 /// stores blindly.
 fn claim_cas(word: &AtomicU64, cur: u64, mask: u64) -> Result<u64, u64> {
-    if cfg!(radixkv_negative = "claim_cas") {
+    if crate::negative::removed("claim_cas") {
         word.store(cur & !mask, Ordering::SeqCst);
         return Ok(cur);
     }

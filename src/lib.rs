@@ -162,6 +162,7 @@ pub mod cache;
 pub mod device;
 pub mod events;
 pub mod metrics;
+mod negative;
 #[cfg(all(feature = "testing", not(loom)))]
 pub mod pause;
 #[cfg(not(all(feature = "testing", not(loom))))]

@@ -4,9 +4,9 @@
 //! (splits, attaches, unlinks, readers, wide nodes), `pins_and_eviction.rs`,
 //! `allocator.rs`, `namespaces.rs`, `copies.rs` and `events.rs`. Each model
 //! names the protecting step it relies on (a function of the core named
-//! after it); `negative.sh` builds the core without that step
-//! (`--cfg radixkv_negative="…"`) and expects the model to fail with its own
-//! message.
+//! after it); `negative.sh` runs the model without that step
+//! (`RADIXKV_NEGATIVE_STEP=…`, read by the core's loom build at run time) and
+//! expects the model to fail with its own message.
 //!
 //! Run: `RUSTFLAGS="--cfg loom --cfg crossbeam_loom" LOOM_MAX_PREEMPTIONS=2 \
 //!       cargo test -p loom-tests --release --target-dir target/loom`

@@ -227,7 +227,7 @@ impl PrefixCopy {
 /// (freed, reused) before it completes or is cancelled. Its control drops
 /// the pin as soon as the slots are read.
 fn copy_source_pin(lease: Option<Lease>) -> Option<Lease> {
-    if cfg!(radixkv_negative = "copy_source_pin") {
+    if crate::negative::removed("copy_source_pin") {
         drop(lease);
         return None;
     }
@@ -247,7 +247,7 @@ fn copy_frees_dups(
     pin: bool,
 ) -> Result<(InsertResult, Option<Lease>, Vec<u32>), CacheError> {
     let key = TokenKey::new(&copy.tokens).in_namespace(copy.namespace.as_deref());
-    if cfg!(radixkv_negative = "copy_frees_dups") {
+    if crate::negative::removed("copy_frees_dups") {
         let mut values = copy.dest_prefix.clone();
         values.extend(copy.pages.slots());
         let t = copy.cache.slot(copy.dest)?;

@@ -457,7 +457,7 @@ impl<P: Ownership> RadixCache<P> {
         w: &MatchWalk<'_>,
         guard: &crossbeam_epoch::Guard,
     ) -> Result<(Lease, Option<Vec<u32>>), PinRefused> {
-        if cfg!(radixkv_negative = "pin_then_read") {
+        if crate::negative::removed("pin_then_read") {
             let early = self.tree.path_values(n, t, w.len, guard);
             n.slot(t).residency.try_pin(None)?;
             // SAFETY: `n` is a tree node reached under `guard`, alive here.
@@ -478,7 +478,7 @@ impl<P: Ownership> RadixCache<P> {
     /// caller holds `c`'s lock.
     fn switch_rescans(&self, c: &mut Candidates, t: usize, guard: &crossbeam_epoch::Guard) {
         self.tree.drain_leaves(t, drop);
-        if cfg!(radixkv_negative = "switch_rescans") {
+        if crate::negative::removed("switch_rescans") {
             c.clear();
             return;
         }

@@ -203,7 +203,7 @@ impl Tree {
 /// the same first page meanwhile (then this one re-walks and finds it).
 /// Its control never finds one.
 fn attach_recheck(parent: &Node, tokens: &[u32], hash: u64, ps: usize, guard: &Guard) -> bool {
-    if cfg!(radixkv_negative = "attach_recheck") {
+    if crate::negative::removed("attach_recheck") {
         return false;
     }
     parent
@@ -224,7 +224,7 @@ fn born_pinned<'g>(
     publish: impl FnOnce(Node) -> Result<&'g Node, Conflict>,
 ) -> Result<(&'g Node, Option<HeldPin<'g>>), Conflict> {
     let t = w.tier;
-    if cfg!(radixkv_negative = "born_pinned") {
+    if crate::negative::removed("born_pinned") {
         let n = publish(leaf)?;
         let held = w.pin && n.slot(t).residency.try_pin(None).is_ok();
         // SAFETY: the pin just taken, released only by this.
@@ -244,7 +244,7 @@ fn born_pinned<'g>(
 /// releases the lock), so nobody can evict (or extend) it before. Its
 /// control reports once the attach is done, after the lock.
 fn event_in_lock<R>(report: impl FnOnce(), change: impl FnOnce() -> R) -> R {
-    if cfg!(radixkv_negative = "event_in_lock") {
+    if crate::negative::removed("event_in_lock") {
         let r = change();
         report();
         return r;

@@ -49,7 +49,7 @@ pub(crate) fn is_candidate(n: &Node, t: usize) -> bool {
 /// a child there takes as the child's parent), may lose its residency
 /// there. Its control skips the check.
 fn leaf_check(node: &Node, t: usize) -> bool {
-    if cfg!(radixkv_negative = "leaf_check") {
+    if crate::negative::removed("leaf_check") {
         return true;
     }
     node.slot(t).resident_children.load(Ordering::SeqCst) == 0

@@ -175,7 +175,7 @@ impl Tree {
 /// and copies the child's pin counts into the new prefix node, as SGLang
 /// copies `lock_ref`.
 fn split_moves_no_pin(prefix: &Node, child: &Node) {
-    if cfg!(radixkv_negative = "split_moves_no_pin") {
+    if crate::negative::removed("split_moves_no_pin") {
         for (t, c) in child.slots() {
             let slot = prefix.slot(t);
             for _ in 0..c.residency.load().pins() {
@@ -192,7 +192,7 @@ fn split_moves_no_pin(prefix: &Node, child: &Node) {
 /// ancestors are raised to it (`split_raises_ancestors`). Its control
 /// leaves the prefix with the depth it was built with.
 fn split_rereads_deepest(tree: &Tree, prefix: &Node, s: &Split<'_>, guard: &Guard) {
-    if cfg!(radixkv_negative = "split_rereads_deepest") {
+    if crate::negative::removed("split_rereads_deepest") {
         return;
     }
     // Without tracking no walk raises anything: the depth the prefix was
@@ -219,7 +219,7 @@ fn split_rereads_deepest(tree: &Tree, prefix: &Node, s: &Split<'_>, guard: &Guar
 /// split read it climbs to the prefix and stops there, finding it raised.
 /// Its control raises the prefix alone. Called while depths are tracked.
 fn split_raises_ancestors(tree: &Tree, prefix: &Node, parent: &Node, guard: &Guard) {
-    if cfg!(radixkv_negative = "split_raises_ancestors") {
+    if crate::negative::removed("split_raises_ancestors") {
         return;
     }
     tree.raise_ancestors(parent, prefix.deepest.load(Ordering::SeqCst), guard);
@@ -231,7 +231,7 @@ fn split_raises_ancestors(tree: &Tree, prefix: &Node, parent: &Node, guard: &Gua
 /// then releases the locks), for every tier that holds the child. Its
 /// control reports after the locks are gone.
 fn split_event_in_lock<R>(report: impl FnOnce(), change: impl FnOnce() -> R) -> R {
-    if cfg!(radixkv_negative = "split_event_in_lock") {
+    if crate::negative::removed("split_event_in_lock") {
         let r = change();
         // Any thread may run between the release and the report (under
         // loom a scheduling point: nothing else here is one).

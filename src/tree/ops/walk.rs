@@ -140,7 +140,7 @@ fn reader_parent_check<'g>(
     img: Shared<'g, NodeImage>,
     guard: &'g Guard,
 ) -> Option<(&'g Node, Shared<'g, NodeImage>)> {
-    if cfg!(radixkv_negative = "reader_parent_check") {
+    if crate::negative::removed("reader_parent_check") {
         return Some((child, img));
     }
     climb_to(cur, child, img, guard)
@@ -152,7 +152,7 @@ fn reader_parent_check<'g>(
 /// whether it waited. Its control waits, as readers once did, and the
 /// caller reads `cur`'s children again.
 fn reader_never_waits(cur: &Node, img: Shared<'_, NodeImage>, guard: &Guard) -> bool {
-    if cfg!(radixkv_negative = "reader_never_waits") {
+    if crate::negative::removed("reader_never_waits") {
         // SAFETY: images are never null and are retired through the
         // reclaimer; `img` was loaded under `guard`.
         if !unsafe { img.deref() }.parent.is(cur) {

@@ -271,7 +271,7 @@ fn publish_children(node: &Node, children: NodeChildren, guard: &Guard, retired:
 /// lets a reclaimed root pass (an obsolete root has no child, so only an
 /// attach can get past this).
 fn root_obsolete_check(parent: &Node) -> bool {
-    if cfg!(radixkv_negative = "root_obsolete_check") {
+    if crate::negative::removed("root_obsolete_check") {
         return parent.is_obsolete() && !parent.is_root;
     }
     parent.is_obsolete()
@@ -282,7 +282,7 @@ fn root_obsolete_check(parent: &Node) -> bool {
 /// the caller found it under, checked under both locks (an unlinked node's
 /// values would be lost with it). Its control skips the check.
 fn unlink_check(parent: &Node, child: &Node, guard: &Guard) -> bool {
-    if cfg!(radixkv_negative = "unlink_check") {
+    if crate::negative::removed("unlink_check") {
         return true;
     }
     !child.is_obsolete() && child.image_ref(guard).parent.is(parent)
@@ -293,7 +293,7 @@ fn unlink_check(parent: &Node, child: &Node, guard: &Guard) -> bool {
 /// linked, checked under both locks (eviction changes both under the same
 /// two). Its control skips the check.
 fn split_recheck(child: &Node, seen: Shared<'_, NodeImage>, guard: &Guard) -> bool {
-    if cfg!(radixkv_negative = "split_recheck") {
+    if crate::negative::removed("split_recheck") {
         return true;
     }
     !child.is_obsolete() && child.image(guard) == seen
@@ -305,7 +305,7 @@ fn split_recheck(child: &Node, seen: Shared<'_, NodeImage>, guard: &Guard) -> bo
 /// a lock of its own that nobody else takes (a fresh mutex, leaked: loom
 /// builds only), so the parent is changed unlocked.
 fn parent_lock(parent: &Node) -> MutexGuard<'_, ()> {
-    if cfg!(radixkv_negative = "parent_lock") {
+    if crate::negative::removed("parent_lock") {
         return lock(Box::leak(Box::new(Mutex::new(()))));
     }
     lock(&parent.lock)
@@ -317,7 +317,7 @@ fn parent_lock(parent: &Node) -> MutexGuard<'_, ()> {
 /// and freed only after they are all gone. Its control frees it at once,
 /// which the loom probe of live images reports.
 fn defer_destroy(old: Shared<'_, NodeImage>, retired: &mut Retired) {
-    if cfg!(radixkv_negative = "defer_destroy") {
+    if crate::negative::removed("defer_destroy") {
         // SAFETY: deliberately unsound, in the negative control only (loom
         // builds): the image is freed while a reader may hold it, which the
         // model must catch before the reader reads it.

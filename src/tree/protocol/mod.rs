@@ -64,11 +64,12 @@
 //! # Protecting steps and their controls
 //!
 //! Every step whose removal a loom model (`loom-tests/`) must catch is one
-//! function named after the step, holding the step's one control cfg: built with
-//! `RADIXKV_NEGATIVE=<step>` (loom builds only), the function does what the
-//! step prevents, and the model must fail with its own message
+//! function named after the step, holding the step's one control,
+//! `negative::removed("<step>")`: a loom build run with
+//! `RADIXKV_NEGATIVE_STEP=<step>` (see `src/negative.rs`) makes the function
+//! do what the step prevents, and the model must fail with its own message
 //! (`loom-tests/negative.sh`; `scripts/check-core-structure.sh` fails if a
-//! control cfg stands anywhere else).
+//! control stands anywhere else).
 
 pub(crate) mod inbox;
 pub(crate) mod lock;

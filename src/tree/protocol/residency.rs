@@ -144,7 +144,7 @@ impl Residency {
     /// pin or eviction CAS on the same word is never lost. Its control
     /// releases with a load and a store instead.
     fn unpin_rmw(&self) {
-        if cfg!(radixkv_negative = "unpin_rmw") {
+        if crate::negative::removed("unpin_rmw") {
             let cur = self.0.load(Ordering::SeqCst);
             self.0.store(cur.wrapping_sub(1), Ordering::SeqCst);
             return;
@@ -194,7 +194,7 @@ impl Residency {
 /// so a pin and an eviction of the same residency never both succeed. Its
 /// control lets a pinned residency be claimed.
 fn evict_pin_check(s: ResidencyState) -> bool {
-    if cfg!(radixkv_negative = "evict_pin_check") {
+    if crate::negative::removed("evict_pin_check") {
         return s.resident();
     }
     s.resident() && s.pins() == 0

@@ -272,7 +272,7 @@ impl<N> Table<N> {
 /// control empties the slot instead.
 fn table_tomb<N>(t: &Table<N>, i: usize) {
     t.ptrs[i].store(TOMB, Ordering::SeqCst);
-    if cfg!(radixkv_negative = "table_tomb") {
+    if crate::negative::removed("table_tomb") {
         t.tags[i].store(NEVER, Ordering::SeqCst);
     }
 }
@@ -286,7 +286,7 @@ fn table_tomb<N>(t: &Table<N>, i: usize) {
 /// still hold it (its memory is leaked rather than freed, so that the model
 /// reports the use instead of reading freed memory).
 pub(super) fn table_retire<N>(old: &Table<N>, retire: impl FnOnce()) {
-    if cfg!(radixkv_negative = "table_retire") {
+    if crate::negative::removed("table_retire") {
         crate::sync::probe::table_died(old.addr());
         for t in old.tags.iter() {
             t.store(NEVER, Ordering::SeqCst);
