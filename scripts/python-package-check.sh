@@ -12,8 +12,8 @@
 #   - a wheel built with `test-hooks` passes tests/test_hooks.py (every
 #     entry point's panic a RuntimeError, a broken mirror refusing every
 #     call, the GIL released inside an insert);
-#   - the GIL test's negative control: a wheel whose inserts keep the GIL
-#     must fail it.
+#   - the GIL test's negative control: that wheel, imported with
+#     RADIXKV_NEGATIVE_HOLD_GIL=1 (no call releases the GIL), must fail it.
 # The venvs are cached outside the repository ($RADIXKV_PY_CACHE, default
 # ~/.cache/radixkv) and reused; the wheels are rebuilt every run. Without
 # python3 it prints SKIPPED and fails: the package is never reported as
@@ -70,27 +70,23 @@ if grep -rnE '#\[(pyo3::)?(pymethods|pyfunction)\]' "$root/crates/radixkv-py/src
   exit 1
 fi
 
-# A venv for a wheel built with a feature list: `hooked VENV FEATURES`.
-hooked() {
-  if [ ! -x "$1/bin/python" ]; then
-    python3 -m venv "$1"
-  fi
-  "$1/bin/python" -m pip install --quiet --disable-pip-version-check "numpy>=1.21" "pytest>=7"
-  MATURIN_PEP517_ARGS="--features $2" CARGO_TARGET_DIR="$root/target/py-hooks" \
-    "$1/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
-    --no-deps "$root/crates/radixkv-py"
-}
-
+# The wheel with the test hooks (feature `test-hooks`), in its own venv.
 echo "-- a wheel with the test hooks: tests/test_hooks.py"
 hooks="$cache/package-hooks-venv"
-hooked "$hooks" test-hooks
+if [ ! -x "$hooks/bin/python" ]; then
+  python3 -m venv "$hooks"
+fi
+"$hooks/bin/python" -m pip install --quiet --disable-pip-version-check "numpy>=1.21" "pytest>=7"
+MATURIN_PEP517_ARGS="--features test-hooks" CARGO_TARGET_DIR="$root/target/py-hooks" \
+  "$hooks/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
+  --no-deps "$root/crates/radixkv-py"
 "$hooks/bin/python" -m pytest -q -p no:cacheprovider "$root/crates/radixkv-py/tests/test_hooks.py"
 
-# The GIL test's negative control: a wheel whose inserts keep the GIL (the
-# feature `negative-hold-gil`) must fail that test, with its own message.
+# The GIL test's negative control: the same wheel, imported with
+# RADIXKV_NEGATIVE_HOLD_GIL=1 (no call releases the GIL; a switch only the
+# test-hooks build has), must fail that test, with its own message.
 echo "-- the GIL test's negative control"
-control="$cache/package-control-venv"
-hooked "$control" negative-hold-gil
-bash "$root/scripts/expect-failure.sh" "negative-hold-gil (inserts keep the GIL)" "the GIL was held inside the insert" \
-  "$control/bin/python" -m pytest -q -p no:cacheprovider "$root/crates/radixkv-py/tests/test_hooks.py" \
+RADIXKV_NEGATIVE_HOLD_GIL=1 bash "$root/scripts/expect-failure.sh" \
+  "RADIXKV_NEGATIVE_HOLD_GIL=1 (no call releases the GIL)" "the GIL was held inside the insert" \
+  "$hooks/bin/python" -m pytest -q -p no:cacheprovider "$root/crates/radixkv-py/tests/test_hooks.py" \
   -k test_the_gil_is_released

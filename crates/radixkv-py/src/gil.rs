@@ -9,9 +9,10 @@
 //! SGLang 0.5.23"). Calls whose work does not follow a key (evictions,
 //! audits, page copies) always release it.
 //!
-//! Built with the feature `negative-hold-gil` (the GIL test's negative
-//! control only: `scripts/python-package-check.sh` builds it and requires
-//! the test to fail), no call releases it.
+//! In a wheel built with the feature `test-hooks` and imported with
+//! `RADIXKV_NEGATIVE_HOLD_GIL=1` in the environment (the GIL test's negative
+//! control only: `scripts/python-package-check.sh` requires the test to fail
+//! so), no call releases it. The released wheel has no such switch.
 //!
 //! Holding the GIL while inside the tree cannot deadlock: the tree's code
 //! never takes the GIL, so a thread it waits for (a writer holding a
@@ -19,6 +20,8 @@
 
 use pyo3::prelude::*;
 use radixkv_py_macros::py_function;
+#[cfg(feature = "test-hooks")]
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Keys of at least this many tokens release the GIL by default.
@@ -35,10 +38,41 @@ pub(crate) fn release_tokens() -> usize {
 /// Runs `f` (the walk of a key of `tokens` tokens), with the GIL released
 /// if the key is at least the threshold long.
 pub(crate) fn walk<T: Send>(py: Python<'_>, tokens: usize, f: impl FnOnce() -> T + Send) -> T {
-    if cfg!(feature = "negative-hold-gil") || tokens < release_tokens() {
+    if holds_always() || tokens < release_tokens() {
         return f();
     }
     py.detach(f)
+}
+
+/// The GIL test's negative control (feature `test-hooks`): set at import
+/// from `RADIXKV_NEGATIVE_HOLD_GIL`.
+#[cfg(feature = "test-hooks")]
+static HOLD_ALWAYS: AtomicBool = AtomicBool::new(false);
+
+/// Reads the negative control's switch (the module's initialisation, with
+/// the feature `test-hooks`): `RADIXKV_NEGATIVE_HOLD_GIL=1` makes every call
+/// keep the GIL.
+#[cfg(feature = "test-hooks")]
+pub(crate) fn read_negative_control() {
+    let on = std::env::var_os("RADIXKV_NEGATIVE_HOLD_GIL").is_some_and(|v| v == "1");
+    // Relaxed: a setting written once, at import, before any call can read
+    // it (calls come after the import, through the GIL).
+    HOLD_ALWAYS.store(on, Ordering::Relaxed);
+}
+
+/// Whether no call releases the GIL (the negative control; never in the
+/// released wheel).
+#[inline(always)]
+fn holds_always() -> bool {
+    #[cfg(feature = "test-hooks")]
+    {
+        // Relaxed: see `read_negative_control`.
+        HOLD_ALWAYS.load(Ordering::Relaxed)
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    {
+        false
+    }
 }
 
 /// The key length (in tokens) from which a call that walks the tree with a

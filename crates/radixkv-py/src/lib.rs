@@ -104,6 +104,7 @@ fn _radixkv(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_function(wrap_pyfunction!(gil::set_gil_release_tokens, m)?)?;
         #[cfg(feature = "test-hooks")]
         {
+            gil::read_negative_control();
             m.add_function(wrap_pyfunction!(_panic_inside, m)?)?;
             m.add_function(wrap_pyfunction!(_panic_at_next_entry, m)?)?;
         }
