@@ -17,8 +17,11 @@ p50 / p99 are over all calls of a kind. Workloads:
 
 Page sizes 1 and 16. Then the match throughput of 1, 2 and 4 Python
 threads sharing one cache of each kind, each thread matching its share of
-the synthetic requests (radixkv's tree walk releases the GIL). Prints one
-line per measurement and writes JSON.
+the synthetic requests, in `--thread-cycles` cycles that each measure the
+three counts in turn: the medians per count, and the median (and
+quartiles) of each cycle's 2/1 and 4/1 ratios, which cancel most of this
+machine's drift between runs. Prints one line per measurement and writes
+JSON.
 
 With `--gil-sweep`, instead: where radixkv's GIL release pays. For keys
 of 16 to 262,144 tokens (64 keys, page size 16, all inserted), the match
@@ -37,6 +40,7 @@ import json
 import math
 import os
 import random
+import statistics
 import subprocess
 import threading
 import time
@@ -152,15 +156,20 @@ def plan(workload: str, requests: list[list[int]], ps: int) -> list:
     return calls
 
 
-def threads_throughput(kind: str, requests: list[list[int]], ps: int, threads: int, rounds: int) -> float:
-    """Matches per second of `threads` Python threads sharing one `kind`
-    cache (every prompt inserted first; each thread matches its share of the
-    requests `rounds` times; the matches split no node)."""
+def filled(kind: str, requests: list[list[int]], ps: int) -> tuple[object, list]:
+    """A `kind` cache holding every request (the synthetic plan's inserts),
+    and a match key for each request (the matches split no node)."""
     cache = make_cache(kind, ps)
     for op, params in plan("synthetic", requests, ps):
         if op == "i":
             cache.insert(params)
-    keys = [MatchPrefixParams(key=RadixKey(array("q", t))) for t in requests]
+    return cache, [MatchPrefixParams(key=RadixKey(array("q", t))) for t in requests]
+
+
+def match_rate(cache, keys: list, threads: int, rounds: int) -> float:
+    """Matches per second of `threads` Python threads sharing `cache`, each
+    matching its share of `keys` `rounds` times (threads started before
+    the clock)."""
     shares = [keys[k::threads] for k in range(threads)]
     barrier = threading.Barrier(threads + 1)
 
@@ -179,6 +188,32 @@ def threads_throughput(kind: str, requests: list[list[int]], ps: int, threads: i
     for t in ts:
         t.join()
     return rounds * len(keys) / (time.perf_counter() - start)
+
+
+def threads_throughput(kind: str, requests: list[list[int]], ps: int, threads: int, rounds: int) -> float:
+    """Matches per second of `threads` Python threads sharing one fresh
+    `kind` cache holding every request."""
+    cache, keys = filled(kind, requests, ps)
+    return match_rate(cache, keys, threads, rounds)
+
+
+def threads_paired(kind: str, requests: list[list[int]], ps: int, rounds: int, cycles: int) -> dict:
+    """Match throughput of 1, 2 and 4 threads sharing one `kind` cache, in
+    `cycles` cycles that each measure the three in turn (the order reversed
+    every other cycle): this machine's speed drifts between runs by more
+    than the thread counts differ, and within a cycle the drift mostly
+    cancels. Returns each count's median rate and each cycle's 2/1 and 4/1
+    ratios."""
+    cache, keys = filled(kind, requests, ps)
+    match_rate(cache, keys, 1, 1)
+    runs = []
+    for c in range(cycles):
+        order = (1, 2, 4) if c % 2 == 0 else (4, 2, 1)
+        runs.append({n: match_rate(cache, keys, n, rounds) for n in order})
+    return {
+        "median_per_s": {n: statistics.median(r[n] for r in runs) for n in (1, 2, 4)},
+        "ratios": {f"{n}/1": sorted(r[n] / r[1] for r in runs) for n in (2, 4)},
+    }
 
 
 def gil_sweep(out: str) -> None:
@@ -228,6 +263,9 @@ def main() -> None:
     ap.add_argument("--trace", default=str(traces / "mooncake_conversation_trace.jsonl.zst"))
     ap.add_argument(
         "--repeats", type=int, default=3, help="fresh caches per (workload, page size, cache); best p50 kept"
+    )
+    ap.add_argument(
+        "--thread-cycles", type=int, default=7, help="cycles of the 1/2/4-thread match throughput (medians kept)"
     )
     ap.add_argument("--out", default="target/sglang-bench.json")
     ap.add_argument("--gil-sweep", action="store_true", help="where the GIL release pays (see the docs)")
@@ -287,10 +325,19 @@ def main() -> None:
                 # them across a run as short as the interval.
                 per_round = len(workloads["synthetic"]) * by_ps[ps][kind]["match_p50"] * 1e-6
                 rounds = max(5, math.ceil(THROUGHPUT_SECONDS / per_round))
-                for n in (1, 2, 4):
-                    rate = threads_throughput(kind, workloads["synthetic"], ps, n, rounds=rounds)
-                    tput[f"{kind}_ps{ps}_threads{n}"] = rate
-                    print(f"match throughput, {kind}, ps {ps}, {n} thread(s): {rate:.0f}/s", flush=True)
+                t = threads_paired(kind, workloads["synthetic"], ps, rounds, a.thread_cycles)
+                tput[f"{kind}_ps{ps}"] = t
+                med, rat = t["median_per_s"], t["ratios"]
+                print(
+                    f"match throughput, {kind}, ps {ps}, medians of {a.thread_cycles} cycles: "
+                    + " / ".join(f"{med[n]:,.0f}" for n in (1, 2, 4))
+                    + " per s (1 / 2 / 4 threads); per cycle, median [quartiles]: "
+                    + ", ".join(
+                        f"{k} {statistics.median(v):.2f} [{v[len(v) // 4]:.2f}-{v[3 * len(v) // 4]:.2f}]"
+                        for k, v in rat.items()
+                    ),
+                    flush=True,
+                )
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"latency_us": results, "match_throughput_per_s": tput}, indent=1))
     print(f"wrote {a.out}")
