@@ -74,7 +74,7 @@ sites=$(find src -name '*.rs' | sort | while IFS= read -r f; do
       raw = $0
       line = strip(raw)
       code = raw
-      sub(/\/\/.*/, "", code)   # a mention in a comment is not a cfg
+      sub(/\/\/.*/, "", code)   # a mention in a comment is not a control
       if (match(code, /negative::removed\("[a-z_]+"\)/)) {
         step = substr(code, RSTART, RLENGTH)
         sub(/^negative::removed\("/, "", step); sub(/"\)$/, "", step)

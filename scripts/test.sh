@@ -20,17 +20,22 @@ cd "$(dirname "$0")/.."
 section_name=""
 section_started=$SECONDS
 section_times=()
-section() {
+# Ends the running section (if any): prints and records its time.
+section_end() {
   if [ -n "$section_name" ]; then
     section_times+=("$(printf '%5d s  %s' $((SECONDS - section_started)) "${section_name:0:100}")")
     echo "-- $((SECONDS - section_started)) s"
+    section_name=""
   fi
+}
+section() {
+  section_end
   section_name="$1"
   section_started=$SECONDS
   echo "== $1"
 }
 section_summary() {
-  section "" >/dev/null
+  section_end
   echo "== time per section ($SECONDS s in all)"
   printf '%s\n' "${section_times[@]}"
 }

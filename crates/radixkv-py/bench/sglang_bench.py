@@ -190,13 +190,6 @@ def match_rate(cache, keys: list, threads: int, rounds: int) -> float:
     return rounds * len(keys) / (time.perf_counter() - start)
 
 
-def threads_throughput(kind: str, requests: list[list[int]], ps: int, threads: int, rounds: int) -> float:
-    """Matches per second of `threads` Python threads sharing one fresh
-    `kind` cache holding every request."""
-    cache, keys = filled(kind, requests, ps)
-    return match_rate(cache, keys, threads, rounds)
-
-
 def threads_paired(kind: str, requests: list[list[int]], ps: int, rounds: int, cycles: int) -> dict:
     """Match throughput of 1, 2 and 4 threads sharing one `kind` cache, in
     `cycles` cycles that each measure the three in turn (the order reversed
@@ -230,11 +223,7 @@ def gil_sweep(out: str) -> None:
         rounds = max(4, int(0.2 / (1e-6 + n * 3e-9) / 64))
         for release in ("always", "never"):
             radixkv.set_gil_release_tokens(0 if release == "always" else 1 << 62)
-            cache = make_cache("radixkv", 16)
-            for op, params in plan("synthetic", reqs, 16):
-                if op == "i":
-                    cache.insert(params)
-            keys = [MatchPrefixParams(key=RadixKey(array("q", t))) for t in reqs]
+            cache, keys = filled("radixkv", reqs, 16)
             lat = []
             clock = time.perf_counter_ns
             for _ in range(rounds):
@@ -242,8 +231,9 @@ def gil_sweep(out: str) -> None:
                     t = clock()
                     cache.match_prefix(k)
                     lat.append(clock() - t)
+            # The same cache: the timed matches split no node.
+            rates = [match_rate(cache, keys, t, rounds) for t in (1, 2, 4)]
             del cache
-            rates = [threads_throughput("radixkv", reqs, 16, t, rounds) for t in (1, 2, 4)]
             rows.append({"tokens": n, "release": release, "match_p50_us": pct(lat, 0.5), "per_s": rates})
             print(
                 f"{n:10d} | {release:7s} | {pct(lat, 0.5):8.2f} | "
