@@ -167,7 +167,9 @@ fn suite(rep: &mut Report, w: Arc<Workload>, quick: bool) {
     rep.header(&format!("{wl}: {}", w.about));
     let queries = if quick { 20_000 } else { 200_000 };
 
-    // ---- store (full key), one thread, each index built from empty
+    // ---- store (full key), one thread, each index built from empty; the
+    // workload before this one was just dropped (see `settle_allocator`).
+    settle_allocator();
     let cache = radixkv_cache(w.devices);
     let mut vals = Vec::new();
     let mut h = hist();

@@ -21,6 +21,8 @@ use crate::setup::*;
 pub(crate) fn mooncake_phase(rep: &mut Report, w: Arc<Workload>) {
     let wl = w.name.clone();
     rep.header(&format!("{wl}: {}", w.about));
+    // The workload before this one was just dropped (see `settle_allocator`).
+    settle_allocator();
     let cache = radixkv_cache(w.devices);
     let (mut hq, mut hs) = (hist(), hist());
     let mut vals = Vec::new();
