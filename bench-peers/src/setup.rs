@@ -163,16 +163,15 @@ fn check_answers(
 
 /// Lets the allocator sort what was freed before a timed phase, so that no
 /// index pays for another's frees. glibc leaves freed chunks in an unsorted
-/// list (after consolidating its fast bins into it), and each request that
-/// its thread cache and small bins cannot serve sorts at most 10,000 of
-/// them into their bins before it is served. After an index of hundreds of
-/// thousands of blocks is dropped, one such request left most of the list
-/// to the next timed phase: the first `evict` of the removal phase then
-/// spent 9-30 ms of its 15-20 in `_int_malloc` (perf, W1), sorting the
-/// list for the two bags of a crossbeam-epoch collection. So requests of a
-/// few kilobytes (too large for the thread cache) are made and freed
-/// until the list must be sorted: 1,024 of them sort up to about ten
-/// million chunks, and each costs a fraction of a microsecond once it is.
+/// list (its fast bins are consolidated into it), and each request that its
+/// thread cache and small bins cannot serve first sorts at most 10,000 of
+/// them into their bins. After an index of hundreds of thousands of blocks
+/// is dropped the list is far longer, and whichever index next asked for a
+/// few kilobytes would sort it inside its own timed phase (BENCHMARKS.md,
+/// "what the removal phase was paying for"). So requests of a few
+/// kilobytes (too large for the thread cache) are made and freed here:
+/// 1,024 of them sort up to about ten million chunks, and each costs a
+/// fraction of a microsecond once the list is sorted.
 pub(crate) fn settle_allocator() {
     for _ in 0..1024 {
         drop(std::hint::black_box(Vec::<u8>::with_capacity(4096)));
