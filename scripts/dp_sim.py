@@ -187,6 +187,13 @@ def run(trace, policy: str, ranks: int, capacity: int, a) -> dict:
             balance_abs=a.balance_abs,
             balance_rel=a.balance_rel,
             balance=a.balance,
+            # In the router's token ids: a trace's block is fewer ids than
+            # its real tokens here (`--block-tokens`).
+            keep_prefix_tokens=(
+                None
+                if a.keep_prefix_tokens is None
+                else max(1, a.keep_prefix_tokens * a.block_tokens // a.real_block)
+            ),
             pending_ttl_s=1e9,
             pending_tokens=1 << 30,
         )
@@ -311,6 +318,12 @@ def main() -> None:
     p.add_argument("--balance-abs", type=int, default=d["balance_abs"])
     p.add_argument("--balance-rel", type=float, default=d["balance_rel"])
     p.add_argument("--balance", choices=["global", "above_mean"], default=d["balance"])
+    p.add_argument(
+        "--keep-prefix-tokens",
+        type=lambda v: None if v == "none" else int(v),
+        default=d.get("keep_prefix_tokens"),
+        help="a rank holding this many of a prompt's real tokens keeps it (none: never)",
+    )
     p.add_argument("--only", nargs="+", help="dispatchers to run (default all)")
     a = p.parse_args()
     if a.format == "gsp":

@@ -20,6 +20,11 @@
 //!   its requests: with many devices the least busy one is often nearly
 //!   idle, and the global rule would then send most requests to it, cached
 //!   elsewhere or not.
+//!
+//! Under either rule, a device holding at least
+//! [`CacheAwarePolicy::keep_prefix_tokens`] of the request never steps
+//! aside for load: sending the request elsewhere would recompute that
+//! prefix there, and a long context is worth its device's queue.
 
 /// When the load overrides the longest prefix in [`choose`]: under
 /// [`Global`](BalanceRule::Global), an imbalance anywhere sends the
@@ -60,6 +65,10 @@ pub struct CacheAwarePolicy {
     pub copy_slack_long: usize,
     /// What counts as a long prefix (default: never).
     pub long_prefix_tokens: usize,
+    /// A device whose prefix of the request has at least this many tokens
+    /// keeps competing on it however loaded it is (default `usize::MAX`:
+    /// the load rules apply to every device).
+    pub keep_prefix_tokens: usize,
 }
 
 impl Default for CacheAwarePolicy {
@@ -72,6 +81,7 @@ impl Default for CacheAwarePolicy {
             copy_slack: 2,
             copy_slack_long: 16,
             long_prefix_tokens: usize::MAX,
+            keep_prefix_tokens: usize::MAX,
         }
     }
 }
@@ -129,6 +139,9 @@ pub fn least_loaded(load: &[usize]) -> usize {
 /// // Equal prefixes: the less loaded, then the smaller cache.
 /// assert_eq!(choose(&p, &[1, 0], || vec![0, 0], |_| 0).device, 1);
 /// assert_eq!(choose(&p, &[0, 0], || vec![0, 0], |d| [500, 100][d]).device, 1);
+/// // A prefix of at least `keep_prefix_tokens` keeps its device.
+/// let keep = CacheAwarePolicy { keep_prefix_tokens: 64, ..p };
+/// assert_eq!(choose(&keep, &[40, 2], || vec![64, 16], |_| 0).device, 0);
 /// ```
 pub fn choose(
     policy: &CacheAwarePolicy,
@@ -136,16 +149,31 @@ pub fn choose(
     prefixes: impl FnOnce() -> Vec<usize>,
     resident: impl Fn(usize) -> usize,
 ) -> Choice {
-    if policy.rule == BalanceRule::Global && policy.imbalanced(load) {
-        return Choice {
-            device: least_loaded(load),
-            expected_prefix: 0,
-            balanced: true,
-        };
+    let keep = policy.keep_prefix_tokens;
+    let imbalanced = policy.rule == BalanceRule::Global && policy.imbalanced(load);
+    let balance = Choice {
+        device: least_loaded(load),
+        expected_prefix: 0,
+        balanced: true,
+    };
+    if imbalanced && keep == usize::MAX {
+        return balance;
     }
     let n = load.len();
     let mut best = prefixes();
     best.resize(n, 0);
+    if imbalanced {
+        // Only a device keeping its prefix takes the request from the
+        // least loaded.
+        return (0..n)
+            .filter(|&d| best[d] >= keep)
+            .max_by_key(|&d| (best[d], std::cmp::Reverse(load[d]), std::cmp::Reverse(d)))
+            .map_or(balance, |d| Choice {
+                device: d,
+                expected_prefix: best[d],
+                balanced: false,
+            });
+    }
     let min = load.iter().copied().min().unwrap_or(0);
     let slack = if policy.copies {
         let longest = best.iter().copied().max().unwrap_or(0);
@@ -170,12 +198,13 @@ pub fn choose(
         )
     };
     // `max_by_key` keys each device once: `resident` is read once each.
+    let steps_aside = |d: usize| load[d] as f64 > bound && best[d] < keep;
     let device = (0..n)
-        .filter(|&d| load[d] <= slack && load[d] as f64 <= bound)
+        .filter(|&d| load[d] <= slack && !steps_aside(d))
         .max_by_key(|&d| key(d))
         .unwrap_or_else(|| least_loaded(load));
     // Balancing chose if a device that stepped aside had a longer prefix.
-    let balanced = (0..n).any(|d| load[d] as f64 > bound && best[d] > best[device]);
+    let balanced = (0..n).any(|d| steps_aside(d) && best[d] > best[device]);
     Choice {
         device,
         expected_prefix: best.get(device).copied().unwrap_or(0),
@@ -234,6 +263,63 @@ mod tests {
         // A prefix nobody has: the least loaded, not balanced.
         let c = choose(&above_mean(), &load, || vec![0; 4], |_| 0);
         assert_eq!((c.device, c.balanced), (1, false));
+    }
+
+    #[test]
+    fn a_kept_prefix_stays_with_its_device_under_either_rule() {
+        // Above mean: device 0 (12 > bound 7.5) keeps its 64 tokens.
+        let load = [12, 0, 3, 5];
+        let keep = |rule| CacheAwarePolicy {
+            rule,
+            keep_prefix_tokens: 64,
+            ..above_mean()
+        };
+        let c = choose(
+            &keep(BalanceRule::AboveMean),
+            &load,
+            || vec![64, 0, 32, 16],
+            |_| 0,
+        );
+        assert_eq!((c.device, c.expected_prefix, c.balanced), (0, 64, false));
+        // A prefix one token short steps aside as before.
+        let c = choose(
+            &keep(BalanceRule::AboveMean),
+            &load,
+            || vec![63, 0, 32, 16],
+            |_| 0,
+        );
+        assert_eq!((c.device, c.expected_prefix, c.balanced), (2, 32, true));
+        // Global, imbalanced (12 > 4 and 12 > 1.5 x 0): the kept prefix
+        // wins over the least loaded; without one, the least loaded.
+        let c = choose(
+            &keep(BalanceRule::Global),
+            &load,
+            || vec![64, 0, 32, 16],
+            |_| 0,
+        );
+        assert_eq!((c.device, c.expected_prefix, c.balanced), (0, 64, false));
+        let c = choose(
+            &keep(BalanceRule::Global),
+            &load,
+            || vec![63, 0, 32, 16],
+            |_| 0,
+        );
+        assert_eq!((c.device, c.expected_prefix, c.balanced), (1, 0, true));
+        // Two kept prefixes: the longer, then the less loaded.
+        let c = choose(
+            &keep(BalanceRule::Global),
+            &load,
+            || vec![64, 0, 96, 16],
+            |_| 0,
+        );
+        assert_eq!(c.device, 2);
+        let c = choose(
+            &keep(BalanceRule::Global),
+            &load,
+            || vec![64, 0, 64, 16],
+            |_| 0,
+        );
+        assert_eq!(c.device, 2);
     }
 
     #[test]

@@ -138,6 +138,7 @@ impl RouterConfig {
             copy_slack: self.copy_slack,
             copy_slack_long: self.copy_slack_long,
             long_prefix_tokens: self.long_prefix_tokens,
+            ..CacheAwarePolicy::default()
         }
     }
 }

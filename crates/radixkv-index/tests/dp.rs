@@ -224,6 +224,43 @@ fn above_mean_weighs_each_active_rank_against_the_mean_of_the_active() {
 }
 
 #[test]
+fn a_rank_holding_keep_prefix_tokens_keeps_the_request_however_loaded() {
+    let policy = |keep| DpPolicy {
+        cache_aware: CacheAwarePolicy {
+            rule: BalanceRule::AboveMean,
+            balance_abs: 4,
+            balance_rel: 1.2,
+            keep_prefix_tokens: keep,
+            ..CacheAwarePolicy::default()
+        },
+        ..DpPolicy::default()
+    };
+    // Rank 1 holds 4 tokens (two pages) of the prompt and runs 12
+    // requests against a mean of 7.25 (bound 8.7).
+    let e = batch(&[stored(&[7, 8], None, &[1, 2, 3, 4])], Encoding::Map);
+    let busy = load(&[5, 12, 8, 4]);
+    for (keep, device, prefix, balanced) in [(4, 1, 4, false), (5, 3, 0, true)] {
+        let r = DpRouter::new(4, 2, policy(keep)).unwrap();
+        r.ingest(1, &e, None).unwrap();
+        let c = r.route(&[1, 2, 3, 4, 9], None, &busy).unwrap().unwrap();
+        assert_eq!(
+            (c.device, c.expected_prefix, c.balanced),
+            (device, prefix, balanced),
+            "keep_prefix_tokens {keep}"
+        );
+    }
+    // What was sent counts as held: the next turn of a prompt routed to
+    // the busy rank stays there before the rank has cached it.
+    let r = DpRouter::new(4, 2, policy(4)).unwrap();
+    let quiet = load(&[0, 0, 0, 0]);
+    let first = r.route(&[5, 6, 7, 8], None, &quiet).unwrap().unwrap();
+    let mut l = load(&[1, 1, 1, 1]);
+    l[first.device].requests = 12;
+    let c = r.route(&[5, 6, 7, 8, 9, 9], None, &l).unwrap().unwrap();
+    assert_eq!((c.device, c.expected_prefix), (first.device, 4));
+}
+
+#[test]
 fn tokens_can_be_the_load_and_bad_input_is_an_error() {
     let r = DpRouter::new(
         2,

@@ -16,8 +16,9 @@ use std::time::Duration;
 /// already sent there, unless the load keeps it away (`balance`: under
 /// `"global"`, when the busiest is above `balance_abs` and `balance_rel`
 /// times the least busy, the least loaded; under `"above_mean"`, a rank
-/// above `balance_abs` and `balance_rel` times the mean steps aside); ties
-/// to the less loaded.
+/// above `balance_abs` and `balance_rel` times the mean steps aside), except
+/// a rank holding at least `keep_prefix_tokens` of the request, which keeps
+/// it however loaded; ties to the less loaded.
 #[pyclass(module = "radixkv._radixkv", frozen)]
 pub(crate) struct DpRouter {
     inner: Arc<Inner>,
@@ -47,11 +48,14 @@ impl DpRouter {
     /// `pending_tokens` tokens of them. `balance` is the imbalance rule:
     /// `"global"` (the busiest against the least busy; when imbalanced the
     /// least loaded takes the request) or `"above_mean"` (a rank above
-    /// `balance_abs` and `balance_rel` times the mean steps aside).
+    /// `balance_abs` and `balance_rel` times the mean steps aside). Under
+    /// either, a rank holding (or sent) at least `keep_prefix_tokens` of a
+    /// request's tokens keeps competing for it however loaded (`None`, the
+    /// default: every rank is subject to the rule).
     #[new]
     // One parameter per keyword argument of the Python constructor.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (ranks, page_size, *, balance_abs=32, balance_rel=1.5, load="requests", pending_ttl_s=10.0, pending_tokens=1 << 20, balance="global"))]
+    #[pyo3(signature = (ranks, page_size, *, balance_abs=32, balance_rel=1.5, load="requests", pending_ttl_s=10.0, pending_tokens=1 << 20, balance="global", keep_prefix_tokens=None))]
     fn new(
         py: Python<'_>,
         ranks: usize,
@@ -62,6 +66,7 @@ impl DpRouter {
         pending_ttl_s: f64,
         pending_tokens: usize,
         balance: &str,
+        keep_prefix_tokens: Option<usize>,
     ) -> PyResult<Self> {
         let rule = match balance {
             "global" => BalanceRule::Global,
@@ -88,6 +93,7 @@ impl DpRouter {
                 rule,
                 balance_abs,
                 balance_rel,
+                keep_prefix_tokens: keep_prefix_tokens.unwrap_or(usize::MAX),
                 ..CacheAwarePolicy::default()
             },
             load,

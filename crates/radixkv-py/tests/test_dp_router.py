@@ -123,6 +123,30 @@ def test_above_mean_keeps_a_prefix_the_global_rule_would_move():
     assert routes == {"global": 3, "above_mean": 1}
 
 
+def test_keep_prefix_tokens_keeps_a_long_prefix_on_its_busy_rank():
+    # Rank 1 holds [1, 2, 3, 4] and runs 12 requests (mean 7.25, bound
+    # 1.2 x 7.25 = 8.7): it steps aside unless its 4 tokens are enough.
+    loads = [(5, 0), (12, 0), (8, 0), (4, 0)]
+    routes = {}
+    for rule in ("global", "above_mean"):
+        for keep in (None, 4, 5):
+            r = radixkv.DpRouter(
+                4, 2, balance=rule, balance_abs=4, balance_rel=1.2, keep_prefix_tokens=keep
+            )
+            r.ingest(1, batch(stored([7, 8], None, [1, 2, 3, 4])))
+            routes[rule, keep] = r.route([1, 2, 3, 4, 9], loads=loads)
+    assert routes == {
+        ("global", None): 3,
+        ("global", 4): 1,
+        ("global", 5): 3,
+        ("above_mean", None): 3,
+        ("above_mean", 4): 1,
+        ("above_mean", 5): 3,
+    }
+    with pytest.raises(OverflowError):
+        radixkv.DpRouter(2, 2, keep_prefix_tokens=-1)
+
+
 def test_a_subscribed_rank_is_followed_from_a_pyzmq_publisher():
     import socket
     import struct

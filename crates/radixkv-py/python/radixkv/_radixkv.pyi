@@ -288,7 +288,8 @@ class DpRouter:
     or already sent there, unless the load keeps that rank away: under
     ``balance="global"`` any imbalance sends it to the least loaded, under
     ``"above_mean"`` a rank above ``balance_abs`` and ``balance_rel`` times
-    the mean steps aside)."""
+    the mean steps aside; a rank holding or sent at least
+    ``keep_prefix_tokens`` of the request never does)."""
 
     def __init__(
         self,
@@ -301,6 +302,7 @@ class DpRouter:
         pending_ttl_s: float = 10.0,
         pending_tokens: int = 1 << 20,
         balance: Literal["global", "above_mean"] = "global",
+        keep_prefix_tokens: Optional[int] = None,
     ) -> None: ...
     @property
     def ranks(self) -> int: ...
