@@ -31,7 +31,9 @@
 #     decision equal to an oracle from the ranks' caches and loads;
 #     routed_dp_rank, a restarted rank, a lost batch (total_tokens until
 #     the rank clears), events off refused; its negative control (a router
-#     that forgets what it sent) must spread a burst;
+#     that forgets what it sent) must spread a burst; again on SGLang's
+#     caches with keep_prefix_tokens set (decisions that keep a long
+#     prefix on a loaded rank among them);
 #   - negative controls, each of which must report a difference:
 #     RADIXKV_DIFF_FAULT=priority (radixkv drops the insert priority),
 #     =hits (radixkv counts hits on match), =slru (radixkv's slru without
@@ -72,6 +74,8 @@ echo "-- the shared conformance vectors through the Python API and the backend (
 
 echo "-- radixkv's DP dispatch inside SGLang's DataParallelController (dp_dispatch.py)"
 "$venv/bin/python" "$here/dp_dispatch.py"
+echo "-- the same with RADIXKV_DP_OPTIONS' keep_prefix_tokens (a loaded rank keeps a long prefix)"
+RADIXKV_DP_CHECK_OPTIONS='{"keep_prefix_tokens": 64}' "$venv/bin/python" "$here/dp_dispatch.py"
 
 echo "-- negative controls: each must report a difference"
 # control SCRIPT FAULT ARGS...: SCRIPT run with RADIXKV_DIFF_FAULT=FAULT

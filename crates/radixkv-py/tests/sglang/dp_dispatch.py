@@ -25,7 +25,12 @@ that forgets what it sent sends them elsewhere, and its late batch
 applies without a gap; the switch off leaves SGLang's dispatch alone;
 events off refuse the start, naming the flag. The negative control, a
 router that forgets what it sent, must differ from the oracle on a burst
-of one prefix. Exits 1 on the first failure.
+of one prefix. With `RADIXKV_DP_CHECK_OPTIONS` (a JSON object of
+`DpRouter`'s keyword arguments, laid over the plug-in's defaults) it
+checks that rule instead, on SGLang's caches only; with
+`keep_prefix_tokens` in it, the oracle keeps a long prefix on its loaded
+rank too, and at least 10 decisions must be of that kind. Exits 1 on the
+first failure.
 """
 
 from __future__ import annotations
@@ -42,9 +47,11 @@ from array import array
 warnings.filterwarnings("ignore")
 os.environ["RADIXKV_DP_DISPATCH"] = "1"
 os.environ["SGLANG_PLUGINS"] = "radixkv"
-# The plug-in's default rule; prompts sent count as sent for the whole run
-# (the oracle's model).
-os.environ["RADIXKV_DP_OPTIONS"] = '{"pending_ttl_s": 3600}'
+# The plug-in's default rule, with RADIXKV_DP_CHECK_OPTIONS (a JSON object
+# of DpRouter's keyword arguments) laid over it; prompts sent count as sent
+# for the whole run (the oracle's model).
+EXTRA = json.loads(os.environ.get("RADIXKV_DP_CHECK_OPTIONS") or "{}")
+os.environ["RADIXKV_DP_OPTIONS"] = json.dumps({**EXTRA, "pending_ttl_s": 3600})
 
 import torch  # noqa: E402
 import zmq  # noqa: E402
@@ -269,12 +276,14 @@ def overloaded(loads, active) -> list[int]:
 
 
 def oracle(ranks, sent, tokens, loads, active):
-    """The rank the docs' rule picks, and its prefix: among the active
-    ranks the rule does not keep away (see `overloaded`), the longest
+    """The rank the docs' rule picks, its prefix, and whether it won by
+    keeping its prefix: among the active ranks the rule does not keep away
+    (see `overloaded`; with `keep_prefix_tokens`, a rank holding or sent at
+    least that many tokens of the request is not kept away), the longest
     prefix cached on the rank or sent to it (whole pages), then the lighter
     load, then the lower index."""
     out = overloaded(loads, active)
-    idx = [r for r in range(RANKS) if active[r] and r not in out]
+    keep = OPTIONS.get("keep_prefix_tokens")
     whole = len(tokens) // PAGE * PAGE
 
     def common(a, b):
@@ -290,8 +299,10 @@ def oracle(ranks, sent, tokens, loads, active):
         was_sent = max((common(tokens, p) for p, q in sent if q == r), default=0)
         return max(cached, was_sent)
 
+    kept = [r for r in out if keep is not None and prefix(r) >= keep]
+    idx = [r for r in range(RANKS) if active[r] and (r not in out or r in kept)]
     best = max(idx, key=lambda r: (prefix(r), -measure(loads[r]), -r))
-    return best, prefix(best)
+    return best, prefix(best), best in out
 
 
 def wait_applied(router, ranks, tokens) -> None:
@@ -340,7 +351,8 @@ def conversations(rng: random.Random, n: int):
 
 def main() -> None:
     load_plugins()
-    for kind in ["sglang", "radixkv"]:
+    # A pass with extra options checks the rule on SGLang's caches only.
+    for kind in ["sglang"] if EXTRA else ["sglang", "radixkv"]:
         names = {"sglang": "SGLang's RadixCache", "radixkv": "radixkv's backend"}
         print(f"== ranks of {names[kind]}")
         check(kind)
@@ -391,7 +403,7 @@ def check(kind: str) -> None:
 
     print("-- every decision equals the oracle (caches, prompts sent, loads)")
     sent: list[tuple[list[int], int]] = []
-    decisions = mismatches = balanced = by_prefix = 0
+    decisions = mismatches = balanced = by_prefix = by_keep = 0
     for tokens in conversations(rng, 300):
         loads = [(rng.randrange(0, 8), rng.choice([0, 100, 2000, 9000])) for _ in range(RANKS)]
         if rng.random() < 0.15:
@@ -402,8 +414,9 @@ def check(kind: str) -> None:
         c.dp_budget.total_requests = [q for q, _ in loads]
         c.dp_budget.total_tokens = [t for _, t in loads]
         c._active_workers = [r for r in range(RANKS) if active[r]]
-        want, want_prefix = oracle(ranks, sent, tokens, loads, active)
+        want, want_prefix, want_kept = oracle(ranks, sent, tokens, loads, active)
         by_prefix += int(want_prefix > 0)
+        by_keep += int(want_kept)
         sent_frames.clear()
         c.dispatching(Req(tokens))
         got = sent_frames[0][0] if sent_frames else None
@@ -425,6 +438,8 @@ def check(kind: str) -> None:
         f"({by_prefix} to a rank holding a prefix, {balanced} under imbalance)",
     )
     expect(by_prefix >= 100 and balanced >= 10, "both rules exercised")
+    if "keep_prefix_tokens" in EXTRA:
+        expect(by_keep >= 10, f"{by_keep} decisions to a loaded rank keeping its prefix")
     expect(
         d.fallbacks == 0 and d.routed == decisions,
         f"all routed by radixkv ({d.routed}), no fallback",
