@@ -66,8 +66,9 @@ pub struct CacheAwarePolicy {
     /// What counts as a long prefix (default: never).
     pub long_prefix_tokens: usize,
     /// A device whose prefix of the request has at least this many tokens
-    /// keeps competing on it however loaded it is (default `usize::MAX`:
-    /// the load rules apply to every device).
+    /// keeps competing on it however loaded it is, under either
+    /// [`BalanceRule`] (the copy slack of [`copies`](Self::copies) still
+    /// applies; default `usize::MAX`: the rules apply to every device).
     pub keep_prefix_tokens: usize,
 }
 
