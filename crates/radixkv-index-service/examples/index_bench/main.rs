@@ -122,6 +122,20 @@ struct Args {
     out: Option<PathBuf>,
 }
 
+const USAGE: &str = "usage: index_bench --trace FILE [--trace FILE ...] \
+[--radixkv PATH] [--dynamo-python PATH] [--only radixkv|dynamo|none] \
+[--requests N] [--workers N] [--ranks N] [--capacity BLOCKS] [--seconds S] \
+[--probes N] [--threads N] [--max-tiers N] [--client wire|hyper] [--out FILE]
+(scripts/index-bench.sh runs it with both indexes; see the module docs)";
+
+/// `v`, the value of `flag`, parsed; a usage error if it does not parse.
+fn parsed<T: std::str::FromStr>(flag: &str, v: String) -> T {
+    v.parse().unwrap_or_else(|_| {
+        eprintln!("index_bench: {flag} {v:?} is not a valid value\n{USAGE}");
+        std::process::exit(2)
+    })
+}
+
 fn args() -> Args {
     let mut a = Args {
         radixkv: "target/release/radixkv".into(),
@@ -141,32 +155,50 @@ fn args() -> Args {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let mut v = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        let mut v = || {
+            it.next().unwrap_or_else(|| {
+                eprintln!("index_bench: {flag} needs a value\n{USAGE}");
+                std::process::exit(2)
+            })
+        };
         match flag.as_str() {
             "--radixkv" => a.radixkv = v().into(),
             "--dynamo-python" => a.dynamo_python = v().into(),
             "--trace" => a.traces.push(v().into()),
-            "--requests" => a.requests = v().parse().expect("--requests"),
-            "--workers" => a.workers = v().parse().expect("--workers"),
-            "--ranks" => a.ranks = v().parse().expect("--ranks"),
-            "--capacity" => a.capacity = v().parse().expect("--capacity"),
-            "--seconds" => a.seconds = v().parse().expect("--seconds"),
-            "--probes" => a.probes = v().parse().expect("--probes"),
-            "--threads" => a.threads = v().parse().expect("--threads"),
-            "--max-tiers" => a.max_tiers = Some(v().parse().expect("--max-tiers")),
+            "--requests" => a.requests = parsed(&flag, v()),
+            "--workers" => a.workers = parsed(&flag, v()),
+            "--ranks" => a.ranks = parsed(&flag, v()),
+            "--capacity" => a.capacity = parsed(&flag, v()),
+            "--seconds" => a.seconds = parsed(&flag, v()),
+            "--probes" => a.probes = parsed(&flag, v()),
+            "--threads" => a.threads = parsed(&flag, v()),
+            "--max-tiers" => a.max_tiers = Some(parsed(&flag, v())),
             "--only" => a.only = Some(v()),
             "--client" => {
                 a.wire_client = match v().as_str() {
                     "wire" => true,
                     "hyper" => false,
-                    other => panic!("--client is wire or hyper, not {other}"),
+                    other => {
+                        eprintln!("index_bench: --client is wire or hyper, not {other}\n{USAGE}");
+                        std::process::exit(2)
+                    }
                 }
             }
             "--out" => a.out = Some(v().into()),
-            other => panic!("unknown flag {other}"),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => {
+                eprintln!("index_bench: unknown flag {other}\n{USAGE}");
+                std::process::exit(2);
+            }
         }
     }
-    assert!(!a.traces.is_empty(), "give at least one --trace FILE");
+    if a.traces.is_empty() {
+        eprintln!("index_bench: give at least one --trace FILE\n{USAGE}");
+        std::process::exit(2);
+    }
     a
 }
 
