@@ -268,59 +268,36 @@ mod tests {
 
     #[test]
     fn a_kept_prefix_stays_with_its_device_under_either_rule() {
-        // Above mean: device 0 (12 > bound 7.5) keeps its 64 tokens.
+        use BalanceRule::{AboveMean, Global};
+        // Device 0 runs 12: above the mean's bound (7.5) and, under the
+        // global rule, imbalanced (12 > 4 and 12 > 1.5 x 0).
         let load = [12, 0, 3, 5];
-        let keep = |rule| CacheAwarePolicy {
-            rule,
-            keep_prefix_tokens: 64,
-            ..above_mean()
-        };
-        let c = choose(
-            &keep(BalanceRule::AboveMean),
-            &load,
-            || vec![64, 0, 32, 16],
-            |_| 0,
-        );
-        assert_eq!((c.device, c.expected_prefix, c.balanced), (0, 64, false));
-        // A prefix one token short steps aside as before.
-        let c = choose(
-            &keep(BalanceRule::AboveMean),
-            &load,
-            || vec![63, 0, 32, 16],
-            |_| 0,
-        );
-        assert_eq!((c.device, c.expected_prefix, c.balanced), (2, 32, true));
-        // Global, imbalanced (12 > 4 and 12 > 1.5 x 0): the kept prefix
-        // wins over the least loaded; without one, the least loaded.
-        let c = choose(
-            &keep(BalanceRule::Global),
-            &load,
-            || vec![64, 0, 32, 16],
-            |_| 0,
-        );
-        assert_eq!((c.device, c.expected_prefix, c.balanced), (0, 64, false));
-        let c = choose(
-            &keep(BalanceRule::Global),
-            &load,
-            || vec![63, 0, 32, 16],
-            |_| 0,
-        );
-        assert_eq!((c.device, c.expected_prefix, c.balanced), (1, 0, true));
-        // Two kept prefixes: the longer, then the less loaded.
-        let c = choose(
-            &keep(BalanceRule::Global),
-            &load,
-            || vec![64, 0, 96, 16],
-            |_| 0,
-        );
-        assert_eq!(c.device, 2);
-        let c = choose(
-            &keep(BalanceRule::Global),
-            &load,
-            || vec![64, 0, 64, 16],
-            |_| 0,
-        );
-        assert_eq!(c.device, 2);
+        // (rule, prefixes, device, expected prefix, balanced)
+        let cases = [
+            // Its 64 tokens keep it under either rule.
+            (AboveMean, [64, 0, 32, 16], 0, 64, false),
+            (Global, [64, 0, 32, 16], 0, 64, false),
+            // One token short, it steps aside as before: to the next
+            // longest prefix, or under the global rule the least loaded.
+            (AboveMean, [63, 0, 32, 16], 2, 32, true),
+            (Global, [63, 0, 32, 16], 1, 0, true),
+            // Two kept prefixes: the longer, then the less loaded.
+            (Global, [64, 0, 96, 16], 2, 96, false),
+            (Global, [64, 0, 64, 16], 2, 64, false),
+        ];
+        for (rule, prefixes, device, prefix, balanced) in cases {
+            let p = CacheAwarePolicy {
+                rule,
+                keep_prefix_tokens: 64,
+                ..above_mean()
+            };
+            let c = choose(&p, &load, || prefixes.to_vec(), |_| 0);
+            assert_eq!(
+                (c.device, c.expected_prefix, c.balanced),
+                (device, prefix, balanced),
+                "{rule:?}, prefixes {prefixes:?}"
+            );
+        }
     }
 
     #[test]
