@@ -93,7 +93,8 @@ pub struct Choice {
     /// The device (or rank).
     pub device: usize,
     /// The prefix expected there (cached or dispatched), in tokens; 0 when
-    /// balancing chose.
+    /// the global rule sent it to the least loaded without reading the
+    /// prefixes.
     pub expected_prefix: usize,
     /// Whether load balancing overrode the longest prefix.
     pub balanced: bool,
@@ -152,29 +153,17 @@ pub fn choose(
 ) -> Choice {
     let keep = policy.keep_prefix_tokens;
     let imbalanced = policy.rule == BalanceRule::Global && policy.imbalanced(load);
-    let balance = Choice {
-        device: least_loaded(load),
-        expected_prefix: 0,
-        balanced: true,
-    };
     if imbalanced && keep == usize::MAX {
-        return balance;
+        // No prefix can keep a device: the prefixes are not read.
+        return Choice {
+            device: least_loaded(load),
+            expected_prefix: 0,
+            balanced: true,
+        };
     }
     let n = load.len();
     let mut best = prefixes();
     best.resize(n, 0);
-    if imbalanced {
-        // Only a device keeping its prefix takes the request from the
-        // least loaded.
-        return (0..n)
-            .filter(|&d| best[d] >= keep)
-            .max_by_key(|&d| (best[d], std::cmp::Reverse(load[d]), std::cmp::Reverse(d)))
-            .map_or(balance, |d| Choice {
-                device: d,
-                expected_prefix: best[d],
-                balanced: false,
-            });
-    }
     let min = load.iter().copied().min().unwrap_or(0);
     let slack = if policy.copies {
         let longest = best.iter().copied().max().unwrap_or(0);
@@ -186,10 +175,15 @@ pub fn choose(
     } else {
         usize::MAX
     };
+    // Whom the load keeps from the longest prefix: under the global rule,
+    // when imbalanced, every device but the least loaded; under the other,
+    // those above the bound.
+    let least = imbalanced.then(|| least_loaded(load));
     let bound = match policy.rule {
         BalanceRule::Global => f64::INFINITY,
         BalanceRule::AboveMean => policy.overload_bound(load),
     };
+    let overloaded = |d: usize| least.is_some_and(|l| l != d) || load[d] as f64 > bound;
     let key = |d: usize| {
         (
             best[d],
@@ -199,7 +193,7 @@ pub fn choose(
         )
     };
     // `max_by_key` keys each device once: `resident` is read once each.
-    let steps_aside = |d: usize| load[d] as f64 > bound && best[d] < keep;
+    let steps_aside = |d: usize| overloaded(d) && best[d] < keep;
     let device = (0..n)
         .filter(|&d| load[d] <= slack && !steps_aside(d))
         .max_by_key(|&d| key(d))
