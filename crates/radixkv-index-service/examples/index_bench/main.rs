@@ -128,12 +128,16 @@ const USAGE: &str = "usage: index_bench --trace FILE [--trace FILE ...] \
 [--probes N] [--threads N] [--max-tiers N] [--client wire|hyper] [--out FILE]
 (scripts/index-bench.sh runs it with both indexes; see the module docs)";
 
+/// Says `what` was wrong and the usage, and exits with status 2.
+fn usage_error(what: std::fmt::Arguments<'_>) -> ! {
+    eprintln!("index_bench: {what}\n{USAGE}");
+    std::process::exit(2)
+}
+
 /// `v`, the value of `flag`, parsed; a usage error if it does not parse.
 fn parsed<T: std::str::FromStr>(flag: &str, v: String) -> T {
-    v.parse().unwrap_or_else(|_| {
-        eprintln!("index_bench: {flag} {v:?} is not a valid value\n{USAGE}");
-        std::process::exit(2)
-    })
+    v.parse()
+        .unwrap_or_else(|_| usage_error(format_args!("{flag} {v:?} is not a valid value")))
 }
 
 fn args() -> Args {
@@ -156,10 +160,8 @@ fn args() -> Args {
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut v = || {
-            it.next().unwrap_or_else(|| {
-                eprintln!("index_bench: {flag} needs a value\n{USAGE}");
-                std::process::exit(2)
-            })
+            it.next()
+                .unwrap_or_else(|| usage_error(format_args!("{flag} needs a value")))
         };
         match flag.as_str() {
             "--radixkv" => a.radixkv = v().into(),
@@ -178,10 +180,7 @@ fn args() -> Args {
                 a.wire_client = match v().as_str() {
                     "wire" => true,
                     "hyper" => false,
-                    other => {
-                        eprintln!("index_bench: --client is wire or hyper, not {other}\n{USAGE}");
-                        std::process::exit(2)
-                    }
+                    other => usage_error(format_args!("--client is wire or hyper, not {other}")),
                 }
             }
             "--out" => a.out = Some(v().into()),
@@ -189,15 +188,11 @@ fn args() -> Args {
                 println!("{USAGE}");
                 std::process::exit(0);
             }
-            other => {
-                eprintln!("index_bench: unknown flag {other}\n{USAGE}");
-                std::process::exit(2);
-            }
+            other => usage_error(format_args!("unknown flag {other}")),
         }
     }
     if a.traces.is_empty() {
-        eprintln!("index_bench: give at least one --trace FILE\n{USAGE}");
-        std::process::exit(2);
+        usage_error(format_args!("give at least one --trace FILE"));
     }
     a
 }
