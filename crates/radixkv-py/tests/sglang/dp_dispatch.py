@@ -35,6 +35,7 @@ first failure.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -294,6 +295,9 @@ def oracle(ranks, sent, tokens, loads, active):
             n += 1
         return n // PAGE * PAGE
 
+    # Once per rank (a match is a cache's whole walk), and only for the
+    # ranks asked about.
+    @functools.cache
     def prefix(r):
         cached = ranks[r].match(tokens)
         was_sent = max((common(tokens, p) for p, q in sent if q == r), default=0)
