@@ -22,7 +22,7 @@ over the mean, TTFT mean/p50/p99 (queueing for the prefill plus the
 prefill), and for radixkv the dispatch call's p50 and p99.
 
     python scripts/dp_sim.py TRACE --ranks 4 [--requests N] [--pool-frac 0.35]
-    python scripts/dp_sim.py AGENTIC_TRACE --format agentic --block-tokens 4 --page 4
+    python scripts/dp_sim.py AGENTIC_TRACE --format agentic --block-tokens 4 --page 4 [--seed 7]
     python scripts/dp_sim.py gsp --format gsp
 
 radixkv's router takes the SGLang plug-in's default options
@@ -194,6 +194,7 @@ def run(trace, policy: str, ranks: int, capacity: int, a) -> dict:
                 if a.keep_prefix_tokens is None
                 else max(1, a.keep_prefix_tokens * a.block_tokens // a.real_block)
             ),
+            new_prefix=a.new_prefix,
             pending_ttl_s=1e9,
             pending_tokens=1 << 30,
         )
@@ -305,6 +306,7 @@ def main() -> None:
     p.add_argument("trace")
     p.add_argument("--format", choices=["mooncake", "agentic", "gsp"], default="mooncake")
     p.add_argument("--mean-gap-s", type=float, default=1.0, help="agentic: between conversations")
+    p.add_argument("--seed", type=int, default=7, help="agentic: of the conversations' gaps")
     p.add_argument("--ranks", type=int, nargs="+", default=[4, 8])
     p.add_argument("--requests", type=int, default=12031)
     p.add_argument("--pool-frac", type=float, default=0.35)
@@ -324,13 +326,19 @@ def main() -> None:
         default=d.get("keep_prefix_tokens"),
         help="a rank holding this many of a prompt's real tokens keeps it (none: never)",
     )
+    p.add_argument(
+        "--new-prefix",
+        choices=["least_loaded", "least_written"],
+        default=d.get("new_prefix", "least_loaded"),
+        help="where a prompt no rank holds any of goes",
+    )
     p.add_argument("--only", nargs="+", help="dispatchers to run (default all)")
     a = p.parse_args()
     if a.format == "gsp":
         # SGLang's bench_serving defaults; one token per block.
         trace, a.real_block, a.block_tokens = gsp(64, 16, 2048, 128, 256, 42), 1, 1
     elif a.format == "agentic":
-        trace, a.real_block = read_agentic(a.trace, a.requests, a.mean_gap_s, 7)
+        trace, a.real_block = read_agentic(a.trace, a.requests, a.mean_gap_s, a.seed)
     else:
         trace, a.real_block = read_mooncake(a.trace, a.requests), 512
     distinct = len({h for *_, hs in trace for h in hs}) * a.block_tokens

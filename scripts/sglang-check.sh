@@ -33,14 +33,17 @@
 #     the rank clears), events off refused; its negative control (a router
 #     that forgets what it sent) must spread a burst; again on SGLang's
 #     caches with keep_prefix_tokens set (decisions that keep a long
-#     prefix on a loaded rank among them);
+#     prefix on a loaded rank among them); decisions made by the ranks'
+#     recent writes (the plug-in's new_prefix="least_written") among them;
 #   - negative controls, each of which must report a difference:
 #     RADIXKV_DIFF_FAULT=priority (radixkv drops the insert priority),
 #     =hits (radixkv counts hits on match), =slru (radixkv's slru without
 #     the threshold), =tlru (radixkv's tlru without its threshold),
 #     =free_order (the backend frees an eviction in one call, not one per
 #     node), =old_checkpoint (the backend's checkpoint as
-#     c5b5d3e had it: an up_to below the protected length lowered it).
+#     c5b5d3e had it: an up_to below the protected length lowered it),
+#     and for dp_dispatch.py =least_loaded (the dispatcher's router places
+#     new prompts by load, not by recent writes).
 # Without python3.11 (SGLang 0.5.23's wheel is cp311) it prints SKIPPED and
 # fails, so the check is never reported done when it was not.
 set -euo pipefail
@@ -98,3 +101,5 @@ control tree_vs_sglang.py tlru --policies tlru
 control backend_vs_sglang.py free_order --policies lru --page-sizes 2,4
 # The checkpoint of c5b5d3e, which lowered the protected length.
 control chaos_vs_sglang.py old_checkpoint --policies lru --page-sizes 1,4
+# A DP dispatcher that places new prompts by load, not by recent writes.
+control dp_dispatch.py least_loaded

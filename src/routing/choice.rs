@@ -4,10 +4,15 @@
 //! and the index's data-parallel router (`radixkv_index::dp`) both route
 //! by it.
 //!
-//! The longest prefix wins, ties to the less loaded, then to the one
-//! caching fewer tokens (a prefix nobody has goes to the smallest cache, so
-//! that new prefixes spread), then to the lower index, unless the load says
-//! otherwise, by one of two rules ([`BalanceRule`]):
+//! The longest prefix wins, ties to the less loaded, then to the one under
+//! less cache pressure (the caller's measure: the engine's router gives
+//! each device's cached tokens, so that a prefix nobody has goes to the
+//! smallest cache and new prefixes spread), then to the lower index,
+//! unless the load says otherwise, by one of two rules ([`BalanceRule`]).
+//! Under [`NewPrefix::LeastPressure`] a request no device holds any of
+//! goes to the least pressed first, and the load only breaks its ties.
+//!
+//! The two load rules:
 //!
 //! * [`BalanceRule::Global`], sgl-router's (the default): when the load is
 //!   imbalanced (the busiest has more than
@@ -41,6 +46,23 @@ pub enum BalanceRule {
     AboveMean,
 }
 
+/// Where [`choose`] sends a request that no device (among those the load
+/// rule leaves) holds any of: a new prefix, whose device then keeps its
+/// following requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NewPrefix {
+    /// The less loaded, then the less pressed (the default).
+    #[default]
+    LeastLoaded,
+    /// The less pressed, then the less loaded. With the pressure a
+    /// device's recent writes into its cache (as the data-parallel router
+    /// gives it), new conversations go where the cache has been written
+    /// least lately: separate caches evict at the rate they are written,
+    /// so spreading the writes keeps each one's prefixes as long as one
+    /// shared cache would.
+    LeastPressure,
+}
+
 /// The knobs of [`choose`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CacheAwarePolicy {
@@ -70,6 +92,9 @@ pub struct CacheAwarePolicy {
     /// [`BalanceRule`] (the copy slack of [`copies`](Self::copies) still
     /// applies; default `usize::MAX`: the rules apply to every device).
     pub keep_prefix_tokens: usize,
+    /// Where a prefix no device holds goes (default
+    /// [`NewPrefix::LeastLoaded`]).
+    pub new_prefix: NewPrefix,
 }
 
 impl Default for CacheAwarePolicy {
@@ -83,6 +108,7 @@ impl Default for CacheAwarePolicy {
             copy_slack_long: 16,
             long_prefix_tokens: usize::MAX,
             keep_prefix_tokens: usize::MAX,
+            new_prefix: NewPrefix::LeastLoaded,
         }
     }
 }
@@ -126,11 +152,12 @@ pub fn least_loaded(load: &[usize]) -> usize {
 
 /// Chooses among `load.len()` devices: see the module docs. `prefixes`
 /// gives each device's prefix of the request in tokens (read only when
-/// the load is balanced; missing entries count as 0), `resident` each
-/// device's cached tokens (read once per device at most).
+/// the load is balanced; missing entries count as 0), `pressure` each
+/// device's cache pressure, lower first among equals (the engine's router
+/// gives its cached tokens; read once per device at most).
 ///
 /// ```
-/// use radixkv::routing::{choose, CacheAwarePolicy};
+/// use radixkv::routing::{choose, CacheAwarePolicy, NewPrefix};
 /// let p = CacheAwarePolicy::default();
 /// // The longest prefix wins...
 /// let c = choose(&p, &[3, 0], || vec![64, 16], |_| 0);
@@ -144,12 +171,17 @@ pub fn least_loaded(load: &[usize]) -> usize {
 /// // A prefix of at least `keep_prefix_tokens` keeps its device.
 /// let keep = CacheAwarePolicy { keep_prefix_tokens: 64, ..p };
 /// assert_eq!(choose(&keep, &[40, 2], || vec![64, 16], |_| 0).device, 0);
+/// // A prefix nobody holds: by default the less loaded, under
+/// // `NewPrefix::LeastPressure` the less pressed.
+/// let spread = CacheAwarePolicy { new_prefix: NewPrefix::LeastPressure, ..p };
+/// assert_eq!(choose(&p, &[1, 0], || vec![0, 0], |d| [100, 500][d]).device, 1);
+/// assert_eq!(choose(&spread, &[1, 0], || vec![0, 0], |d| [100, 500][d]).device, 0);
 /// ```
 pub fn choose(
     policy: &CacheAwarePolicy,
     load: &[usize],
     prefixes: impl FnOnce() -> Vec<usize>,
-    resident: impl Fn(usize) -> usize,
+    pressure: impl Fn(usize) -> usize,
 ) -> Choice {
     let keep = policy.keep_prefix_tokens;
     let imbalanced = policy.rule == BalanceRule::Global && policy.imbalanced(load);
@@ -184,20 +216,18 @@ pub fn choose(
         BalanceRule::AboveMean => policy.overload_bound(load),
     };
     let overloaded = |d: usize| least.is_some_and(|l| l != d) || load[d] as f64 > bound;
-    let key = |d: usize| {
-        (
-            best[d],
-            std::cmp::Reverse(load[d]),
-            std::cmp::Reverse(resident(d)),
-            std::cmp::Reverse(d),
-        )
-    };
-    // `max_by_key` keys each device once: `resident` is read once each.
     let steps_aside = |d: usize| overloaded(d) && best[d] < keep;
-    let device = (0..n)
-        .filter(|&d| load[d] <= slack && !steps_aside(d))
-        .max_by_key(|&d| key(d))
-        .unwrap_or_else(|| least_loaded(load));
+    let candidates = || (0..n).filter(|&d| load[d] <= slack && !steps_aside(d));
+    use std::cmp::Reverse;
+    // `max_by_key` keys each device once: `pressure` is read once each.
+    let device = if policy.new_prefix == NewPrefix::LeastPressure
+        && candidates().all(|d| best[d] == 0)
+    {
+        candidates().max_by_key(|&d| (Reverse(pressure(d)), Reverse(load[d]), Reverse(d)))
+    } else {
+        candidates().max_by_key(|&d| (best[d], Reverse(load[d]), Reverse(pressure(d)), Reverse(d)))
+    }
+    .unwrap_or_else(|| least_loaded(load));
     // Balancing chose if a device that stepped aside had a longer prefix.
     let balanced = (0..n).any(|d| steps_aside(d) && best[d] > best[device]);
     Choice {
@@ -292,6 +322,36 @@ mod tests {
                 "{rule:?}, prefixes {prefixes:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_new_prefix_goes_to_the_least_pressed_under_least_pressure() {
+        let p = CacheAwarePolicy {
+            new_prefix: NewPrefix::LeastPressure,
+            ..above_mean()
+        };
+        // Mean 4.25, bound 6.375: device 0 (9) steps aside.
+        let load = [9, 3, 1, 4];
+        let pressure = |d: usize| [0, 50, 200, 50][d];
+        // (policy, prefixes, device): a prefix nobody holds goes to the
+        // least pressed of those the load leaves (not device 0), ties to
+        // the less loaded; by default to the less loaded. A prefix held
+        // anywhere wins as before, and pressure only breaks its ties.
+        let cases = [
+            (p, [0, 0, 0, 0], 1),
+            (above_mean(), [0, 0, 0, 0], 2),
+            (p, [0, 0, 16, 0], 2),
+            (p, [0, 16, 0, 16], 1),
+            // Held only by the device that steps aside: new to the rest.
+            (p, [16, 0, 0, 0], 1),
+        ];
+        for (policy, prefixes, device) in cases {
+            let c = choose(&policy, &load, || prefixes.to_vec(), pressure);
+            assert_eq!(c.device, device, "{:?}, {prefixes:?}", policy.new_prefix);
+        }
+        // Equal load and prefixes: the less pressed under either.
+        let c = choose(&above_mean(), &[2, 2], || vec![8, 8], |d| [9, 1][d]);
+        assert_eq!(c.device, 1);
     }
 
     #[test]

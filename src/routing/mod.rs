@@ -9,5 +9,5 @@
 mod choice;
 mod pending;
 
-pub use choice::{choose, least_loaded, BalanceRule, CacheAwarePolicy, Choice};
+pub use choice::{choose, least_loaded, BalanceRule, CacheAwarePolicy, Choice, NewPrefix};
 pub use pending::{PageChain, PendingIndex};

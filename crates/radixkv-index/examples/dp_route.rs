@@ -4,7 +4,8 @@
 //! (`scores`, hashing included), the prompts-sent lookup
 //! (`PendingIndex::longest_pages`, chaining included) and the whole
 //! `route` (hashing, walk, lookup, recording the prompt as sent and
-//! forgetting the oldest past the token budget), each the fastest of 20
+//! forgetting the oldest past the token budget; then again with new
+//! prefixes placed by the ranks' recent writes), each the fastest of 20
 //! rounds with everything in the cache; then the prompts-sent index with
 //! 64 long prompts pending and the cache flushed before each call, as a
 //! dispatcher meets it between other work. Opt-in:
@@ -132,8 +133,22 @@ fn main() {
         lora_name: None,
         cache_salt: None,
     };
-    r.ingest(3, &encode_batch(0.0, &[stored], None, Encoding::Map), None)
-        .expect("a batch");
+    let batch = encode_batch(0.0, &[stored], None, Encoding::Map);
+    r.ingest(3, &batch, None).expect("a batch");
+    // The same, placing new prefixes by the ranks' recent writes.
+    let spread = DpRouter::new(
+        8,
+        page,
+        DpPolicy {
+            cache_aware: radixkv::routing::CacheAwarePolicy {
+                new_prefix: radixkv::routing::NewPrefix::LeastPressure,
+                ..policy.cache_aware
+            },
+            ..policy
+        },
+    )
+    .expect("a router");
+    spread.ingest(3, &batch, None).expect("a batch");
     let loads = vec![RankLoad::idle(); 8];
     let seed = radixkv_index::local_hash::seed(None, None);
     let pages_hashed = radixkv_index::local_hash::block_hashes(&tokens, page, seed);
@@ -160,11 +175,14 @@ fn main() {
     let route = per_call(n, || {
         std::hint::black_box(r.route(&tokens, None, &loads).expect("a route"));
     });
+    let route_spread = per_call(n, || {
+        std::hint::black_box(spread.route(&tokens, None, &loads).expect("a route"));
+    });
     println!(
         "{pages} pages of {page}: hashes {hashes:.2} µs, hashes+chain {chained:.2} µs, chain alone {chain_only:.2} µs"
     );
     println!(
-        "{pages} pages of {page}: scores {scores:.2} µs, PendingIndex::longest_pages {longest:.2} µs, route {route:.2} µs per call"
+        "{pages} pages of {page}: scores {scores:.2} µs, PendingIndex::longest_pages {longest:.2} µs, route {route:.2} µs per call, with new_prefix least_written {route_spread:.2} µs"
     );
     let shapes = [
         (

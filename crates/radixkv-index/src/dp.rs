@@ -17,6 +17,17 @@
 //! replayed, reconnections caught up, a rank that cannot be caught up
 //! stale until it clears. The caller's thread never waits for it.
 //!
+//! Under [`NewPrefix::LeastPressure`] a request no rank holds any of
+//! goes to the rank written least lately (and ties between equal
+//! prefixes and loads go to it too; otherwise to the lower rank). A
+//! rank's writes are the tokens of the requests routed to it that it did
+//! not hold and was not sent already (what its prefills will write into
+//! its cache), decayed as all ranks write: each routed request multiplies
+//! every rank's count by `exp(-w / W)`, `w` being its own new tokens and
+//! `W` the tokens the ranks hold ([`KvIndex::held_blocks`], at least a
+//! block). A rank's count thus covers about the writes that take one
+//! whole set of pools to hold.
+//!
 //! A request routed to a rank counts as dispatched there for
 //! [`DpPolicy::pending_ttl`] (or until [`DpRouter::settled`]): a burst of
 //! requests with one prefix follows the first to its rank before that
@@ -36,7 +47,7 @@ use crate::decode::{decode_batch, DecodeError, Event};
 use crate::feed::{Feed, Step};
 use crate::index::{ApplyError, KvIndex, Source};
 use crate::listen::{listen, Feedpoint, ListenOptions, SourceCounters};
-use radixkv::routing::{choose, CacheAwarePolicy, Choice, PageChain, PendingIndex};
+use radixkv::routing::{choose, CacheAwarePolicy, Choice, NewPrefix, PageChain, PendingIndex};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -175,6 +186,8 @@ pub struct DpRouter {
     feeds: Vec<Mutex<Feed>>,
     pending: PendingIndex,
     sent: Mutex<(VecDeque<Sent>, usize)>,
+    /// Each rank's recent writes, decayed (see the module docs).
+    writes: Mutex<Vec<f64>>,
     subscriptions: Vec<OnceLock<Subscription>>,
     runtime: OnceLock<tokio::runtime::Runtime>,
 }
@@ -230,6 +243,7 @@ impl DpRouter {
             feeds: (0..ranks).map(|_| Mutex::new(Feed::new())).collect(),
             pending: PendingIndex::new(ranks, block_size),
             sent: Mutex::new((VecDeque::new(), 0)),
+            writes: Mutex::new(vec![0.0; ranks]),
         })
     }
 
@@ -434,6 +448,9 @@ impl DpRouter {
             })
             .collect();
         let (pages, chain) = self.hashed(tokens, namespace);
+        // Writes are counted only where they choose (see the module docs).
+        let spread = self.policy.cache_aware.new_prefix == NewPrefix::LeastPressure;
+        let mut writes = spread.then(|| lock(&self.writes));
         let c = choose(
             &self.policy.cache_aware,
             &load,
@@ -442,9 +459,14 @@ impl DpRouter {
                 let sent = self.pending.longest_chain(&chain);
                 active.iter().map(|&r| cached[r].max(sent[r])).collect()
             },
-            |_| 0,
+            // Rounded to whole tokens: a pressure compares as an integer.
+            |d| writes.as_ref().map_or(0, |w| w[active[d]].round() as usize),
         );
         let rank = active[c.device];
+        if let Some(w) = writes.as_mut() {
+            self.wrote(w, rank, tokens.len().saturating_sub(c.expected_prefix));
+        }
+        drop(writes);
         self.dispatched(chain, rank);
         Ok(Some(Choice { device: rank, ..c }))
     }
@@ -456,6 +478,19 @@ impl DpRouter {
         let pages = self.index.block_hashes(tokens, namespace);
         let chain = self.pending.chain_pages(&pages);
         (pages, chain)
+    }
+
+    /// `rank` was sent `new` tokens it neither holds nor was sent: every
+    /// rank's writes decay by them, then `rank`'s grow by them.
+    fn wrote(&self, writes: &mut [f64], rank: usize, new: usize) {
+        let window = (self.index.held_blocks().max(1) * self.block_size()) as f64;
+        let decay = (-(new as f64) / window).exp();
+        for w in writes.iter_mut() {
+            *w *= decay;
+        }
+        if let Some(w) = writes.get_mut(rank) {
+            *w += new as f64;
+        }
     }
 
     fn dispatched(&self, chain: PageChain, rank: usize) {

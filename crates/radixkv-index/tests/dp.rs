@@ -3,7 +3,7 @@
 //! makes them: the longest cached or dispatched prefix, load balance,
 //! inactive ranks skipped, a gap leaving its rank stale until it clears.
 
-use radixkv::routing::{BalanceRule, CacheAwarePolicy};
+use radixkv::routing::{BalanceRule, CacheAwarePolicy, NewPrefix};
 use radixkv_events::wire::{encode_batch, Encoding, KvEvent, Medium};
 use radixkv_index::dp::{DpError, DpPolicy, DpRouter, LoadMeasure, RankLoad};
 use std::time::Duration;
@@ -369,4 +369,46 @@ async fn a_subscribed_rank_is_followed_on_its_sockets_gaps_replayed() {
     let counters = r.subscription(1).unwrap();
     assert!(counters.feed_stats().recovered >= 1, "the gap was replayed");
     assert!(r.subscription(0).is_none());
+}
+
+#[test]
+fn a_new_prefix_goes_to_the_rank_written_least_lately() {
+    let policy = |new_prefix| DpPolicy {
+        cache_aware: CacheAwarePolicy {
+            new_prefix,
+            ..CacheAwarePolicy::default()
+        },
+        ..DpPolicy::default()
+    };
+    // Rank 0 is sent 4 new tokens, then rank 1 (the less loaded) 2; then
+    // a third new prompt comes with rank 0 the busier. Returns where it
+    // goes.
+    let third = |new_prefix, held: &[u64]| {
+        let r = DpRouter::new(2, 2, policy(new_prefix)).unwrap();
+        if !held.is_empty() {
+            let tokens: Vec<u32> = (0..2 * held.len() as u32).map(|t| 1000 + t).collect();
+            r.ingest(
+                1,
+                &batch(&[stored(held, None, &tokens)], Encoding::Map),
+                None,
+            )
+            .unwrap();
+        }
+        let first = r.route(&[1, 2, 3, 4], None, &idle(2)).unwrap().unwrap();
+        let second = r.route(&[5, 6], None, &load(&[3, 0])).unwrap().unwrap();
+        assert_eq!((first.device, second.device), (0, 1));
+        r.route(&[7, 8], None, &load(&[3, 0]))
+            .unwrap()
+            .unwrap()
+            .device
+    };
+    // Nothing held: the window is one block (2 tokens), and rank 1's 2
+    // new tokens decayed rank 0's 4 to 4/e (1.47 < 2): the new prompt goes
+    // to rank 0, the busier, under least-pressure; by default to rank 1.
+    assert_eq!(third(NewPrefix::LeastPressure, &[]), 0);
+    assert_eq!(third(NewPrefix::LeastLoaded, &[]), 1);
+    // 10 blocks held (20 tokens): rank 0's 4 decay only to 3.62, above
+    // rank 1's 2.
+    let held: Vec<u64> = (100..110).collect();
+    assert_eq!(third(NewPrefix::LeastPressure, &held), 1);
 }

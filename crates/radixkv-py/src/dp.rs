@@ -5,7 +5,7 @@
 use crate::errors::invalid;
 use crate::ids::ids;
 use pyo3::prelude::*;
-use radixkv::routing::{BalanceRule, CacheAwarePolicy};
+use radixkv::routing::{BalanceRule, CacheAwarePolicy, NewPrefix};
 use radixkv_index::dp::{DpError, DpPolicy, DpRouter as Inner, LoadMeasure, RankLoad};
 use radixkv_py_macros::py_methods;
 use std::sync::Arc;
@@ -18,7 +18,10 @@ use std::time::Duration;
 /// times the least busy, the least loaded; under `"above_mean"`, a rank
 /// above `balance_abs` and `balance_rel` times the mean steps aside), except
 /// a rank holding at least `keep_prefix_tokens` of the request, which keeps
-/// it however loaded; ties to the less loaded.
+/// it however loaded; ties to the less loaded, then to the rank its
+/// routed requests wrote less into lately. A request no rank holds any of
+/// goes to the less loaded (`new_prefix="least_loaded"`) or to the rank
+/// written least lately (`"least_written"`).
 #[pyclass(module = "radixkv._radixkv", frozen)]
 pub(crate) struct DpRouter {
     inner: Arc<Inner>,
@@ -39,6 +42,21 @@ fn seconds(py: Python<'_>, what: &str, s: f64) -> PyResult<Duration> {
     })
 }
 
+/// The value `name` means among the two an option `what` takes, or an
+/// `InvalidArgument` naming both.
+fn one_of<T: Copy>(py: Python<'_>, what: &str, name: &str, options: [(&str, T); 2]) -> PyResult<T> {
+    match options.iter().find(|(n, _)| *n == name) {
+        Some(&(_, v)) => Ok(v),
+        None => Err(invalid(
+            py,
+            format!(
+                "{what} must be {:?} or {:?}, not {name:?}",
+                options[0].0, options[1].0
+            ),
+        )),
+    }
+}
+
 #[py_methods]
 impl DpRouter {
     /// A router over `ranks` ranks whose events name blocks of `page_size`
@@ -51,11 +69,16 @@ impl DpRouter {
     /// `balance_abs` and `balance_rel` times the mean steps aside). Under
     /// either, a rank holding (or sent) at least `keep_prefix_tokens` of a
     /// request's tokens keeps competing for it however loaded (`None`, the
-    /// default: every rank is subject to the rule).
+    /// default: every rank is subject to the rule). `new_prefix` is where
+    /// a request no rank holds or was sent any of goes: `"least_loaded"`
+    /// (then the least written) or `"least_written"` (the rank whose
+    /// routed requests brought the fewest new tokens lately, decayed over
+    /// about the tokens the ranks hold; then the less loaded), which keeps
+    /// separate caches' prefixes about as long as one shared cache would.
     #[new]
     // One parameter per keyword argument of the Python constructor.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (ranks, page_size, *, balance_abs=32, balance_rel=1.5, load="requests", pending_ttl_s=10.0, pending_tokens=1 << 20, balance="global", keep_prefix_tokens=None))]
+    #[pyo3(signature = (ranks, page_size, *, balance_abs=32, balance_rel=1.5, load="requests", pending_ttl_s=10.0, pending_tokens=1 << 20, balance="global", keep_prefix_tokens=None, new_prefix="least_loaded"))]
     fn new(
         py: Python<'_>,
         ranks: usize,
@@ -67,33 +90,42 @@ impl DpRouter {
         pending_tokens: usize,
         balance: &str,
         keep_prefix_tokens: Option<usize>,
+        new_prefix: &str,
     ) -> PyResult<Self> {
-        let rule = match balance {
-            "global" => BalanceRule::Global,
-            "above_mean" => BalanceRule::AboveMean,
-            other => {
-                return Err(invalid(
-                    py,
-                    format!("balance must be \"global\" or \"above_mean\", not {other:?}"),
-                ))
-            }
-        };
-        let load = match load {
-            "requests" => LoadMeasure::Requests,
-            "tokens" => LoadMeasure::Tokens,
-            other => {
-                return Err(invalid(
-                    py,
-                    format!("load must be \"requests\" or \"tokens\", not {other:?}"),
-                ))
-            }
-        };
+        let rule = one_of(
+            py,
+            "balance",
+            balance,
+            [
+                ("global", BalanceRule::Global),
+                ("above_mean", BalanceRule::AboveMean),
+            ],
+        )?;
+        let new_prefix = one_of(
+            py,
+            "new_prefix",
+            new_prefix,
+            [
+                ("least_loaded", NewPrefix::LeastLoaded),
+                ("least_written", NewPrefix::LeastPressure),
+            ],
+        )?;
+        let load = one_of(
+            py,
+            "load",
+            load,
+            [
+                ("requests", LoadMeasure::Requests),
+                ("tokens", LoadMeasure::Tokens),
+            ],
+        )?;
         let policy = DpPolicy {
             cache_aware: CacheAwarePolicy {
                 rule,
                 balance_abs,
                 balance_rel,
                 keep_prefix_tokens: keep_prefix_tokens.unwrap_or(usize::MAX),
+                new_prefix,
                 ..CacheAwarePolicy::default()
             },
             load,

@@ -147,6 +147,22 @@ def test_keep_prefix_tokens_keeps_a_long_prefix_on_its_busy_rank():
         radixkv.DpRouter(2, 2, keep_prefix_tokens=-1)
 
 
+def test_new_prefix_least_written_sends_a_new_prompt_where_fewest_tokens_went():
+    # Rank 0 is sent 4 new tokens, rank 1 (idle) 2, which decay rank 0's
+    # count to 4/e (the window is one block while nothing is held). A
+    # third new prompt with rank 0 the busier: "least_written" sends it
+    # to rank 0 (1.47 < 2 tokens), "least_loaded" to rank 1.
+    chosen = {}
+    for rule in ("least_loaded", "least_written"):
+        r = radixkv.DpRouter(2, 2, new_prefix=rule)
+        assert r.route([1, 2, 3, 4]) == 0
+        assert r.route([5, 6], loads=[(3, 0), (0, 0)]) == 1
+        chosen[rule] = r.route([7, 8], loads=[(3, 0), (0, 0)])
+    assert chosen == {"least_loaded": 1, "least_written": 0}
+    with pytest.raises(errors.InvalidArgument, match="new_prefix"):
+        radixkv.DpRouter(2, 2, new_prefix="random")
+
+
 def test_a_subscribed_rank_is_followed_from_a_pyzmq_publisher():
     import socket
     import struct

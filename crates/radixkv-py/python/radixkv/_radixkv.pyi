@@ -289,7 +289,11 @@ class DpRouter:
     ``balance="global"`` any imbalance sends it to the least loaded, under
     ``"above_mean"`` a rank above ``balance_abs`` and ``balance_rel`` times
     the mean steps aside; a rank holding or sent at least
-    ``keep_prefix_tokens`` of the request never does)."""
+    ``keep_prefix_tokens`` of the request never does). A request no rank
+    holds any of goes to the less loaded rank
+    (``new_prefix="least_loaded"``) or to the one whose routed requests
+    brought the fewest new tokens lately (``"least_written"``), which keeps
+    separate caches' prefixes about as long as one shared cache would."""
 
     def __init__(
         self,
@@ -303,6 +307,7 @@ class DpRouter:
         pending_tokens: int = 1 << 20,
         balance: Literal["global", "above_mean"] = "global",
         keep_prefix_tokens: Optional[int] = None,
+        new_prefix: Literal["least_loaded", "least_written"] = "least_loaded",
     ) -> None: ...
     @property
     def ranks(self) -> int: ...

@@ -58,14 +58,16 @@ ENV = "RADIXKV_DP_DISPATCH"
 #: keyword arguments, laid over :data:`DEFAULT_OPTIONS`.
 OPTIONS_ENV = "RADIXKV_DP_OPTIONS"
 #: The dispatcher's default options: the thresholds weigh the requests
-#: SGLang's ``DPBudget`` counts, and a rank steps aside only when it runs
-#: more than 6 of them and more than 1.2 times the mean (the rule and the
-#: figures that chose them: docs/dp-router.md and BENCHMARKS.md).
+#: SGLang's ``DPBudget`` counts, a rank steps aside only when it runs
+#: more than 6 of them and more than 1.2 times the mean, and a prompt no
+#: rank holds any of goes to the rank written least lately (the rule and
+#: the figures that chose them: docs/dp-router.md and BENCHMARKS.md).
 DEFAULT_OPTIONS: dict[str, Any] = {
     "load": "requests",
     "balance": "above_mean",
     "balance_abs": 6,
     "balance_rel": 1.2,
+    "new_prefix": "least_written",
 }
 
 _TARGET = "sglang.srt.managers.data_parallel_controller.DataParallelController.__init__"

@@ -29,14 +29,19 @@ of one prefix. With `RADIXKV_DP_CHECK_OPTIONS` (a JSON object of
 `DpRouter`'s keyword arguments, laid over the plug-in's defaults) it
 checks that rule instead, on SGLang's caches only; with
 `keep_prefix_tokens` in it, the oracle keeps a long prefix on its loaded
-rank too, and at least 10 decisions must be of that kind. Exits 1 on the
-first failure.
+rank too, and at least 10 decisions must be of that kind. Under the
+plug-in's `new_prefix="least_written"` the oracle counts each rank's
+recent writes as the docs state, and at least 10 decisions must be ones
+they made (unequal to the rule without them); the negative control
+`RADIXKV_DIFF_FAULT=least_loaded` (the dispatcher's router placing new
+prompts by load) must then differ. Exits 1 on the first failure.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import random
 import socket
@@ -53,6 +58,10 @@ os.environ["SGLANG_PLUGINS"] = "radixkv"
 # for the whole run (the oracle's model).
 EXTRA = json.loads(os.environ.get("RADIXKV_DP_CHECK_OPTIONS") or "{}")
 os.environ["RADIXKV_DP_OPTIONS"] = json.dumps({**EXTRA, "pending_ttl_s": 3600})
+# The negative control RADIXKV_DIFF_FAULT=least_loaded: the dispatcher's
+# router places prompts no rank holds by load, not by recent writes, while
+# the oracle keeps the plug-in's rule.
+FAULT = os.environ.get("RADIXKV_DIFF_FAULT")
 
 import torch  # noqa: E402
 import zmq  # noqa: E402
@@ -77,6 +86,10 @@ RANKS = 4
 PAGE = 2
 CAPACITY = 400  # tokens per rank's pool
 OPTIONS = sglang_dp.options()  # the dispatcher's rule and thresholds
+if FAULT == "least_loaded":
+    os.environ["RADIXKV_DP_OPTIONS"] = json.dumps(
+        {**EXTRA, "pending_ttl_s": 3600, "new_prefix": "least_loaded"}
+    )
 failures: list[str] = []
 
 
@@ -276,13 +289,35 @@ def overloaded(loads, active) -> list[int]:
     return [r for r in idx if load[r] > bound]
 
 
-def oracle(ranks, sent, tokens, loads, active):
+def pressure(writes, r: int) -> int:
+    """Rank `r`'s recent writes as the router compares them (whole tokens,
+    halves rounded up), or 0 where the rule does not count them."""
+    if OPTIONS.get("new_prefix") != "least_written":
+        return 0
+    return math.floor(writes[r] + 0.5)
+
+
+def wrote(writes, ranks, rank: int, new: int) -> None:
+    """`rank` was sent `new` tokens it neither held nor was sent: every
+    rank's writes decay by `exp(-new / W)`, `W` the tokens the ranks hold
+    (whole pages, at least one), then `rank`'s grow by `new`."""
+    window = max(sum(r.cache.total_size() for r in ranks) // PAGE, 1) * PAGE
+    decay = math.exp(-new / window)
+    for i in range(RANKS):
+        writes[i] *= decay
+    writes[rank] += new
+
+
+def oracle(ranks, sent, tokens, loads, active, writes):
     """The rank the docs' rule picks, its prefix, and whether it won by
     keeping its prefix: among the active ranks the rule does not keep away
     (see `overloaded`; with `keep_prefix_tokens`, a rank holding or sent at
     least that many tokens of the request is not kept away), the longest
     prefix cached on the rank or sent to it (whole pages), then the lighter
-    load, then the lower index."""
+    load, then the fewer recent writes (`pressure`), then the lower index;
+    under `new_prefix="least_written"`, when none of those ranks holds or
+    was sent any of it, the fewest recent writes, then the lighter load,
+    then the lower index."""
     out = overloaded(loads, active)
     keep = OPTIONS.get("keep_prefix_tokens")
     whole = len(tokens) // PAGE * PAGE
@@ -305,7 +340,12 @@ def oracle(ranks, sent, tokens, loads, active):
 
     kept = [r for r in out if keep is not None and prefix(r) >= keep]
     idx = [r for r in range(RANKS) if active[r] and (r not in out or r in kept)]
-    best = max(idx, key=lambda r: (prefix(r), -measure(loads[r]), -r))
+    if OPTIONS.get("new_prefix") == "least_written" and all(prefix(r) == 0 for r in idx):
+        best = min(idx, key=lambda r: (pressure(writes, r), measure(loads[r]), r))
+    else:
+        best = max(
+            idx, key=lambda r: (prefix(r), -measure(loads[r]), -pressure(writes, r), -r)
+        )
     return best, prefix(best), best in out
 
 
@@ -342,10 +382,15 @@ def probe(router, ranks, r: int) -> None:
 
 
 def conversations(rng: random.Random, n: int):
-    """Multi-turn conversations over a shared system prompt, interleaved."""
+    """Multi-turn conversations over a shared system prompt, interleaved,
+    and one-off prompts among them."""
     system = [rng.randrange(1, 1000) for _ in range(24)]
     convs = [list(system) for _ in range(12)]
     for _ in range(n):
+        if rng.random() < 0.1:
+            # A one-off prompt: no rank holds any of it.
+            yield [rng.randrange(1000, 2000) for _ in range(rng.randrange(8, 40))]
+            continue
         c = rng.randrange(len(convs))
         convs[c] += [rng.randrange(1, 1000) for _ in range(rng.randrange(4, 30))]
         if len(convs[c]) > 300:
@@ -407,7 +452,8 @@ def check(kind: str) -> None:
 
     print("-- every decision equals the oracle (caches, prompts sent, loads)")
     sent: list[tuple[list[int], int]] = []
-    decisions = mismatches = balanced = by_prefix = by_keep = 0
+    decisions = mismatches = balanced = by_prefix = by_keep = new_prefixes = by_writes = 0
+    writes = [0.0] * RANKS
     for tokens in conversations(rng, 300):
         loads = [(rng.randrange(0, 8), rng.choice([0, 100, 2000, 9000])) for _ in range(RANKS)]
         if rng.random() < 0.15:
@@ -418,7 +464,10 @@ def check(kind: str) -> None:
         c.dp_budget.total_requests = [q for q, _ in loads]
         c.dp_budget.total_tokens = [t for _, t in loads]
         c._active_workers = [r for r in range(RANKS) if active[r]]
-        want, want_prefix, want_kept = oracle(ranks, sent, tokens, loads, active)
+        want, want_prefix, want_kept = oracle(ranks, sent, tokens, loads, active, writes)
+        new_prefixes += int(want_prefix == 0)
+        # Decisions the recent writes made: unequal to the rule without them.
+        by_writes += int(want != oracle(ranks, sent, tokens, loads, active, [0.0] * RANKS)[0])
         by_prefix += int(want_prefix > 0)
         by_keep += int(want_kept)
         sent_frames.clear()
@@ -432,16 +481,26 @@ def check(kind: str) -> None:
                 f"  request {decisions}: radixkv {got}, oracle {want}, "
                 f"loads {loads}, active {active}"
             )
+        if got is not None:
+            wrote(writes, ranks, got, len(tokens) - want_prefix)
         sent.append((tokens, got))
         ranks[got].serve(tokens)
         wait_applied(router, ranks, tokens)
     c._active_workers = list(range(RANKS))
+    if mismatches:
+        print(f"DIFFERENT: {mismatches} of {decisions} decisions unequal to the oracle")
     expect(
         mismatches == 0,
         f"{decisions} decisions, {mismatches} unequal to the oracle "
         f"({by_prefix} to a rank holding a prefix, {balanced} under imbalance)",
     )
     expect(by_prefix >= 100 and balanced >= 10, "both rules exercised")
+    if OPTIONS.get("new_prefix") == "least_written":
+        expect(
+            new_prefixes >= 10 and by_writes >= 10,
+            f"{new_prefixes} decisions of a prompt no rank held any of; "
+            f"{by_writes} decided by the ranks' recent writes",
+        )
     if "keep_prefix_tokens" in EXTRA:
         expect(by_keep >= 10, f"{by_keep} decisions to a loaded rank keeping its prefix")
     expect(
