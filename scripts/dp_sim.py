@@ -19,7 +19,10 @@ counts).
 Reported per dispatcher: the token hit rate (cached prompt tokens over all
 prompt tokens, in the trace's tokens), the most loaded rank's prompt tokens
 over the mean, TTFT mean/p50/p99 (queueing for the prefill plus the
-prefill), and for radixkv the dispatch call's p50 and p99.
+prefill), and for radixkv the dispatch call's p50 and p99 and, with
+`--given-away`, the share of the cached tokens it could have had that it
+gave away (at each dispatch, the longest prefix any rank holds against
+the chosen rank's, by `router.scores`: what the load rule cost).
 
     python scripts/dp_sim.py TRACE --ranks 4 [--requests N] [--pool-frac 0.35]
     python scripts/dp_sim.py AGENTIC_TRACE --format agentic --block-tokens 4 --page 4 [--seed 7]
@@ -211,6 +214,7 @@ def run(trace, policy: str, ranks: int, capacity: int, a) -> dict:
     ttfts: list[float] = []
     route_ns: list[int] = []
     next_value = 1
+    best_held = chosen_held = 0
 
     def cache_of(r: int):
         return caches[0 if policy == "ceiling" else r]
@@ -276,6 +280,12 @@ def run(trace, policy: str, ranks: int, capacity: int, a) -> dict:
             t0 = time.perf_counter_ns()
             r = router.route(ids, None, loads)
             route_ns.append(time.perf_counter_ns() - t0)
+            if a.given_away:
+                # What any rank held against what the chosen one holds
+                # (cached, not counting prompts sent).
+                held = router.scores(ids)
+                best_held += max(held)
+                chosen_held += held[r]
         assigned[r] += in_len
         load_req[r] += 1
         load_tok[r] += in_len
@@ -294,6 +304,8 @@ def run(trace, policy: str, ranks: int, capacity: int, a) -> dict:
         "ttft_p50_s": ttfts[len(ttfts) // 2],
         "ttft_p99_s": ttfts[int(len(ttfts) * 0.99)],
     }
+    if a.given_away and policy == "radixkv":
+        out["given_away"] = 1 - chosen_held / best_held if best_held else 0.0
     if route_ns:
         route_ns.sort()
         out["route_p50_us"] = route_ns[len(route_ns) // 2] / 1000
@@ -331,6 +343,12 @@ def main() -> None:
         choices=["least_loaded", "least_written"],
         default=d.get("new_prefix", "least_loaded"),
         help="where a prompt no rank holds any of goes",
+    )
+    p.add_argument(
+        "--given-away",
+        action="store_true",
+        help="radixkv: report the share of the cached tokens the longest held prefixes offered "
+        "that the chosen ranks did not hold",
     )
     p.add_argument("--only", nargs="+", help="dispatchers to run (default all)")
     a = p.parse_args()
