@@ -18,10 +18,10 @@ use std::time::Duration;
 /// times the least busy, the least loaded; under `"above_mean"`, a rank
 /// above `balance_abs` and `balance_rel` times the mean steps aside), except
 /// a rank holding at least `keep_prefix_tokens` of the request, which keeps
-/// it however loaded; ties to the less loaded, then to the rank its
-/// routed requests wrote less into lately. A request no rank holds any of
-/// goes to the less loaded (`new_prefix="least_loaded"`) or to the rank
-/// written least lately (`"least_written"`).
+/// it however loaded; ties to the less loaded. A request no rank holds any
+/// of goes to the less loaded (`new_prefix="least_loaded"`) or to the rank
+/// written least lately (`"least_written"`, under which the writes also
+/// break the ties between equally loaded ranks).
 #[pyclass(module = "radixkv._radixkv", frozen)]
 pub(crate) struct DpRouter {
     inner: Arc<Inner>,
@@ -71,9 +71,9 @@ impl DpRouter {
     /// request's tokens keeps competing for it however loaded (`None`, the
     /// default: every rank is subject to the rule). `new_prefix` is where
     /// a request no rank holds or was sent any of goes: `"least_loaded"`
-    /// (then the least written) or `"least_written"` (the rank whose
-    /// routed requests brought the fewest new tokens lately, decayed over
-    /// about the tokens the ranks hold; then the less loaded), which keeps
+    /// (then the lower rank) or `"least_written"` (the rank whose routed
+    /// requests brought the fewest new tokens lately, decayed over about
+    /// the tokens the ranks hold; then the less loaded), which keeps
     /// separate caches' prefixes about as long as one shared cache would.
     #[new]
     // One parameter per keyword argument of the Python constructor.
